@@ -1,0 +1,50 @@
+# stalebook: two entry points, `make demo` and `make test`, both from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build on these machines' disk. `make setup TORCH=` keeps whatever torch the venv has (GPU users).
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.stalebook-installed
+
+.PHONY: setup demo test sync-check nbtest pytest readme verify clean-runs
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"; fi
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $@
+
+setup: $(STAMP)
+
+# The main job on the embedded default.
+demo: setup
+	$(BIN)/stalebook verify
+
+# notebooks clean and in sync with the package, then the notebook tests and pytest.
+test: setup sync-check nbtest pytest
+
+sync-check: setup
+	@before=$$(git status --porcelain | md5sum); \
+	$(BIN)/nbdev-clean; \
+	if [ -n "$$CI" ] && [ -n "$$(git status --porcelain)" ]; then git status --porcelain; echo "nbdev-clean changed the tree: notebooks are not clean"; exit 1; fi; \
+	if [ "$$before" != "$$(git status --porcelain | md5sum)" ]; then git status --porcelain; echo "nbdev-clean changed the tree: notebooks are not clean"; exit 1; fi; \
+	$(BIN)/nbdev-export; \
+	$(BIN)/python tools/readme.py --check || exit 1; \
+	if [ -n "$$CI" ] && [ -n "$$(git status --porcelain)" ]; then git status --porcelain; echo "notebooks and library are not in sync (run nbdev-export)"; exit 1; fi; \
+	if [ "$$before" != "$$(git status --porcelain | md5sum)" ]; then git status --porcelain; echo "notebooks and library are not in sync (run nbdev-export)"; exit 1; fi; \
+	echo "notebooks clean and in sync with stalebook/"
+
+nbtest: setup
+	$(BIN)/nbdev-test --n-workers 2 --timing --skip-folder-re '^experiments$$'
+
+pytest: setup
+	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
+
+readme:
+	$(BIN)/python tools/readme.py
+
+verify: setup
+	$(BIN)/stalebook verify

@@ -1,0 +1,8 @@
+"""Stale rollouts in RL with verifiable rewards: ranking certificates, staleness vs learning rate, Boltzmann projection
+
+Modules:
+
+- `stalebook.cli`: One console script, many subcommands. Each subcommand lives next to the code it drives and is imported only when called, so `stalebook --help` stays instant even though later subcommands load torch and transformers.
+- `stalebook.core`: The four mechanisms every later module leans on. Each is small, pure where it can be, and specified exactly enough that a reader can recompute its outputs by hand."""
+
+__version__ = "0.0.1"

@@ -1,0 +1,23 @@
+"""Generate README.md from nbs/index.ipynb without Quarto (nbdev-readme needs the Quarto binary,
+which is not installable on our machines). Markdown cells are copied verbatim; code cells that are
+not hidden become fenced python blocks. Deterministic: `python tools/readme.py --check` fails if
+README.md is out of date."""
+import json, sys
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[1]
+nb = json.loads((root / "nbs" / "index.ipynb").read_text(encoding="utf-8"))
+parts = []
+for c in nb["cells"]:
+    src = "".join(c["source"]).strip("\n")
+    if not src: continue
+    if c["cell_type"] == "markdown": parts.append(src)
+    elif c["cell_type"] == "code" and not src.lstrip().startswith("#| hide"):
+        parts.append("```python\n" + src + "\n```")
+text = "\n\n".join(parts) + "\n\n<!-- generated from nbs/index.ipynb by tools/readme.py; edit the notebook, not this file -->\n"
+out = root / "README.md"
+if "--check" in sys.argv:
+    if not out.exists() or out.read_text(encoding="utf-8") != text:
+        sys.exit("README.md is out of date: run `make readme` (python tools/readme.py)")
+else:
+    out.write_text(text, encoding="utf-8")
