@@ -5,6 +5,9 @@ Modules:
 - `stalebook.cli`: One console script, many subcommands. Each subcommand lives next to the code it drives and is imported only when called, so `stalebook --help` stays instant even though later subcommands load torch and transformers.
 - `stalebook.core`: The four mechanisms every later module leans on. Each is small, pure where it can be, and specified exactly enough that a reader can recompute its outputs by hand.
 - `stalebook.theory.boltzmann`: The KL-regularised RLVR optimum as a Boltzmann tilt of the reference; which weighted SFT reaches it (BOLT), what finite one-shot data cannot recover (the support gap), the temperature–coverage–variance trade-off, and iterative BOLT as KL policy mirror descent (seed 002, DESIGN §2.9).
+- `stalebook.theory.estimators`: g_ab = E_beta[ sum_t P_t^a r_t S_t^b z_t R ]: one log-space implementation for exact enumeration, sampled rollouts and (later) LoRA gradients of a real model.
+- `stalebook.theory.margin`: If the top-k margin of the true scores exceeds twice the uniform score error, the estimated top-k set is the true one, with a guaranteed separation; the bound is tight.
+- `stalebook.theory.nonident`: A selection rule that observes only the history-corrected g_10, or only the action-value-corrected g_01, cannot recover the on-policy top-k: two pools with identical observation laws and different true top-k sets, with tiny KL, unit ESS and GRPO normalisation.
 - `stalebook.theory.tree`: Tabular softmax policies over a vocabulary of V tokens and horizon T, with every response enumerated: the laboratory in which every identity of the theory is checked exactly."""
 
 __version__ = "0.0.1"
