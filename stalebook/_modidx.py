@@ -118,6 +118,7 @@ d = { 'settings': { 'branch': 'main',
                                  'stalebook.tasks.math_reward': ('tasks.html#math_reward', 'stalebook/tasks.py'),
                                  'stalebook.tasks.parse_number': ('tasks.html#parse_number', 'stalebook/tasks.py'),
                                  'stalebook.tasks.reward': ('tasks.html#reward', 'stalebook/tasks.py'),
+                                 'stalebook.tasks.rewards': ('tasks.html#rewards', 'stalebook/tasks.py'),
                                  'stalebook.tasks.run_self_test': ('tasks.html#run_self_test', 'stalebook/tasks.py'),
                                  'stalebook.tasks.self_test_cases': ('tasks.html#self_test_cases', 'stalebook/tasks.py'),
                                  'stalebook.tasks.synthetic_tasks': ('tasks.html#synthetic_tasks', 'stalebook/tasks.py')}}}
