@@ -4,6 +4,8 @@ Modules:
 
 - `stalebook.cli`: One console script, many subcommands. Each subcommand lives next to the code it drives and is imported only when called, so `stalebook --help` stays instant even though later subcommands load torch and transformers.
 - `stalebook.core`: The four mechanisms every later module leans on. Each is small, pure where it can be, and specified exactly enough that a reader can recompute its outputs by hand.
+- `stalebook.sandbox`: A code reward executes text that a policy wrote. This module runs it in a separate, resource-limited, network-less, killable process and lets the **parent** decide the reward.
+- `stalebook.tasks`: A *task* is a prompt plus what it takes to check a completion; a *verifier* maps (task, completion) to a reward in {0, 1}. Two domains: math (numeric answers) and code (programs run against tests in the sandbox of `21_sandbox`).
 - `stalebook.theory.boltzmann`: The KL-regularised RLVR optimum as a Boltzmann tilt of the reference; which weighted SFT reaches it (BOLT), what finite one-shot data cannot recover (the support gap), the temperature–coverage–variance trade-off, and iterative BOLT as KL policy mirror descent (seed 002, DESIGN §2.9).
 - `stalebook.theory.estimators`: g_ab = E_beta[ sum_t P_t^a r_t S_t^b z_t R ]: one log-space implementation for exact enumeration, sampled rollouts and (later) LoRA gradients of a real model.
 - `stalebook.theory.margin`: If the top-k margin of the true scores exceeds twice the uniform score error, the estimated top-k set is the true one, with a guaranteed separation; the bound is tight.

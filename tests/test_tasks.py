@@ -1,0 +1,177 @@
+"""Tasks and verifiers: synthetic generators, answer extraction, math/code rewards, loaders, fixtures."""
+import json, time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+from stalebook.core import Domain, StalebookError
+from stalebook.tasks import (ALPHABET, CODE_LEVELS, MATH_LEVELS, SCHEMA_VERSION, Task, call_with_timeout, extract_answer,
+                             load_tasks_jsonl, parse_number, reward, run_self_test, self_test_cases, synthetic_tasks)
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+# ---------------------------------------------------------------- synthetic generators
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from(MATH_LEVELS))
+def test_synthetic_math_reference_is_true_arithmetic(seed, level):
+    for t in synthetic_tasks("math", 20, Domain(seed, ("m",)), level):
+        assert t.prompt.endswith("=") and set(t.prompt + t.answer) <= set(ALPHABET)
+        # independent check: Python evaluates the prompt's expression
+        assert int(t.answer) == eval(t.prompt[:-1], {"__builtins__": {}})
+        assert reward(t, t.answer)[0] == 1.0 and reward(t, str(int(t.answer) + 1))[0] == 0.0
+        assert len(t.prompt) <= 12 and len(t.answer) <= 12
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from(CODE_LEVELS))
+def test_synthetic_code_prompt_consistent_with_reference(seed, level):
+    for t in synthetic_tasks("code", 30, Domain(seed, ("c",)), level):
+        assert set(t.prompt + t.answer) <= set(ALPHABET) and len(t.answer) <= 12 and len(t.prompt) <= 40
+        f = eval("lambda x:" + t.answer)
+        shown = [p.split("=") for p in t.prompt.split(";")[:-1]]
+        for lhs, rhs in shown: assert f(int(lhs[2:-1])) == int(rhs)
+        held = [int(s.split("(")[1].split(")")[0]) for s in t.tests]
+        assert not set(held) & {int(lhs[2:-1]) for lhs, _ in shown}, "held-out inputs must not be shown"
+
+
+def test_synthetic_code_reward_in_sandbox_per_level():
+    for lv in CODE_LEVELS:
+        for t in synthetic_tasks("code", 3, Domain(5, ("code", lv)), lv):
+            assert reward(t, t.answer)[0] == 1.0
+            assert reward(t, t.answer + "+1")[0] == 0.0
+            assert reward(t, "(" + t.answer + ")\nimport os; os._exit(0)")[0] == 1.0  # only the first line is used
+
+
+def test_synthetic_deterministic_and_domain_sensitive():
+    d = Domain(3, ("pool",))
+    for dom in ("math", "code"):
+        a, b = synthetic_tasks(dom, 50, d, 1), synthetic_tasks(dom, 50, d, 1)
+        assert a == b and [t.id for t in a] == [t.id for t in b]
+        assert a != synthetic_tasks(dom, 50, d.child("other"), 1)
+        assert len({t.id for t in a}) == 50
+    with pytest.raises(StalebookError): synthetic_tasks("poetry", 1, d)
+    with pytest.raises(StalebookError): synthetic_tasks("math", 1, d, level=9)
+
+
+def test_alphabet_covers_every_level_and_is_small():
+    chars = set()
+    for dom, levels in (("math", MATH_LEVELS), ("code", CODE_LEVELS)):
+        for lv in levels:
+            for t in synthetic_tasks(dom, 500, Domain(11, (dom, lv)), lv): chars |= set(t.prompt + t.answer)
+    assert chars <= set(ALPHABET) and len(ALPHABET) <= 40 and len(set(ALPHABET)) == len(ALPHABET)
+    assert set("0123456789") <= chars
+
+
+def test_task_json_roundtrip_and_schema():
+    assert isinstance(SCHEMA_VERSION, str) and SCHEMA_VERSION
+    for t in synthetic_tasks("code", 5, Domain(1, ()), 2) + synthetic_tasks("math", 5, Domain(1, ()), 2):
+        assert Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+    with pytest.raises(StalebookError): Task("x", "chem", "p", "a")
+    with pytest.raises(StalebookError): Task("x", "code", "p", "a", ())
+    with pytest.raises(StalebookError): Task.from_dict({"id": "x", "domain": "math", "prompt": "p", "answer": "1", "bogus": 1})
+
+
+# ---------------------------------------------------------------- math extraction and reward
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-10**6, 10**6), st.text(alphabet="abc xyz.,!\n", max_size=30))
+def test_extraction_property_hash_boxed_last(n, noise):
+    # #### wins over everything; \boxed wins over trailing numbers; otherwise the last number
+    assert parse_number(extract_answer(f"{noise} 17 {noise}\n#### {n}")[0]) == n
+    assert parse_number(extract_answer(f"7 {noise} \\boxed{{{n}}} {noise}")[0]) == n
+    assert parse_number(extract_answer(f"{noise} 3 {noise} {n}")[0]) == n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fractions(max_denominator=50).filter(lambda f: abs(f) < 10**6))
+def test_numeric_comparison_is_exact(q):
+    t = Task("q", "math", "?", f"{q.numerator}/{q.denominator}" if q.denominator != 1 else str(q.numerator))
+    assert reward(t, f"#### {q.numerator}/{q.denominator}")[0] == 1.0
+    assert reward(t, f"#### {q.numerator + 1}/{q.denominator}")[0] == 0.0
+    if q.denominator in (1, 2, 4, 5, 8, 10):
+        assert reward(t, f"{float(q):.6f}")[0] == 1.0     # finite decimal: exact
+
+
+def test_math_reward_cases():
+    t = Task("t", "math", "?", "1234")
+    for c, want in (("#### 1,234", 1), ("\\boxed{1234}", 1), ("1234.0", 1), ("1234.01", 0), ("12345", 0),
+                    ("x1234", 0), ("#### 1234 and later 5", 1), ("", 0), ("the answer is 1234.", 1)):
+        assert reward(t, c)[0] == want, c
+    r, d = reward(t, "#### 1,234"); json.dumps(d); assert d["method"] == "####" and d["extracted"] == "1,234"
+
+
+def _sleeper(conn, s):
+    time.sleep(s); conn.send(True)
+
+def _crasher(conn):
+    import os; os._exit(3)
+
+def test_call_with_timeout_is_process_safe():
+    t0 = time.monotonic()
+    assert call_with_timeout(_sleeper, (30,), timeout=0.5) is None
+    assert time.monotonic() - t0 < 3
+    assert call_with_timeout(_sleeper, (0,), timeout=5) is True
+    assert call_with_timeout(_crasher, (), timeout=5) is None
+
+
+# ---------------------------------------------------------------- self-test
+def test_self_test_cases_pass_and_cover_both_outcomes():
+    for dom in ("math", "code"):
+        cases = self_test_cases(dom)
+        assert {w for _, _, w in cases} == {0.0, 1.0}
+        assert run_self_test(dom) == []
+
+
+# ---------------------------------------------------------------- loaders and fixtures
+@pytest.mark.parametrize("fmt", ["gsm8k", "humaneval", "mbpp"])
+def test_fixtures_load_and_verify(fmt):
+    ts = load_tasks_jsonl(FIX / f"{fmt}_sample.jsonl", fmt)
+    assert len(ts) >= 3 and len({t.id for t in ts}) == len(ts)
+    for t in ts:
+        good = t.meta["solution"] if fmt == "gsm8k" else t.answer
+        r, d = reward(t, good)
+        assert r == 1.0, (t.id, d)
+        bad = "#### 999999" if fmt == "gsm8k" else (t.answer.replace("return ", "return None and ", 1) if "return " in t.answer else "pass")
+        assert reward(t, bad)[0] == 0.0, t.id
+
+
+def test_humaneval_asserts_become_parent_side_checks():
+    ts = load_tasks_jsonl(FIX / "humaneval_sample.jsonl", "humaneval")
+    add = ts[0]
+    assert add.tests == ("assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(0, 0) == 0")
+    assert reward(add, "    return a + b + (a == 0 and b == 0)\n")[0] == 0.0   # fails one assert only
+    loop = [t for t in ts if len(t.tests) == 1 and "check(" in t.tests[0]]
+    assert loop and reward(loop[0], loop[0].answer)[1]["oracle"] == "child"
+
+
+GOOD = {"gsm8k": '{"question": "1+1?", "answer": "#### 2"}',
+        "humaneval": json.dumps({"task_id": "X/0", "prompt": "def f(x):\n", "canonical_solution": "    return x\n",
+                                 "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "f"}),
+        "mbpp": json.dumps({"task_id": 9, "text": "id", "code": "def f(x):\n    return x\n", "test_list": ["assert f(1) == 1"]})}
+BAD = {"gsm8k": ['{"question": "q", "answer": "no final answer"}', '{"question": 3, "answer": "#### 2"}', '[1, 2]',
+                 '{"question": "q"', '{"question": "q", "answer": "#### two"}'],
+       "humaneval": ['{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "assert True", "entry_point": "f"}',
+                     '{"task_id": "X/1", "prompt": "def f(x:\\n", "canonical_solution": "", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f"}',
+                     '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f g"}'],
+       "mbpp": ['{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": []}',
+                '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) =="]}',
+                '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1)==1"], "test_setup_code": "import os"}']}
+
+
+@pytest.mark.parametrize("fmt", ["gsm8k", "humaneval", "mbpp"])
+def test_malformed_line_names_file_and_line_nothing_partial(fmt, tmp_path):
+    for bad in BAD[fmt]:
+        p = tmp_path / f"{fmt}.jsonl"
+        p.write_text(GOOD[fmt] + "\n\n" + bad + "\n")
+        with pytest.raises(StalebookError) as e:
+            load_tasks_jsonl(p, fmt)
+        msg = str(e.value)
+        assert f"{p}:3:" in msg and "\n" not in msg, msg
+    line = GOOD[fmt] if fmt != "gsm8k" else '{"id": "g1", "question": "1+1?", "answer": "#### 2"}'   # gsm8k ids are positional unless given
+    p = tmp_path / "dup.jsonl"; p.write_text(line + "\n" + line + "\n")
+    with pytest.raises(StalebookError, match=r"dup\.jsonl:2: .*duplicate"): load_tasks_jsonl(p, fmt)
+    p.write_text(GOOD[fmt] + "\n"); assert len(load_tasks_jsonl(p, fmt)) == 1
+    with pytest.raises(StalebookError, match="unknown task format"): load_tasks_jsonl(p, "csv")
+    with pytest.raises(StalebookError, match="cannot read"): load_tasks_jsonl(tmp_path / "missing.jsonl", fmt)
