@@ -19,6 +19,7 @@ def _j(x):
     if isinstance(x, (np.ndarray, list, tuple)): return [_j(v) for v in x]
     if isinstance(x, (np.floating, float)): return None if not np.isfinite(x) else float(x)
     if isinstance(x, (np.integer,)): return int(x)
+    if isinstance(x, np.bool_): return bool(x)
     if isinstance(x, np.str_): return str(x)
     return x
 
