@@ -45,7 +45,7 @@ def test_vectorised_sampler_law():
     "The vectorised group sampler and the tree engine's sampler draw from the same (enumerated) law."
     from scipy.stats import chisquare
     tr = Tree(2, 3); th = random_logits(tr, Domain(0, ("test", "smp")).numpy())
-    a = stl.sample_groups(tr, np.broadcast_to(th, (4000,) + th.shape), 5, Domain(0, ("test", "smp", "a")).numpy()).ravel()
+    a = sample_responses(tr, np.broadcast_to(th, (4000,) + th.shape), 5, Domain(0, ("test", "smp", "a")).numpy()).ravel()
     b = sample_responses(tr, th, 20000, Domain(0, ("test", "smp", "b")).numpy())
     p = seq_probs(tr, th)
     for x in (a, b): assert chisquare(np.bincount(x, minlength=tr.N), len(x) * p).pvalue > 1e-4
