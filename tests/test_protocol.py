@@ -26,9 +26,9 @@ def _inputs(seed, n, n_val, d, K, K_val, frac_homog, k):
 def test_gram_bootstrap_equals_naive(seed, n, n_val, d, K, K_val, frac_homog, std, chunk):
     k = max(1, n // 3)
     D, cand, val, keys, masks = _inputs(seed, n, n_val, d, K, K_val, frac_homog, k)
-    a = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std)
-    b = bootstrap_naive(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std)
-    assert a.keys() == b.keys() and all(len(a[s]) == 60 for s in a)
+    a = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std, keep_scores=True)
+    b = bootstrap_naive(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std, keep_scores=True)
+    assert a.keys() == b.keys() == {"rel", "gain/fresh", "gain/rand", "sA", "sB", "u"} and all(len(a[s]) == 60 for s in a)
     for s in a:
         np.testing.assert_allclose(a[s], b[s], rtol=0, atol=1e-9, err_msg=s)
 
