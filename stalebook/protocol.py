@@ -1,5 +1,5 @@
-r"""The analysis layer every experiment point uses (DESIGN §2.5, §2.7; seed 000). Framework-neutral:
-numpy only. It takes per-rollout *sketched score vectors* $v_y\in\mathbb R^{d}$ and rewards,
+"""The analysis layer every experiment point uses (DESIGN §2.5, §2.7; seed 000). Framework-neutral:
+numpy only. It takes per-rollout *sketched score vectors* v_y (d-dimensional) and rewards,
 grouped by prompt and split, and returns split-half reliability, selection gains, their
 10,000-replicate bootstrap bounds, the admissibility gate and the regime verdict.
 

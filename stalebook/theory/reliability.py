@@ -1,7 +1,7 @@
-r"""DESIGN §2.5–2.6, seed 000. In a Gaussian latent-score model the split-half reliability
-$\mathrm{Rel}_k$ identifies the signal-to-noise ratio $\rho$, and $\rho$ fixes how well *any* selector that is
+"""DESIGN §2.5–2.6, seed 000. In a Gaussian latent-score model the split-half reliability
+Rel_k identifies the signal-to-noise ratio ρ, and ρ fixes how well *any* selector that is
 independent of the reference noise can agree with the noisy A/B reference: a ceiling on expected
-precision. Exact certification of the top-$k$ costs $m\asymp\sigma^2\Delta^{-2}\log(\cdot/\delta)$ samples.
+precision. Exact certification of the top-k costs m ≍ σ²Δ⁻² log(·/δ) samples.
 These are results under Gaussianity, equal noise variance and conditional independence — assumptions,
 not facts about real data (the seed says so explicitly).
 
