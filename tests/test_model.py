@@ -172,3 +172,21 @@ def test_full_tiny_build_twice_same_revision(tmp_path):
         build_tiny_snapshot(d, log=lambda *a: None)
         revs.append(write_lock(d)["revision"])
     assert revs[0] == revs[1]
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_policy_same_hash_as_cpu(tiny_snapshot, tmp_path):
+    "The same load_policy call on CUDA/bfloat16: forward, sampling, adapter save/load and a device-independent hash."
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from stalebook.model import sample_completions
+    spec = LoraSpec(r=4, alpha=8.0)
+    mg, tok = load_policy(tiny_snapshot, device="cuda", dtype="bfloat16", lora=spec, init_domain=Domain(0, ("lora",)))
+    mc, _ = load_policy(tiny_snapshot, device="cpu", dtype="bfloat16", lora=spec, init_domain=Domain(0, ("lora",)))
+    assert next(mg.parameters()).is_cuda
+    assert policy_hash(mg) == policy_hash(mc)
+    outs = sample_completions(mg, tok, ["3+4=", "f(1)=3;f(2)=5;f=lambda x:"], Domain(0, ("s",)).torch())
+    assert len(outs) == 2
+    ad = tmp_path / "ad"; h = save_adapter(mg, ad)
+    back = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_snapshot, local_files_only=True, dtype=torch.bfloat16), ad)
+    assert policy_hash(back, base_revision=mg.stalebook_base_revision) == h
