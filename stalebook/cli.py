@@ -26,6 +26,8 @@ __all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'CommandParser', 'cmd_version', 
 COMMANDS: dict[str, tuple[str, str]] = {
     "version":   ("stalebook.cli:cmd_version", "print the stalebook version"),
     "verify":    ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
+    "snapshot":  ("stalebook.preflight:cmd_snapshot", "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)"),
+    "preflight": ("stalebook.preflight:cmd_preflight", "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)"),
 }
 
 def _parser() -> argparse.ArgumentParser:
