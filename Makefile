@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The main job on the embedded default.
+# The main job on the embedded default: the theory checks, then snapshot -> lineage 0-25-100 -> points -> verdict table.
 demo: setup
 	$(BIN)/stalebook verify
+	$(BIN)/stalebook demo
 
 # notebooks clean and in sync with the package, then the notebook tests and pytest.
 test: setup sync-check nbtest pytest
