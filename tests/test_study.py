@@ -1,0 +1,112 @@
+"""Study: scoring on a real (tiny) model and the point pipeline under SIGKILL."""
+import json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from stalebook.core import Domain
+
+EXE = str(Path(sys.executable).parent / "stalebook")
+
+
+def _half_vocab_reward(tok):
+    "A reward with signal even for an untrained model: 1 if the first completion character is a digit < 5."
+    def r(task, text):
+        return (1.0 if text[:1] in "01234" else 0.0), {}
+    return r
+
+
+def test_g11_sample_is_unbiased_for_on_policy_gradient(tmp_path, tiny_snapshot):
+    """Uncapped g11 from stale rollouts of beta (raw rewards) vs REINFORCE from fresh rollouts of pi:
+    both estimate grad E_pi[R]; their means along a fixed direction agree within 3 SE."""
+    from stalebook.model import LoraSpec, load_policy, policy_hash
+    from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, rollout_domain
+    from stalebook.scoring import fresh_features, stale_features
+    from stalebook.tasks import Task
+    model, tok = load_policy(str(tiny_snapshot), dtype="float64", lora=LoraSpec(r=2, target_modules=("q_proj", "v_proj")))
+    g = Domain(0, ("test", "unbiased")).torch()
+    lora_b = [(n, p) for n, p in model.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for n, p in lora_b: p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    beta_hash = policy_hash(model)
+    beta_state = {n: p.detach().clone() for n, p in lora_b}
+    with torch.no_grad():
+        for n, p in lora_b: p.add_(0.15 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    pi_hash = policy_hash(model)
+    pi_state = {n: p.detach().clone() for n, p in lora_b}
+    M, K = 160, 4
+    tasks = [Task(f"p{i}", "math", "3+4=", "7") for i in range(M)]          # one prompt, M independent groups
+    cfg = SamplingConfig(group_size=K, max_new_tokens=3, groups_per_batch=16)
+    rf = _half_vocab_reward(tok)
+    ids = [t.id for t in tasks]
+    def load(state):
+        with torch.no_grad():
+            for n, p in lora_b: p.copy_(state[n])
+    load(beta_state)
+    stale = generate_store(model, tok, tasks, RolloutStore(tmp_path, beta_hash, rollout_domain(0, beta_hash, "s"), cfg, ids), rf, False)
+    load(pi_state)
+    fresh = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "f"), cfg, ids), rf, False)
+    probe = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "v"), cfg, ids), rf, False)
+    gs, _, gap = stale_features(model, stale.records, None, tok.pad_token_id, 64, which=("11",), normalise=None)
+    R, V = fresh_features(model, fresh.records, None, tok.pad_token_id, 64)
+    Rp, Vp = fresh_features(model, probe.records, None, tok.pad_token_id, 64)
+    v = (Rp[..., None] * Vp).mean((0, 1)); v /= np.linalg.norm(v)               # direction from an independent sample
+    a = gs["11"] @ v                                                             # per-group g11 along v  [M]
+    b = (R[..., None] * V).mean(1) @ v                                           # per-group REINFORCE along v [M]
+    se = np.sqrt(a.var(ddof=1) / M + b.var(ddof=1) / M)
+    assert gap > 0.01, "pi and beta must differ"
+    assert b.mean() > 3 * b.std(ddof=1) / np.sqrt(M), "no signal along v: the test would be vacuous"
+    assert abs(a.mean() - b.mean()) < 3 * se, (a.mean(), b.mean(), se)
+
+
+def _point_setup(tmp_path, snap):
+    from stalebook.model import TinySpec
+    from stalebook.rollouts import SamplingConfig
+    from stalebook.trainer import Trainer, TrainConfig
+    run = tmp_path / "run"
+    Trainer(TrainConfig(out=str(run), snapshot=str(snap), steps=2, lineage_steps=(0, 2), prompts_per_step=4, lr=0.05,
+                        sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
+    return run
+
+
+def test_point_killed_anywhere_resumes_to_identical_result(tmp_path, tiny_snapshot):
+    import shutil
+    run = _point_setup(tmp_path, tiny_snapshot)
+    small = dict(n_candidates=12, n_validation=4, k=3, group_size=4, max_new_tokens=6, groups_per_batch=4, k_sketch=256,
+                 n_boot=500, checkpoint=2)
+    cfg = tmp_path / "p.yaml"; cfg.write_text(yaml.safe_dump(dict(run=str(run), **small)))
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = (run / "points/c-000002/result.json").read_bytes()
+    for d in ("points", "rollouts", "features"): shutil.rmtree(run / d)
+    # kills: inside stale generation, inside fresh generation, and at random wall-clock moments
+    kills = 0
+    for fault in ["group:5", "group:2", "group:9"]:
+        r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True,
+                           env={**os.environ, "STALEBOOK_FAULT": fault})
+        kills += r.returncode == -9
+    delays = Domain(0, ("test", "point-kills")).numpy().uniform(4.0, 12.0, 4)
+    for dly in delays:
+        p = subprocess.Popen([EXE, "point", str(cfg), "--inline"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try: p.wait(timeout=dly)
+        except subprocess.TimeoutExpired: p.send_signal(signal.SIGKILL); p.wait(); kills += 1
+    assert kills >= 4
+    before = {f: f.read_text().splitlines() for f in (run / "rollouts").glob("*/groups.jsonl")}
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run / "points/c-000002/result.json").read_bytes() == ref          # the identical result file
+    for f, lines in before.items():                                         # finished groups kept, not redone
+        now = f.read_text().splitlines()
+        assert now[:len(lines)] == lines or now[:len(lines) - 1] == lines[:-1]   # (a torn last line is regenerated)
+
+
+def test_point_bad_config_one_line_error(tmp_path):
+    cfg = tmp_path / "p.yaml"; cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"), k=3, n_candidates=2)))
+    r = subprocess.run([EXE, "point", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "k < n_candidates" in r.stderr
+    cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"))))
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr
