@@ -131,7 +131,12 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--code", action="store_true", help="also time a code-domain train step (sandboxed rewards)")
     p.add_argument("--json", default=None)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
+                        "machine oversubscribed OpenMP threads made steps 10-100x slower)")
     a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(a.threads)
     from stalebook.core import Domain
     from stalebook.rollouts import load_run_policy
     from stalebook.tasks import synthetic_tasks

@@ -4,8 +4,9 @@
    (W = 10 by default), each with its standard error over the prompt groups of those steps (the
    per-group means are reconstructed exactly from each step's mean, SE and group count), plus the
    zero-advantage (homogeneous-reward) group counts.
-2. A cleaner before/after evaluation on a FIXED held-out task pool (synthetic tasks from the domain
-   (seed, "eval", domain, level), disjoint RNG stream from the training pool): pass rate of lineage
+2. A cleaner before/after evaluation on two FIXED task pools — held-out (synthetic tasks from the domain
+   (seed, "eval", domain, level), an RNG stream disjoint from the training pool's) and the first eval_n tasks
+   of the training pool itself (memorisation vs generalisation): pass rate of lineage
    checkpoint 0 vs checkpoint `steps`, K samples per prompt through the rollouts machinery
    (`RolloutStore` + `generate_store`, hash-bound, resumable), SE over prompts, and the paired
    difference (same prompts) with its SE.
@@ -91,22 +92,27 @@ def run_domain(domain: str, args) -> dict:
     del tr
     ts = train_summary(recs, min(args.window, len(recs) // 2))
     t1 = time.time()
-    tasks = synthetic_tasks(domain, args.eval_n, Domain(cfg.seed, ("eval", domain, cfg.task_level)), level=cfg.task_level)
+    from stalebook.trainer import make_tasks
     run = Path(cfg.out)
-    p0 = eval_checkpoint(cfg, run / "lineage" / "step-000000", tasks, args.eval_k, run / "eval")
-    p1 = eval_checkpoint(cfg, run / "lineage" / f"step-{last:06d}", tasks, args.eval_k, run / "eval")
+    pools = {"held-out": synthetic_tasks(domain, args.eval_n, Domain(cfg.seed, ("eval", domain, cfg.task_level)), level=cfg.task_level),
+             "train-pool": make_tasks(cfg)[: args.eval_n]}
+    evs = {}
+    for name, tasks in pools.items():
+        p0 = eval_checkpoint(cfg, run / "lineage" / "step-000000", tasks, args.eval_k, run / "eval")
+        p1 = eval_checkpoint(cfg, run / "lineage" / f"step-{last:06d}", tasks, args.eval_k, run / "eval")
+        evs[name] = eval_summary(p0, p1, args.eval_k)
     t_eval = time.time() - t1
-    ev = eval_summary(p0, p1, args.eval_k)
     res = dict(domain=domain, config=str(cfgp), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-               group_size=cfg.sampling.group_size, lr=cfg.lr, train=ts, eval=ev,
+               group_size=cfg.sampling.group_size, lr=cfg.lr, n_tasks=cfg.n_tasks, train=ts, eval=evs,
                wall_train_s=round(t_train, 1), wall_eval_s=round(t_eval, 1))
     W = ts["window"]
     print(f"{domain}: training reward  first {W} steps {ts['start']:.3f} ± {ts['start_se']:.3f} ({ts['start_groups']} groups)"
           f"  ->  last {W} steps {ts['end']:.3f} ± {ts['end_se']:.3f}   diff {ts['diff']:+.3f} ± {ts['diff_se']:.3f} (z = {ts['z']:.1f})")
     print(f"{domain}: zero-advantage groups  first {W} steps {ts['zero_adv_start']}/{ts['start_groups']}, "
           f"last {W} steps {ts['zero_adv_end']}/{ts['end_groups']}, all {ts['zero_adv_total']}/{ts['groups_total']}")
-    print(f"{domain}: held-out pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
-          f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})")
+    for name, ev in evs.items():
+        print(f"{domain}: {name} pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
+              f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})")
     print(f"{domain}: wall time  train {t_train:.0f} s ({ts['t_step_mean']:.2f} s/step as logged), eval {t_eval:.0f} s", flush=True)
     return res
 
@@ -122,7 +128,12 @@ def main(argv=None):
     p.add_argument("--eval-n", type=int, default=128, help="held-out prompts")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out prompt")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
+                        "machine oversubscribed OpenMP threads made steps 10-100x slower)")
     a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(a.threads)
     t0 = time.time()
     out = {"results": [run_domain(d, a) for d in a.domain]}
     out["wall_s"] = round(time.time() - t0, 1)
