@@ -14,6 +14,13 @@
     PYTHONPATH=. python benchmarks/learn_tiny.py [--domain math code] [--steps 100] [--out runs/learn]
                                                  [--eval-n 128] [--eval-k 8] [--json benchmarks/results/learn_tiny.json]
 
+Measured (2-core shared CPU, 1 torch thread; benchmarks/results/learn_tiny_*.json), math, P=16 x K=16,
+lr 3e-3, 256-task pool: training reward 0.173 ± 0.019 (first 10 steps) -> 0.302 ± 0.028 (last 10), z = 3.8;
+train-pool pass rate 0.162 -> 0.288 (paired +0.126 ± 0.027) but held-out 0.156 -> 0.168 (+0.012 ± 0.023):
+in 100 steps the tiny model mostly memorises its (repeated, ~6 epochs) pool. With a 4096-task pool (no
+repeats) training reward +0.030 ± 0.034, held-out +0.042 ± 0.024. lr 1e-2 and 3e-2 (P=K=8) collapse to
+reward 0 (the policy stops emitting EOS; all groups homogeneous). ~1 min per 100 math steps.
+
 Runs are resumable (the trainer resumes from its last checkpoint; eval stores resume after their last
 complete group), so an interrupted invocation can simply be repeated.
 """
