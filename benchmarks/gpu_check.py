@@ -15,6 +15,7 @@ Every section is guarded: a failure is recorded in the JSON (and printed) and th
 import argparse, json, os, platform, sys, tempfile, time, traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 RES = {"sections": {}, "errors": {}}
@@ -114,6 +115,49 @@ def generation(model, tok, dev, P=8, K=8, L=16, reps=3):
     return dict(rows=P * K, max_new_tokens=L, s_per_batch=round(times[len(times) // 2], 4),
                 completion_tokens_per_s=round(ntok / sum(times), 1), row_steps_per_s=round(P * K * L / times[len(times) // 2], 1),
                 peak_gib=peak_gib(dev)), comps
+
+
+def scoring(model, tok, dev, out, reward_fn=None, P=8, K=8, L=16, k_sketch=8192):
+    """Study scoring on the device: a (P x K) rollout store, then the four estimators (one forward + four
+    weighted backwards with per-rollout hooks, CountSketch on the device) vs one training forward+backward."""
+    from stalebook.core import Domain
+    from stalebook.model import policy_hash
+    from stalebook.rollouts import (RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of,
+                                    rollout_domain)
+    from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
+    from stalebook.tasks import synthetic_tasks
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    tasks = synthetic_tasks("math", P, Domain(0, ("gpu_check", "score")))
+    sc = SamplingConfig(group_size=K, max_new_tokens=L, groups_per_batch=P)
+    ph = policy_hash(model)
+    t0 = time.time()
+    st = generate_store(model, tok, tasks, RolloutStore(out / "stores", ph, rollout_domain(0, ph, "score"), sc, [t.id for t in tasks],
+                                                        numerics=numerics_of(model)), reward_fn, progress=False)
+    sync(dev); t_gen = time.time() - t0
+    recs = st.records
+    pids = [r["prompt_ids"] for r in recs for _ in r["tokens"]]
+    comps = [c for r in recs for c in r["tokens"]]
+    D = lora_dim(model); sk = CountSketch(D, k_sketch, Domain(0, ("gpu_check", "sk")))
+    def train_fb():
+        lp, m = completion_logprobs(model, pids, comps, micro_batch=P * K, pad_id=tok.pad_token_id)
+        (lp * m).sum().backward(); model.zero_grad(set_to_none=True)
+    def best(fn, reps=3):
+        fn(); sync(dev); ts = []
+        for _ in range(reps):
+            t0 = time.time(); fn(); sync(dev); ts.append(time.time() - t0)
+        return min(ts)
+    peak_reset(dev)
+    t_train = best(train_fb)
+    t_score = best(lambda: stale_features(model, recs, sk, tok.pad_token_id, P * K))
+    g, _, gap = stale_features(model, recs, sk, tok.pad_token_id, P * K)
+    same = all(torch.equal(torch.from_numpy(g["00"]), torch.from_numpy(g[ab])) for ab in g)
+    t_fresh = best(lambda: fresh_features(model, recs, sk, tok.pad_token_id, P * K))
+    g2, _, _ = stale_features(model, recs, sk, tok.pad_token_id, P * K)
+    return dict(rollouts=P * K, tokens=sum(map(len, comps)), lora_dim=D, k_sketch=k_sketch, generation_s=round(t_gen, 3),
+                train_fwd_bwd_s=round(t_train, 4), score4_s=round(t_score, 4), score4_over_train=round(t_score / t_train, 2),
+                fresh_score_s=round(t_fresh, 4), stale_over_fresh_incl_gen=round(t_score / (t_gen + t_fresh), 3),
+                pi_eq_beta_max_abs_logratio=gap, four_estimators_identical_at_pi_eq_beta=bool(same),
+                rerun_bitwise_identical=bool(all(np.array_equal(g[ab], g2[ab]) for ab in g)), peak_gib=peak_gib(dev))
 
 
 def main(argv=None):
@@ -251,6 +295,8 @@ def main(argv=None):
                 tr, info = grpo_steps(train_cfg(out / "big-run", big, dev, "bfloat16", 2, K=8, P=8, L=16), reward_fn=toy)
                 g, _ = generation(tr.model, tr.tok, dev, reps=1 if a.small else 3)
                 info["generation"] = g
+                info["scoring"] = scoring(tr.model, tr.tok, dev, out / "big-score", reward_fn=toy,
+                                          k_sketch=256 if a.small else 8192)
                 return info
             big_grpo()
             if not a.small:

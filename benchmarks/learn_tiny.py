@@ -61,12 +61,12 @@ def train_summary(recs, window: int) -> dict:
 def eval_checkpoint(cfg, ckpt: Path, tasks, k: int, out: Path, batch: int = 8) -> np.ndarray:
     "Per-prompt pass rates [n] of the policy in checkpoint `ckpt` on `tasks`, K samples per prompt."
     from stalebook.model import policy_hash
-    from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, load_run_policy, rollout_domain
+    from stalebook.rollouts import numerics_of, RolloutStore, SamplingConfig, generate_store, load_run_policy, rollout_domain
     model, tok = load_run_policy(cfg.snapshot, str(ckpt), cfg.device, cfg.dtype)
     ph = policy_hash(model)
     sc = SamplingConfig(group_size=k, max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
                         top_p=cfg.sampling.top_p, groups_per_batch=batch)
-    store = RolloutStore(out, ph, rollout_domain(cfg.seed, ph, "learn-eval"), sc, [t.id for t in tasks])
+    store = RolloutStore(out, ph, rollout_domain(cfg.seed, ph, "learn-eval"), sc, [t.id for t in tasks], numerics=numerics_of(model))
     generate_store(model, tok, tasks, store, progress=sys.stderr.isatty())
     return np.array([np.mean(r["rewards"]) for r in store.records])
 

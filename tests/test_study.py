@@ -23,7 +23,7 @@ def test_g11_sample_is_unbiased_for_on_policy_gradient(tmp_path, tiny_snapshot):
     """Uncapped g11 from stale rollouts of beta (raw rewards) vs REINFORCE from fresh rollouts of pi:
     both estimate grad E_pi[R]; their means along a fixed direction agree within 3 SE."""
     from stalebook.model import LoraSpec, load_policy, policy_hash
-    from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, rollout_domain
+    from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, numerics_of, rollout_domain
     from stalebook.scoring import fresh_features, stale_features
     from stalebook.tasks import Task
     model, tok = load_policy(str(tiny_snapshot), dtype="float64", lora=LoraSpec(r=2, target_modules=("q_proj", "v_proj")))
@@ -42,14 +42,15 @@ def test_g11_sample_is_unbiased_for_on_policy_gradient(tmp_path, tiny_snapshot):
     cfg = SamplingConfig(group_size=K, max_new_tokens=3, groups_per_batch=16)
     rf = _half_vocab_reward(tok)
     ids = [t.id for t in tasks]
+    num = numerics_of(model)
     def load(state):
         with torch.no_grad():
             for n, p in lora_b: p.copy_(state[n])
     load(beta_state)
-    stale = generate_store(model, tok, tasks, RolloutStore(tmp_path, beta_hash, rollout_domain(0, beta_hash, "s"), cfg, ids), rf, False)
+    stale = generate_store(model, tok, tasks, RolloutStore(tmp_path, beta_hash, rollout_domain(0, beta_hash, "s"), cfg, ids, numerics=num), rf, False)
     load(pi_state)
-    fresh = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "f"), cfg, ids), rf, False)
-    probe = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "v"), cfg, ids), rf, False)
+    fresh = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "f"), cfg, ids, numerics=num), rf, False)
+    probe = generate_store(model, tok, tasks, RolloutStore(tmp_path, pi_hash, rollout_domain(0, pi_hash, "v"), cfg, ids, numerics=num), rf, False)
     gs, _, gap = stale_features(model, stale.records, None, tok.pad_token_id, 64, which=("11",), normalise=None)
     R, V = fresh_features(model, fresh.records, None, tok.pad_token_id, 64)
     Rp, Vp = fresh_features(model, probe.records, None, tok.pad_token_id, 64)
