@@ -30,8 +30,8 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'canonical_json', 'Domain'
            'dir_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
            'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'from_dict',
            'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config', 'group_advantages',
-           'homogeneous_groups', 'project_root', 'figures_dir', 'save_figure', 'Check', 'verify_check', 'run_checks',
-           'assert_checks', 'check_rng_domains', 'check_state_dict_hash']
+           'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure', 'Check',
+           'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -373,6 +373,23 @@ def group_advantages(rewards, std: bool = True, eps: float = 1e-6):
 def homogeneous_groups(rewards):
     "Boolean mask over groups (all but the last axis): True where every reward in the group is equal."
     return (rewards == rewards[..., :1]).all(-1)
+
+# %% ../nbs/00_core.ipynb #b045f4bf
+def topk_mask(scores, k: int, keys=None) -> np.ndarray:
+    "Mask of the top-`k` of `scores` along the last axis: larger score first, ties to the larger `keys` (default: lower index)."
+    s = np.asarray(scores, dtype=np.float64)
+    n = s.shape[-1]
+    if not 0 <= k <= n: raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    kb = -np.arange(n, dtype=np.float64) if keys is None else np.asarray(keys, dtype=np.float64)
+    kb = np.broadcast_to(kb, s.shape)
+    order = np.lexsort((-kb, -s), axis=-1)[..., :k]              # primary: -score, secondary: -key
+    mask = np.zeros(s.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=-1)
+    return mask
+
+def topk(scores, k: int, keys=None) -> np.ndarray:
+    "Sorted indices of the top-`k` of a 1-D `scores` (the rule of `topk_mask`)."
+    return np.flatnonzero(topk_mask(scores, k, keys))
 
 # %% ../nbs/00_core.ipynb #42db9ad7
 def project_root(start=None) -> Path | None:

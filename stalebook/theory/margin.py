@@ -12,21 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import Check, Domain, verify_check, assert_checks
+from ..core import Check, Domain, topk, verify_check, assert_checks
 
 # %% auto #0
-__all__ = ['topk', 'MarginCertificate', 'margin_certificate', 'min_pair_separation', 'margin_trial', 'check_margin_random',
+__all__ = ['MarginCertificate', 'margin_certificate', 'min_pair_separation', 'margin_trial', 'check_margin_random',
            'tightness_example', 'check_margin_tight']
 
 # %% ../../nbs/12_margin.ipynb #e69a26e1
-def topk(scores, k: int, tiebreak_key) -> np.ndarray:
-    "Indices (sorted) of the k largest `scores`; ties broken by the smaller `tiebreak_key`."
-    s, key = np.asarray(scores, dtype=np.float64), np.asarray(tiebreak_key, dtype=np.float64)
-    if not 0 <= k <= len(s): raise ValueError(f"k={k} out of range for n={len(s)}")
-    if key.shape != s.shape: raise ValueError("tiebreak_key must have one entry per score")
-    order = np.lexsort((key, -s))          # primary: -score ascending; secondary: key ascending
-    return np.sort(order[:k])
-
 @dataclass(frozen=True)
 class MarginCertificate:
     "Delta_k, e, whether Delta_k > 2e, and the guaranteed separation Delta_k - 2e."
@@ -77,7 +69,7 @@ def check_margin_random(n_trials: int = 3000, seed: int = 0):
 def tightness_example():
     "s = (1, 0), k = 1, estimate (1/2, 1/2): Delta_k = 2e, and the tie-break decides the set."
     s, t = np.array([1.0, 0.0]), np.array([0.5, 0.5])
-    return s, t, margin_certificate(s, t, 1), topk(t, 1, [0.0, 1.0]), topk(t, 1, [1.0, 0.0])
+    return s, t, margin_certificate(s, t, 1), topk(t, 1, [1.0, 0.0]), topk(t, 1, [0.0, 1.0])
 
 @verify_check
 def check_margin_tight():

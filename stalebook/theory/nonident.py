@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Check, Domain, verify_check, assert_checks, group_advantages
+from ..core import Check, Domain, topk, verify_check, assert_checks, group_advantages
 from .tree import Tree, seq_probs, seq_logprobs, token_logprobs, policy_gradient
 from .estimators import (sampled_estimators, enumerate_groups, log_ratio_terms,
                                          normalised_ess)
-from .margin import topk
 
 TREE = Tree(2, 2)            # histories: 0 = root, 1 = h0 = (A_1=0), 2 = h1 = (A_1=1); responses 00, 01, 10, 11
 MODELS = ("10", "01")        # which single-correction estimator the rule observes
@@ -117,7 +116,6 @@ def nonident_case(model: str, eps: float, K: int, n: int = 4, k: int = 2) -> dic
     """All acceptance quantities of one (model, eps, K, n, k) instance, computed exactly."""
     A, B, v, d = make_pools(model, n, k, eps)
     sA, sB = true_utilities(A, v), true_utilities(B, v)
-    key = np.arange(n, dtype=float)
     gA, gB = grpo_true_utilities(A[k - 1:k + 1], v, K), grpo_true_utilities(B[k - 1:k + 1], v, K)
     # observation laws: positions differ only at k-1, k; there pool A holds (+, -), pool B (-, +).
     idx, pr, o_plus = observation_law(A[k - 1], model, K)
@@ -128,7 +126,7 @@ def nonident_case(model: str, eps: float, K: int, n: int = 4, k: int = 2) -> dic
     kl = max(seq_kl(p[0], p[1]) for p in A + B)
     ess = min(used_weights_ess(p, model) for p in A + B)
     return dict(model=model, eps=eps, K=K, n=n, k=k, delta=d, s_A=sA, s_B=sB,
-                topk_A=topk(sA, k, key), topk_B=topk(sB, k, key),
+                topk_A=topk(sA, k), topk_B=topk(sB, k),
                 grpo_topk_differs=bool(np.sign(gA[0] - gA[1]) != np.sign(gB[0] - gB[1]) and gA[0] != gA[1]),
                 tuple_diff=tuple_diff, tv_vector=tv_vec, tv_scalar=tv_scalar, kl=kl, ess=ess,
                 minimax_error_lb=(1 - tv_vec) / 2, P_homogeneous=float(pr[(idx % 2 == idx[:, :1] % 2).all(-1)].sum()))

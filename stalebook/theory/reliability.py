@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import integrate, optimize, stats
 
-from ..core import Check, Domain, verify_check
+from ..core import Check, Domain, topk_mask, verify_check
 
 # %% auto #0
 __all__ = ['simulate_latent', 'rho_of', 'spearman_brown', 'corr_mu_reference', 'topk_overlap', 'overlap_mc', 'overlap_limit',
@@ -46,12 +46,8 @@ def corr_mu_reference(rho):
 
 # %% ../../nbs/14_reliability.ipynb #9c690cc8
 def topk_overlap(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
-    "|top-k(x) ∩ top-k(y)| / k along the last axis (continuous scores: ties have probability 0)."
-    ix = np.argpartition(-x, k - 1, axis=-1)[..., :k]
-    iy = np.argpartition(-y, k - 1, axis=-1)[..., :k]
-    mx = np.zeros(x.shape, bool); np.put_along_axis(mx, ix, True, axis=-1)
-    my = np.zeros(y.shape, bool); np.put_along_axis(my, iy, True, axis=-1)
-    return (mx & my).sum(-1) / k
+    "|top-k(x) ∩ top-k(y)| / k along the last axis (`core.topk_mask`; continuous scores: ties have probability 0)."
+    return (topk_mask(x, k) & topk_mask(y, k)).sum(-1) / k
 
 def overlap_mc(c: float, n: int, k: int, reps: int, domain: Domain) -> tuple[float, float]:
     "Finite-n overlap O_{n,k}(c) by Monte Carlo: (mean, standard error) over `reps` draws."
