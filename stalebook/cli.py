@@ -16,11 +16,10 @@ import json
 import pkgutil
 import sys
 
-from .core import CHECKS, Check, StalebookError, run_checks
+from .core import CHECKS, Check, CommandParser, StalebookError, run_checks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'CommandParser', 'cmd_version', 'load_check_modules', 'format_table',
-           'cmd_verify']
+__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'format_table', 'cmd_verify']
 
 # %% ../nbs/01_cli.ipynb #ac588821
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -72,10 +71,6 @@ def main(argv=None) -> int:
     return int(rc or 0)
 
 # %% ../nbs/01_cli.ipynb #3aa7db66
-class CommandParser(argparse.ArgumentParser):
-    "ArgumentParser whose errors are one-line `StalebookError`s."
-    def error(self, message): raise StalebookError(f"{self.prog}: {message}")
-
 def cmd_version(argv) -> int:
     "Print the package version."
     CommandParser(prog="stalebook version", description="Print the stalebook version.").parse_args(argv)

@@ -8,6 +8,7 @@ Docs: https://stalebook.github.io/stalebook/core.html.md"""
 # %% ../nbs/00_core.ipynb #48327c9b
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -16,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import types
 import typing
 import warnings
@@ -26,12 +28,12 @@ from typing import Any, Iterable
 import numpy as np
 
 # %% auto #0
-__all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file',
-           'dir_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
-           'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'from_dict',
-           'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config', 'group_advantages',
-           'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure', 'Check',
-           'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash']
+__all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonical_json', 'Domain', 'rng', 'hash_bytes',
+           'hash_json', 'hash_file', 'dir_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir',
+           'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point',
+           'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config',
+           'group_advantages', 'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure',
+           'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -39,6 +41,10 @@ class StalebookError(Exception):
 
 class ConfigError(StalebookError):
     "A config file is malformed: the message names the file and the field."
+
+class CommandParser(argparse.ArgumentParser):
+    "An `ArgumentParser` for a subcommand: a bad argument is a one-line `StalebookError`, not a usage dump."
+    def error(self, message): raise StalebookError(f"{self.prog}: {message}")
 
 # %% ../nbs/00_core.ipynb #60059105
 def canonical_json(obj: Any) -> str:
@@ -262,6 +268,34 @@ def fault_point(kind: str, index) -> None:
     if f and f == f"{kind}:{index}":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+
+# %% ../nbs/00_core.ipynb #e810606c
+class Progress:
+    "Progress of `total` units: a tqdm bar on a terminal, else a plain line at each quarter; `enabled=False` is silent."
+    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it", enabled: bool = True, stream=None):
+        self.total, self.desc, self.n, self.unit, self.stream = total, desc, initial, unit, stream or sys.stderr
+        mode = os.environ.get("STALEBOOK_PROGRESS") or ("bar" if getattr(self.stream, "isatty", lambda: False)() else "lines")
+        self.mode = mode if enabled and total > initial else "off"
+        self.t0, self.post, self.bar, self.next = time.perf_counter(), "", None, self._mark(initial)
+        if self.mode == "bar":
+            from tqdm.auto import tqdm          # imported only when a terminal shows the bar
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False, file=self.stream)
+
+    def _mark(self, n): return min(self.total, (n * 4 // max(self.total, 1) + 1) * -(-self.total // 4))
+
+    def update(self, k: int = 1, **postfix):
+        self.n += k
+        if postfix: self.post = "  " + "  ".join(f"{a}={b}" for a, b in postfix.items())
+        if self.bar is not None:
+            self.bar.update(k)
+            if postfix: self.bar.set_postfix(**postfix)
+        elif self.mode == "lines" and self.n >= self.next:
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit} ({time.perf_counter() - self.t0:.0f} s){self.post}",
+                  file=self.stream, flush=True)
+            self.next = self._mark(self.n)
+
+    def close(self):
+        if self.bar is not None: self.bar.close()
 
 # %% ../nbs/00_core.ipynb #55458494
 def _type_name(tp) -> str: return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

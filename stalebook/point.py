@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .core import (Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
+from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
                             hash_file, hash_json, load_config)
 from .rollouts import RolloutStore, SamplingConfig, generate_store, numerics_of, rollout_domain
 from .scoring import ESTIMATORS, CountSketch, fresh_features, lora_dim, stale_features
@@ -250,7 +250,6 @@ def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False
 
 def cmd_point(argv) -> int:
     "Run (or resume) one experiment point from a PointConfig file."
-    from stalebook.cli import CommandParser
     p = CommandParser(prog="stalebook point", description="Run or resume one experiment point (papermill).")
     p.add_argument("config", help="YAML/JSON PointConfig")
     p.add_argument("--checkpoint", type=int, default=None, help="override config.checkpoint")
@@ -328,7 +327,6 @@ def run_demo(d: DemoConfig, log=print) -> str:
 
 def cmd_demo(argv) -> int:
     "The main job on the embedded tiny default."
-    from stalebook.cli import CommandParser
     p = CommandParser(prog="stalebook demo", description="Build the tiny snapshot, train its lineage, run points, print the table.")
     p.add_argument("config", nargs="?", default=None, help="optional YAML/JSON DemoConfig")
     p.add_argument("--out", default=None, help="override config.out")

@@ -15,8 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .core import StalebookError, atomic_write_json, dir_listing, hash_bytes
-from .cli import CommandParser
+from .core import CommandParser, StalebookError, atomic_write_json, dir_listing, hash_bytes
 
 # %% auto #0
 __all__ = ['LOCKFILE', 'LOCK_VERSION', 'MISSING_TOKEN_PATH', 'snapshot_layout', 'snapshot_files', 'files_revision',

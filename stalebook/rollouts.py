@@ -19,7 +19,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
-from .core import (Domain, JsonlLog, StalebookError, atomic_write_json, canonical_json,
+from .core import (CommandParser, Domain, JsonlLog, StalebookError, atomic_write_json, canonical_json,
                             config_dict, config_hash, fault_point, hash_file, hash_json, read_jsonl)
 
 # %% auto #0
@@ -332,7 +332,6 @@ def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=N
 
 def cmd_rollouts(argv) -> int:
     "Generate (or resume) a hash-bound rollout store from a config file."
-    from stalebook.cli import CommandParser
     from stalebook.core import load_config
     from stalebook import model as M, tasks as T
     p = CommandParser(prog="stalebook rollouts", description="Generate or resume a rollout store.")

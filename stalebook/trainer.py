@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .core import (Domain, JsonlLog, StalebookError, atomic_dir, atomic_write, atomic_write_json,
+from .core import (CommandParser, Domain, JsonlLog, StalebookError, atomic_dir, atomic_write, atomic_write_json,
                             canonical_json, config_dict, config_hash, fault_point, from_dict, group_advantages, hash_dir, hash_json,
                             hash_state_dict, homogeneous_groups, read_jsonl, save_config)
 from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample,
@@ -348,7 +348,6 @@ class Trainer:
 # %% ../nbs/26_trainer.ipynb #89a62c06
 def cmd_train(argv) -> int:
     "Run or resume a GRPO/SFT training run from a config file."
-    from stalebook.cli import CommandParser
     from stalebook.core import load_config
     p = CommandParser(prog="stalebook train", description="Run or resume GRPO (or SFT) training of a LoRA lineage.")
     p.add_argument("config", help="YAML/JSON TrainConfig")
