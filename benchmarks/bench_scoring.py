@@ -83,7 +83,7 @@ if __name__ == "__main__":
     ap.add_argument("--snapshot", default="")
     ap.add_argument("--rows", type=int, default=64)
     a = ap.parse_args()
-    from stalebook.preflight import default_snapshot
+    from stalebook.model import default_snapshot
     snap = a.snapshot or str(default_snapshot())
     s = bench_sketch()
     print(f"(b) CountSketch D={s['D']:,} k={s['k']}: {s['countsketch_s'] * 1e3:.2f} ms | dense Gaussian (blocked) "

@@ -189,7 +189,8 @@ def main(argv=None):
     # 1. the tiny snapshot --------------------------------------------------------------------------
     @section("tiny_snapshot")
     def tiny():
-        from stalebook.preflight import ensure_tiny_snapshot, read_lock, verify_snapshot
+        from stalebook.model import ensure_tiny_snapshot
+        from stalebook.snapshot import read_lock, verify_snapshot
         if a.snapshot:
             bad = verify_snapshot(a.snapshot, self_test=False)
             if bad: raise RuntimeError(f"--snapshot {a.snapshot}: {bad[0]}")
@@ -261,7 +262,7 @@ def main(argv=None):
         def big_build():
             from transformers import LlamaForCausalLM
             from stalebook.model import build_char_tokenizer, tiny_llama_config
-            from stalebook.preflight import write_lock
+            from stalebook.snapshot import write_lock
             from stalebook.tasks import ALPHABET
             import shutil
             tok = build_char_tokenizer(ALPHABET)

@@ -25,7 +25,7 @@ __all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modul
 COMMANDS: dict[str, tuple[str, str]] = {
     "version":   ("stalebook.cli:cmd_version", "print the stalebook version"),
     "verify":    ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
-    "snapshot":  ("stalebook.preflight:cmd_snapshot", "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)"),
+    "snapshot":  ("stalebook.model:cmd_snapshot", "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)"),
     "preflight": ("stalebook.preflight:cmd_preflight", "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)"),
     "rollouts":  ("stalebook.rollouts:cmd_rollouts", "generate or resume a hash-bound rollout store from a config (RolloutsConfig)"),
     "train":     ("stalebook.trainer:cmd_train", "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)"),

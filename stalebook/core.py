@@ -29,11 +29,12 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonical_json', 'Domain', 'rng', 'hash_bytes',
-           'hash_json', 'hash_file', 'dir_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir',
-           'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point',
-           'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config',
-           'group_advantages', 'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure',
-           'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash']
+           'hash_json', 'hash_file', 'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor',
+           'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
+           'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
+           'save_config', 'group_advantages', 'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir',
+           'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
+           'check_state_dict_hash']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -126,9 +127,14 @@ def dir_listing(path, exclude: Iterable[str] = ()) -> list[tuple[str, str]]:
             out.append((rel, hash_file(p)))
     return sorted(out, key=lambda t: t[0].encode("utf-8"))
 
+def hash_listing(files) -> str:
+    "sha256 over the lines `relpath\\0sha256\\n` of `(relpath, sha256)` pairs (or a dict), sorted by UTF-8 path."
+    items = sorted(files.items() if isinstance(files, dict) else files, key=lambda t: t[0].encode("utf-8"))
+    return hash_bytes("".join(f"{r}\0{h}\n" for r, h in items).encode("utf-8"))
+
 def hash_dir(path, exclude: Iterable[str] = ()) -> str:
-    "sha256 over the lines `relpath\\0sha256\\n` of `dir_listing(path)`."
-    return hash_bytes("".join(f"{r}\0{h}\n" for r, h in dir_listing(path, exclude)).encode("utf-8"))
+    "The content hash of a folder: `hash_listing(dir_listing(path, exclude))`."
+    return hash_listing(dir_listing(path, exclude))
 
 def _tensor_bytes(t) -> tuple[str, list, bytes]:
     if isinstance(t, np.ndarray) or np.isscalar(t):

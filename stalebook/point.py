@@ -89,7 +89,7 @@ def _load_lineage_policy(run: Path, step: int, device: str, dtype: str):
     probs = check_lineage(run)
     if probs: raise StalebookError(f"{run}: lineage check failed: {probs[0]}")
     tcfg = load_config(TrainConfig, run / "config.yaml")
-    from stalebook.preflight import default_snapshot
+    from stalebook.model import default_snapshot
     snap = tcfg.snapshot or str(default_snapshot())
     model, tok = load_policy(snap, device=device, dtype=dtype, adapter=d / "adapter", trainable=True)
     return model, tok, tcfg, snap
@@ -301,7 +301,7 @@ class DemoConfig:
 
 def run_demo(d: DemoConfig, log=print) -> str:
     from stalebook.model import LoraSpec
-    from stalebook.preflight import default_snapshot
+    from stalebook.model import default_snapshot
     from stalebook.trainer import Trainer, TrainConfig
     t0 = time.perf_counter()
     snap = default_snapshot(log=log)

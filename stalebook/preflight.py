@@ -1,5 +1,6 @@
-"""Before any GPU work a run proves it has exactly the snapshot it was registered with, cannot reach the
-network, cannot pick up credentials, and has a verifier that still tells right from wrong.
+"""Before any GPU work a run proves it has exactly the snapshot it was registered with (the lockfile
+check of `22_snapshot`), cannot reach the network, cannot pick up credentials, and has a verifier
+that still tells right from wrong — without importing torch or reading a weight.
 
 Docs: https://stalebook.github.io/stalebook/preflight.html.md"""
 
@@ -9,84 +10,15 @@ Docs: https://stalebook.github.io/stalebook/preflight.html.md"""
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-from .core import CommandParser, StalebookError, atomic_write_json, dir_listing, hash_bytes
+from .core import CommandParser, StalebookError
+from .snapshot import read_lock, verify_snapshot
 
 # %% auto #0
-__all__ = ['LOCKFILE', 'LOCK_VERSION', 'MISSING_TOKEN_PATH', 'snapshot_layout', 'snapshot_files', 'files_revision',
-           'schema_facts', 'self_test_set', 'write_lock', 'read_lock', 'NetworkRefused', 'enter_compute_mode',
-           'in_compute_mode', 'PreflightError', 'verify_snapshot', 'preflight', 'ensure_tiny_snapshot',
-           'default_snapshot_dir', 'default_snapshot', 'cmd_snapshot', 'cmd_preflight']
-
-# %% ../nbs/24_preflight.ipynb #7224f8d4
-LOCKFILE = "stalebook.lock.json"
-LOCK_VERSION = 1
-
-def snapshot_layout(d) -> dict:
-    "`{'layout': 'plain'}` or, for `.../models--org--name/snapshots/<commit>`, the hf-cache facts."
-    d = Path(d).absolute()
-    if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
-        return {"layout": "hf-cache", "hf_repo": d.parent.parent.name[len("models--"):].replace("--", "/"), "hf_commit": d.name}
-    return {"layout": "plain"}
-
-def snapshot_files(d) -> dict:
-    "`{relpath: sha256}` of every file in the snapshot except the lockfile."
-    return dict(dir_listing(d, exclude=[LOCKFILE]))
-
-def files_revision(files: dict) -> str:
-    "The revision of a file map: sha256 of the sorted `path\\0sha256\\n` lines (== `core.hash_dir`)."
-    return hash_bytes("".join(f"{r}\0{h}\n" for r, h in sorted(files.items(), key=lambda t: t[0].encode())).encode())
-
-def _read_json(p: Path, what: str) -> dict:
-    try: return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError: raise StalebookError(f"{what}: {p.name} missing") from None
-    except ValueError as e: raise StalebookError(f"{what}: {p.name} is not valid JSON ({e})") from None
-
-def schema_facts(d) -> dict:
-    "Schema of a snapshot read from its JSON files (config, tokenizer) plus the current task schema version."
-    from stalebook.tasks import SCHEMA_VERSION
-    d = Path(d)
-    cfg = _read_json(d / "config.json", "schema")
-    tcfg = _read_json(d / "tokenizer_config.json", "schema") if (d / "tokenizer_config.json").exists() else {}
-    tvocab = None
-    if (d / "tokenizer.json").exists():
-        model = _read_json(d / "tokenizer.json", "schema").get("model", {})
-        tvocab = len(model.get("vocab", {})) if isinstance(model.get("vocab"), (dict, list)) else None
-    return {"model_type": cfg.get("model_type"), "architectures": cfg.get("architectures"),
-            "vocab_size": cfg.get("vocab_size"), "tokenizer_class": tcfg.get("tokenizer_class"),
-            "tokenizer_vocab": tvocab, "task_schema_version": SCHEMA_VERSION}
-
-def self_test_set(domains=("math", "code")) -> dict:
-    "The verifier self-test cases to record: `{domain: [{task, completion, expected}]}`."
-    from stalebook.tasks import self_test_cases
-    return {dom: [{"task": t.to_dict(), "completion": c, "expected": float(w)} for t, c, w in self_test_cases(dom)]
-            for dom in domains}
-
-def write_lock(d, domains=("math", "code")) -> dict:
-    "Lock the snapshot folder `d`: write `d/stalebook.lock.json` atomically; return the lock."
-    d = Path(d)
-    if not d.is_dir(): raise StalebookError(f"snapshot lock: {d} is not a directory")
-    files = snapshot_files(d)
-    if not files: raise StalebookError(f"snapshot lock: {d} contains no files")
-    lock = {"lock_version": LOCK_VERSION, "revision": files_revision(files), **snapshot_layout(d), "files": files,
-            "schema": schema_facts(d), "self_test": self_test_set(domains)}
-    atomic_write_json(d / LOCKFILE, lock)
-    return lock
-
-def read_lock(d) -> dict:
-    "The parsed lockfile of snapshot `d` (one-line error if missing or malformed)."
-    p = Path(d) / LOCKFILE
-    if not p.is_file(): raise StalebookError(f"{d}: no lockfile {LOCKFILE} (run 'stalebook snapshot lock {d}')")
-    lock = _read_json(p, "lockfile")
-    miss = {"lock_version", "revision", "files", "schema", "self_test", "layout"} - set(lock)
-    if miss: raise StalebookError(f"{p}: lockfile lacks {sorted(miss)}")
-    if lock["lock_version"] != LOCK_VERSION: raise StalebookError(f"{p}: lock_version {lock['lock_version']} unsupported")
-    return lock
+__all__ = ['MISSING_TOKEN_PATH', 'NetworkRefused', 'enter_compute_mode', 'in_compute_mode', 'PreflightError', 'preflight']
 
 # %% ../nbs/24_preflight.ipynb #43d9eaa1
 class NetworkRefused(StalebookError, ConnectionRefusedError):
@@ -159,114 +91,9 @@ class PreflightError(StalebookError):
         self.failures = list(failures)
         super().__init__(f"preflight failed ({len(self.failures)} problem(s)): " + "; ".join(self.failures))
 
-def verify_snapshot(d, revision: str | None = None, expect_schema: dict | None = None, self_test: bool = True) -> list[str]:
-    "Failures (one line each) of snapshot `d` against its lockfile; empty list = verified."
-    d = Path(d)
-    if not d.is_dir(): return [f"snapshot: {d} is not a directory"]
-    try: lock = read_lock(d)
-    except StalebookError as e: return [f"lockfile: {e}"]
-    bad = []
-    if files_revision(lock["files"]) != lock["revision"]:
-        bad.append(f"revision: lockfile revision {lock['revision'][:16]} does not match its file list ({files_revision(lock['files'])[:16]})")
-    if revision is not None and revision != lock["revision"]:
-        bad.append(f"revision: expected {revision[:16]}, snapshot is locked at {lock['revision'][:16]}")
-    lay = snapshot_layout(d)
-    if lock["layout"] == "hf-cache" and lay.get("hf_commit") != lock.get("hf_commit"):
-        bad.append(f"revision: hf cache commit {lay.get('hf_commit')} != locked {lock.get('hf_commit')}")
-    have = snapshot_files(d)
-    for p in sorted(set(lock["files"]) - set(have)): bad.append(f"file missing: {p}")
-    for p in sorted(set(have) - set(lock["files"])): bad.append(f"extra file: {p}")
-    for p in sorted(set(have) & set(lock["files"])):
-        if have[p] != lock["files"][p]: bad.append(f"hash mismatch: {p} (sha256 {have[p][:16]}, locked {lock['files'][p][:16]})")
-    if bad: return bad
-    try: now = schema_facts(d)
-    except StalebookError as e: return [str(e)]
-    for k in sorted(set(now) | set(lock["schema"])):
-        if now.get(k) != lock["schema"].get(k):
-            bad.append(f"schema: {k} is {now.get(k)!r}, lockfile says {lock['schema'].get(k)!r}")
-    for k, v in sorted((expect_schema or {}).items()):
-        if now.get(k) != v: bad.append(f"schema: {k} is {now.get(k)!r}, run expects {v!r}")
-    if self_test and not bad:
-        from stalebook.tasks import Task, reward
-        for dom, cases in sorted(lock["self_test"].items()):
-            for i, c in enumerate(cases):
-                try: got, det = reward(Task.from_dict(c["task"]), c["completion"])
-                except Exception as e: got, det = None, {"reason": f"{type(e).__name__}: {e}"}
-                if got != c["expected"]:
-                    bad.append(f"verifier self-test: {dom} case {i} ({c['task']['id']}, completion {c['completion']!r}) "
-                               f"got reward {got}, expected {c['expected']}")
-    return bad
-
 def preflight(d, revision: str | None = None, expect_schema: dict | None = None) -> dict:
     "Enter compute mode, then verify snapshot `d`; raise `PreflightError` listing every failure; return the lock."
     enter_compute_mode()
     bad = verify_snapshot(d, revision=revision, expect_schema=expect_schema)
     if bad: raise PreflightError(bad)
     return read_lock(d)
-
-# %% ../nbs/24_preflight.ipynb #1731bce1
-def ensure_tiny_snapshot(d, spec=None, log=print) -> dict:
-    "Build (and lock) the tiny snapshot at `d` unless a verified one is already there; return its lock."
-    from stalebook.model import build_tiny_snapshot
-    d = Path(d)
-    if d.exists():
-        bad = verify_snapshot(d, self_test=False)
-        if not bad: return read_lock(d)
-        log(f"rebuilding {d}: {bad[0]}")
-    build_tiny_snapshot(d, spec, log=log, overwrite=True)
-    return write_lock(d)
-
-def default_snapshot_dir() -> Path:
-    "Where the embedded default lives: `$STALEBOOK_TINY`, else `<project root or cwd>/runs/snapshots/tiny`."
-    from stalebook.core import project_root
-    if os.environ.get("STALEBOOK_TINY"): return Path(os.environ["STALEBOOK_TINY"])
-    return (project_root() or Path.cwd()) / "runs" / "snapshots" / "tiny"
-
-def default_snapshot(log=print) -> Path:
-    "The embedded tiny snapshot, built and locked on first use (a file lock serialises concurrent builders)."
-    from filelock import FileLock
-    d = default_snapshot_dir()
-    d.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(d) + ".lock"):
-        ensure_tiny_snapshot(d, log=log)
-    return d
-
-def cmd_snapshot(argv) -> int:
-    "`stalebook snapshot tiny --out DIR` | `stalebook snapshot lock DIR`."
-    p = CommandParser(prog="stalebook snapshot", description="Build the embedded tiny snapshot, or lock a snapshot folder.")
-    sub = p.add_subparsers(dest="what", metavar="{tiny,lock}", parser_class=CommandParser)
-    t = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
-    t.add_argument("--out", required=True, help="snapshot folder to create")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)")
-    t.add_argument("--force", action="store_true", help="replace an existing folder")
-    t.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
-    l = sub.add_parser("lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder")
-    l.add_argument("dir")
-    a = p.parse_args(argv)
-    if a.what is None: raise StalebookError("stalebook snapshot: choose 'tiny' or 'lock'")
-    if a.what == "tiny":
-        from stalebook.model import TinySpec, build_tiny_snapshot
-        if a.threads < 1: raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
-        build_tiny_snapshot(a.out, TinySpec(seed=a.seed, threads=a.threads), overwrite=a.force)
-        if not a.no_lock:
-            lock = write_lock(a.out); print(f"locked {a.out}: revision {lock['revision']}")
-        return 0
-    lock = write_lock(a.dir)
-    print(f"locked {a.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
-    return 0
-
-def cmd_preflight(argv) -> int:
-    "`stalebook preflight DIR [--revision R]`: compute mode + snapshot checks; one line per failure, exit 1."
-    p = CommandParser(prog="stalebook preflight", description="Enter compute mode and verify a locked snapshot.")
-    p.add_argument("dir")
-    p.add_argument("--revision", default=None, help="the revision the run was registered with")
-    a = p.parse_args(argv)
-    t0 = time.time()
-    try: lock = preflight(a.dir, revision=a.revision)
-    except PreflightError as e:
-        for line in e.failures: print(f"preflight: FAIL {line}")
-        return 1
-    n = sum(len(v) for v in lock["self_test"].values())
-    print(f"preflight: OK {a.dir} revision {lock['revision']} ({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)")
-    return 0

@@ -319,7 +319,7 @@ def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=N
     first use) plus an adapter — a checkpoint folder (its `adapter/`) or an adapter folder in peft format —
     or, without one, a fresh LoRA (`lora`, default `LoraSpec()`) initialised from (seed, "lora", "init")."""
     from stalebook import model as M
-    from stalebook.preflight import default_snapshot
+    from stalebook.model import default_snapshot
     snap = snapshot or str(default_snapshot())
     if adapter:
         a = Path(adapter)

@@ -30,7 +30,7 @@ def test_pooled_group_stats_matches_direct():
 @pytest.mark.slow
 def test_grpo_raises_math_reward(tmp_path):
     from stalebook.core import load_config
-    from stalebook.preflight import default_snapshot
+    from stalebook.model import default_snapshot
     from stalebook.trainer import Trainer, TrainConfig
     lt = _learn_tiny()
     old = torch.get_num_threads()

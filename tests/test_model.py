@@ -1,14 +1,14 @@
 """The tiny snapshot through plain transformers/peft APIs, build determinism, LoRA adapters and the policy hash."""
-import json, os, subprocess, sys, textwrap, time
+import json, os, shutil, subprocess, sys, textwrap, time
 from pathlib import Path
 
 import pytest
 import torch
 
 from stalebook.core import Domain, StalebookError, hash_dir
-from stalebook.model import (LoraSpec, TinySpec, adapter_state, build_tiny_snapshot, load_adapter, load_policy,
-                             policy_hash, save_adapter)
-from stalebook.preflight import LOCKFILE, read_lock, write_lock
+from stalebook.model import (LoraSpec, TinySpec, adapter_state, build_tiny_snapshot, ensure_tiny_snapshot, load_adapter,
+                             load_policy, policy_hash, save_adapter)
+from stalebook.snapshot import LOCKFILE, read_lock, write_lock
 from conftest import REDUCED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,3 +190,15 @@ def test_cuda_bf16_policy_same_hash_as_cpu(tiny_snapshot, tmp_path):
     ad = tmp_path / "ad"; h = save_adapter(mg, ad)
     back = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_snapshot, local_files_only=True, dtype=torch.bfloat16), ad)
     assert policy_hash(back, base_revision=mg.stalebook_base_revision) == h
+
+
+def test_ensure_tiny_snapshot_reuses_and_repairs(tiny_snapshot, tmp_path):
+    d = tmp_path / "t"; shutil.copytree(tiny_snapshot, d)
+    mt = (d / "model.safetensors").stat().st_mtime_ns
+    logs = []
+    assert ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=logs.append)["revision"] == read_lock(tiny_snapshot)["revision"]
+    assert logs == [] and (d / "model.safetensors").stat().st_mtime_ns == mt         # valid: nothing rebuilt
+    (d / "config.json").write_text("{}")
+    lock = ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=logs.append)
+    assert logs[0].startswith(f"rebuilding {d}: hash mismatch: config.json") and lock["revision"] == read_lock(tiny_snapshot)["revision"]
+
