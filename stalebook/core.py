@@ -32,7 +32,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'hash_json', 'hash_file', 'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor',
            'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
            'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
-           'save_config', 'group_advantages', 'homogeneous_groups', 'topk_mask', 'topk', 'project_root', 'figures_dir',
+           'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
            'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
            'check_state_dict_hash']
 
@@ -402,17 +402,19 @@ def save_config(cfg, path) -> Path:
     return atomic_write(path, yaml.safe_dump(config_dict(cfg), sort_keys=True))
 
 # %% ../nbs/00_core.ipynb #7ef24bed
-def group_advantages(rewards, std: bool = True, eps: float = 1e-6):
-    "GRPO advantages over the last axis: (R - mean) / (std + eps) (population std), or R - mean."
-    mean = rewards.mean(-1, keepdims=True)
-    centred = rewards - mean
-    if not std: return centred
-    denom = (centred ** 2).mean(-1, keepdims=True) ** 0.5 + eps
-    return centred / (denom + (denom == 0))      # sd = 0 only for homogeneous groups, where centred = 0
-
 def homogeneous_groups(rewards):
     "Boolean mask over groups (all but the last axis): True where every reward in the group is equal."
     return (rewards == rewards[..., :1]).all(-1)
+
+def group_advantages(rewards, std: bool = True, eps: float = 1e-6, ddof: int = 0):
+    "GRPO advantages over the last axis: (R - mean) / (std + eps) with std of `ddof` (0 or 1), or R - mean; 0 in homogeneous groups."
+    mean = rewards.mean(-1, keepdims=True)
+    centred = (rewards - mean) * ~homogeneous_groups(rewards)[..., None]
+    if not std: return centred
+    if ddof == 0: var = (centred ** 2).mean(-1, keepdims=True)
+    else: var = (centred ** 2).sum(-1, keepdims=True) / max(rewards.shape[-1] - ddof, 1)
+    denom = var ** 0.5 + eps
+    return centred / (denom + (denom == 0))      # sd = 0 only for homogeneous groups, where centred = 0
 
 # %% ../nbs/00_core.ipynb #b045f4bf
 def topk_mask(scores, k: int, keys=None) -> np.ndarray:

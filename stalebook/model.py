@@ -34,8 +34,8 @@ from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ADAPTER_FILE', 'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params',
            'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'build_tiny_snapshot',
-           'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot', 'cmd_snapshot', 'cmd_preflight',
-           'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
+           'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot', 'cmd_snapshot', 'LoraSpec',
+           'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
            'load_adapter_state']
 
 # %% ../nbs/23_model.ipynb #61816548
@@ -272,21 +272,6 @@ def cmd_snapshot(argv) -> int:
         return 0
     lock = write_lock(a.dir)
     print(f"locked {a.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
-    return 0
-
-def cmd_preflight(argv) -> int:
-    "`stalebook preflight DIR [--revision R]`: compute mode + snapshot checks; one line per failure, exit 1."
-    p = CommandParser(prog="stalebook preflight", description="Enter compute mode and verify a locked snapshot.")
-    p.add_argument("dir")
-    p.add_argument("--revision", default=None, help="the revision the run was registered with")
-    a = p.parse_args(argv)
-    t0 = time.time()
-    try: lock = preflight(a.dir, revision=a.revision)
-    except PreflightError as e:
-        for line in e.failures: print(f"preflight: FAIL {line}")
-        return 1
-    n = sum(len(v) for v in lock["self_test"].values())
-    print(f"preflight: OK {a.dir} revision {lock['revision']} ({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)")
     return 0
 
 # %% ../nbs/23_model.ipynb #faaeaa89

@@ -109,8 +109,8 @@ def _self_test_failures(lock: dict) -> list[str]:
     bad = []
     for dom, cases in sorted(lock["self_test"].items()):
         for i, c in enumerate(cases):
-            try: got, det = reward(Task.from_dict(c["task"]), c["completion"])
-            except Exception as e: got, det = None, {"reason": f"{type(e).__name__}: {e}"}
+            try: got = reward(Task.from_dict(c["task"]), c["completion"])[0]
+            except Exception: got = None
             if got != c["expected"]:
                 bad.append(f"verifier self-test: {dom} case {i} ({c['task']['id']}, completion {c['completion']!r}) "
                            f"got reward {got}, expected {c['expected']}")
