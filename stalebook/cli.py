@@ -16,6 +16,7 @@ import json
 import pkgutil
 import sys
 
+from . import __version__
 from .core import CHECKS, Check, CommandParser, StalebookError, run_checks
 
 # %% auto #0
@@ -74,7 +75,6 @@ def main(argv=None) -> int:
 def cmd_version(argv) -> int:
     "Print the package version."
     CommandParser(prog="stalebook version", description="Print the stalebook version.").parse_args(argv)
-    from stalebook import __version__
     print(__version__)
     return 0
 

@@ -12,9 +12,11 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import yaml
 
 # %% auto #0
 __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonical_json', 'Domain', 'rng', 'hash_bytes',
@@ -34,7 +37,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
            'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
            'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
-           'check_state_dict_hash']
+           'check_state_dict_hash', 'experiment_notebook', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -89,7 +92,7 @@ class Domain:
 
     def torch(self, device="cpu"):
         "A fresh `torch.Generator` on `device` seeded with `seed64()`."
-        import torch
+        import torch                              # lazy: core, the theory and `stalebook preflight` never load torch
         g = torch.Generator(device=device)
         g.manual_seed(self.seed64())
         return g
@@ -141,7 +144,7 @@ def _tensor_bytes(t) -> tuple[str, list, bytes]:
         a = np.ascontiguousarray(t)
         if a.dtype.byteorder == ">": a = a.astype(a.dtype.newbyteorder("<"))
         return a.dtype.name, list(a.shape), a.tobytes()
-    import torch
+    import torch                                  # lazy: core never loads torch for numpy-only callers
     if isinstance(t, torch.Tensor):
         x = t.detach().to("cpu").contiguous()
         return str(x.dtype).removeprefix("torch."), list(x.shape), x.reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -272,7 +275,6 @@ def fault_point(kind: str, index) -> None:
     "SIGKILL this process if $STALEBOOK_FAULT == f'{kind}:{index}' (test-only fault injection)."
     f = os.environ.get("STALEBOOK_FAULT")
     if f and f == f"{kind}:{index}":
-        import signal
         os.kill(os.getpid(), signal.SIGKILL)
 
 # %% ../nbs/00_core.ipynb #e810606c
@@ -323,6 +325,7 @@ def _coerce(tp, v, where: str, src: str):
         if v in args: return v
         bad(f"must be one of {list(args)}, got {v!r}")
     if dataclasses.is_dataclass(tp):
+        if isinstance(v, tp): return v
         if not isinstance(v, dict): bad()
         return from_dict(tp, v, src=src, prefix=where + ".")
     if origin in (list, tuple) or tp in (list, tuple):
@@ -352,6 +355,22 @@ def _coerce(tp, v, where: str, src: str):
     if isinstance(tp, type) and isinstance(v, tp): return v
     bad()
 
+def _merge(dflt, v: dict) -> dict:
+    "The dict `v` laid over the dataclass instance `dflt`, recursively (unknown keys are kept for from_dict to refuse)."
+    out = dict(v)
+    for g in dataclasses.fields(dflt):
+        if not g.init: continue
+        cur = getattr(dflt, g.name)
+        if g.name not in v: out[g.name] = cur
+        elif isinstance(v[g.name], dict) and dataclasses.is_dataclass(cur): out[g.name] = _merge(cur, v[g.name])
+    return out
+
+def _on_default(f, v):
+    "A nested dataclass section given as a dict overrides the field's default instance, not the class defaults."
+    dflt = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if isinstance(v, dict) and dataclasses.is_dataclass(dflt) and not isinstance(dflt, type): return _merge(dflt, v)
+    return v
+
 def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     "Build dataclass `cls` from a dict; unknown/missing/mistyped fields raise ConfigError."
     if not isinstance(d, dict):
@@ -362,7 +381,7 @@ def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
         if k not in flds: raise ConfigError(f"{src}: unknown field '{prefix}{k}' (allowed: {', '.join(flds)})")
     kw = {}
     for name, f in flds.items():
-        if name in d: kw[name] = _coerce(hints[name], d[name], prefix + name, src)
+        if name in d: kw[name] = _coerce(hints[name], _on_default(f, d[name]), prefix + name, src)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{src}: missing field '{prefix}{name}'")
     try: return cls(**kw)
@@ -375,7 +394,6 @@ def read_mapping(path) -> dict:
     text = path.read_text(encoding="utf-8")
     try:
         if path.suffix in (".yaml", ".yml"):
-            import yaml
             d = yaml.safe_load(text)
         else: d = json.loads(text)
     except Exception as e:
@@ -398,7 +416,6 @@ def config_hash(cfg) -> str:
 
 def save_config(cfg, path) -> Path:
     "Atomically write a config as YAML (sorted keys), loadable by `load_config`."
-    import yaml
     return atomic_write(path, yaml.safe_dump(config_dict(cfg), sort_keys=True))
 
 # %% ../nbs/00_core.ipynb #7ef24bed
@@ -450,7 +467,6 @@ def figures_dir() -> Path:
 
 def save_figure(fig, name: str, dpi=110) -> Path:
     "Save a matplotlib figure as `figures/<name>.png` atomically, without version metadata."
-    import io
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     return atomic_write(figures_dir() / f"{name}.png", buf.getvalue())
@@ -520,3 +536,28 @@ def check_state_dict_hash():
         h.update(json.dumps([k, sd[k].dtype.name, list(sd[k].shape)], separators=(",", ":")).encode() + b"\n")
         h.update(sd[k].tobytes())
     return Check("core.hash", "state-dict hash == by-hand spec (1 = equal)", float(h.hexdigest() == hash_state_dict(sd)), 1.0, "==")
+
+# %% ../nbs/00_core.ipynb #3161ded4
+def experiment_notebook(name: str) -> Path:
+    "Path of the parameterised experiment notebook `nbs/experiments/<name>.ipynb` of the source tree."
+    cands = [Path(__file__).resolve().parent.parent / "nbs" / "experiments" / f"{name}.ipynb"]
+    if project_root(): cands.insert(0, project_root() / "nbs" / "experiments" / f"{name}.ipynb")
+    for c in cands:
+        if c.is_file(): return c
+    raise StalebookError(f"experiment notebook '{name}.ipynb' not found (looked in {', '.join(map(str, cands))})")
+
+def run_notebook(src, out, parameters: dict) -> Path:
+    "Execute notebook `src` with papermill `parameters`; the executed notebook is written atomically to `out`."
+    import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
+    from jupyter_client.manager import KernelManager      # (installed with papermill)
+    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, sock = out.with_name(f".{out.name}.tmp-run"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
+    try:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+        pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name="python3", progress_bar=False, km=km)
+    except pm.PapermillExecutionError as e:
+        raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
+                             f"(executed notebook kept at {tmp})") from None
+    finally: shutil.rmtree(sock, ignore_errors=True)
+    os.replace(tmp, out)
+    return out

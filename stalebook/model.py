@@ -9,9 +9,11 @@ Docs: https://stalebook.github.io/stalebook/model.html.md"""
 # %% ../nbs/23_model.ipynb #f3d306df
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
@@ -284,11 +286,18 @@ class LoraSpec:
     target_modules: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")
     bias: str = "none"
 
+@contextlib.contextmanager
+def _peft_quiet():
+    "peft (0.21) reads transformers' deprecated `is_gradient_checkpointing`: silence exactly that FutureWarning."
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
 def attach_lora(model, lora: LoraSpec, init_domain: Domain):
     "Wrap `model` with a fresh LoRA adapter (peft); `lora_A` init drawn from `init_domain`."
     cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
                      bias=lora.bias, task_type="CAUSAL_LM")
-    pm = get_peft_model(model, cfg)
+    with _peft_quiet(): pm = get_peft_model(model, cfg)
     with torch.no_grad():                    # device-independent init: each lora_A drawn on CPU from its own domain
         for name, p in sorted(pm.named_parameters()):
             if "lora_A" in name:
@@ -363,7 +372,7 @@ def load_adapter(model, path, trainable: bool = False, base_revision: str | None
     rev = base_revision or getattr(model, "stalebook_base_revision", None)
     if meta.get("base_revision") and rev and meta["base_revision"] != rev:
         raise StalebookError(f"adapter {path} was trained on base {meta['base_revision'][:12]}, not {rev[:12]}")
-    pm = PeftModel.from_pretrained(model, path, is_trainable=trainable)
+    with _peft_quiet(): pm = PeftModel.from_pretrained(model, path, is_trainable=trainable)
     pm.stalebook_base_revision = rev or meta.get("base_revision")
     if meta.get("policy_hash") and policy_hash(pm) != meta["policy_hash"]:
         raise StalebookError(f"adapter {path}: tensors do not match the recorded policy hash")

@@ -1,11 +1,10 @@
-r"""The experiment scores a prompt by its policy-gradient contribution: for fresh (on-policy) rollouts,
-the per-rollout score vectors $v_y = \operatorname{Proj}\sum_t \nabla_\theta\log\pi(A_t\mid H_t)$; for stale
-rollouts from $\beta$, the four importance-corrected estimators $g_{00}, g_{10}, g_{01}, g_{11}$ of
-[the estimators notebook](11_estimators.ipynb), evaluated at the current policy $\pi$ with the *same*
-coefficient function as the theory. A batch costs one forward pass and one backward per estimator
-weighting — per-rollout gradients are read off the LoRA layers by hooks, never one backward per token
-or per rollout — and every vector is projected to k dimensions by a CountSketch with a deterministic
-summation order.
+"""The experiment scores a prompt by its policy-gradient contribution: for fresh (on-policy) rollouts,
+the per-rollout score vectors v_y = Proj Σ_t ∇ log π(A_t | H_t); for stale rollouts from β, the four
+importance-corrected estimators g00, g10, g01, g11 of the estimators notebook, evaluated at the current
+policy π with the *same* coefficient function as the theory. A batch costs one forward pass and one
+backward per estimator weighting — per-rollout gradients are read off the LoRA layers by hooks, never
+one backward per token or per rollout — and every vector is projected to k dimensions by a CountSketch
+with a deterministic summation order.
 
 Docs: https://stalebook.github.io/stalebook/scoring.html.md"""
 

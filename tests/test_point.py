@@ -1,0 +1,94 @@
+"""The experiment point: killed anywhere it resumes to the identical result; bad configs are one line; the papermill
+notebook's parameters are exactly PointConfig's fields."""
+import ast, dataclasses, os, re, shutil, signal, subprocess, sys, time
+from pathlib import Path
+
+import yaml
+
+from stalebook.core import Domain
+
+EXE = str(Path(sys.executable).parent / "stalebook")
+
+
+def _point_setup(tmp_path, snap):
+    from stalebook.rollouts import SamplingConfig
+    from stalebook.trainer import Trainer, TrainConfig
+    run = tmp_path / "run"
+    Trainer(TrainConfig(out=str(run), snapshot=str(snap), steps=2, lineage_steps=(0, 2), prompts_per_step=4, lr=0.05,
+                        sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
+    return run
+
+
+def test_point_killed_anywhere_resumes_to_identical_result(tmp_path, tiny_snapshot):
+    run = _point_setup(tmp_path, tiny_snapshot)
+    small = dict(n_candidates=12, n_validation=4, k=3, group_size=4, max_new_tokens=6, groups_per_batch=4, k_sketch=256,
+                 n_boot=500, checkpoint=2)
+    cfg = tmp_path / "p.yaml"; cfg.write_text(yaml.safe_dump(dict(run=str(run), **small)))
+    t0 = time.perf_counter()
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    t_ref = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = (run / "points/c-000002/result.json").read_bytes()
+    for d in ("points", "rollouts", "features"): shutil.rmtree(run / d)
+    # kills: inside stale generation, inside fresh generation, and at random wall-clock moments
+    kills = 0
+    for fault in ["group:5", "group:2", "group:9", "group:1", "group:3", "group:10"]:   # mid-store, several stores
+        r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True,
+                           env={**os.environ, "STALEBOOK_FAULT": fault})
+        kills += r.returncode == -9
+    assert kills >= 5
+    # plus SIGKILLs at random wall-clock moments of a whole run (generation, scoring or analysis)
+    for dly in Domain(0, ("test", "point-kills")).numpy().uniform(0.3, 0.95, 3) * t_ref:
+        p = subprocess.Popen([EXE, "point", str(cfg), "--inline"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try: p.wait(timeout=dly)
+        except subprocess.TimeoutExpired: p.send_signal(signal.SIGKILL); p.wait()
+    before = {f: f.read_text().splitlines() for f in (run / "rollouts").glob("*/groups.jsonl")}
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run / "points/c-000002/result.json").read_bytes() == ref          # the identical result file
+    for f, lines in before.items():                                         # finished groups kept, not redone
+        now = f.read_text().splitlines()
+        assert now[:len(lines)] == lines or now[:len(lines) - 1] == lines[:-1]   # (a torn last line is regenerated)
+
+
+def test_point_bad_config_one_line_error(tmp_path):
+    cfg = tmp_path / "p.yaml"; cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"), k=3, n_candidates=2)))
+    r = subprocess.run([EXE, "point", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "k < n_candidates" in r.stderr
+    cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"))))
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _annotation(t: str) -> str:
+    "One spelling for optional types: the notebook writes `Optional[X]` (papermill parses it), the dataclass `X | None`."
+    m = re.fullmatch(r"Optional\[(.+)\]", t)
+    return f"{m.group(1)} | None" if m else t
+
+
+def parameter_mismatches(cls, params: dict, extra=("progress",)) -> list[str]:
+    "Differences between a papermill parameters cell (`papermill.inspect_notebook`) and the fields of dataclass `cls`."
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bad = [f"{k}: in the notebook, not a field" for k in sorted(set(params) - set(fields) - set(extra))]
+    bad += [f"{k}: a field, missing from the notebook" for k in sorted(set(fields) - set(params))]
+    for k in sorted(set(fields) & set(params)):
+        f, p = fields[k], params[k]
+        if _annotation(p["inferred_type_name"]) != f.type: bad.append(f"{k}: type {p['inferred_type_name']} != {f.type}")
+        if f.default is not dataclasses.MISSING and ast.literal_eval(p["default"]) != f.default:
+            bad.append(f"{k}: default {p['default']} != {f.default!r}")
+    return bad
+
+
+def test_papermill_parameters_are_exactly_pointconfig():
+    "The parameters cell of the point notebook has exactly PointConfig's fields, types and defaults; one added field is caught."
+    import papermill as pm
+    from stalebook.point import PointConfig
+    params = pm.inspect_notebook(str(ROOT / "nbs" / "experiments" / "point.ipynb"))
+    assert parameter_mismatches(PointConfig, params) == []
+    Extended = dataclasses.make_dataclass("Extended", [("new_knob", "int", dataclasses.field(default=3))], bases=(PointConfig,))
+    assert parameter_mismatches(Extended, params) == ["new_knob: a field, missing from the notebook"]
+    changed = {**params, "k_sketch": {**params["k_sketch"], "default": "512"}}
+    assert parameter_mismatches(PointConfig, changed) == ["k_sketch: default 512 != 1024"]
