@@ -1,4 +1,4 @@
-"Property tests of the margin certificate (DESIGN 2.3): theory.margin."
+"Property tests of the margin certificate (Delta_k > 2e => equal top-k sets): theory.margin."
 import numpy as np
 from hypothesis import given, settings, strategies as st, HealthCheck
 

@@ -1,5 +1,5 @@
 """Many prompts with shared-feature softmax policies, GRPO updates from a behaviour snapshot synced every S
-learner steps, a collapse criterion fixed in advance, and the S x eta sweeps that test seed 001.
+learner steps, a collapse criterion fixed in advance, and the S x eta sweeps that test the staleness paper.
 
 Docs: https://stalebook.github.io/stalebook/async_sim.html.md"""
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 
-from ..core import Check, Domain, verify_check, assert_checks
-from .tree import Tree, seq_probs, log_policy, token_logprobs
+from ..core import Check, Domain, verify_check
+from .tree import Tree, seq_probs, token_logprobs
 from .staleness import (exact_masses, sampled_masses, surrogate_grad, stability_bound,
                                         estimate_G_upd, estimate_R_batch, estimate_R_crit)
 
@@ -59,6 +59,7 @@ def behaviour_source(t, S, mode: str = "sync"):
     if mode not in ("sync", "fixed"): raise ValueError(mode)
     return np.maximum(src, 0)
 
+# %% ../../nbs/16_async_sim.ipynb #a14be00b
 def simulate(env: SimEnv, eta, S, steps: int, K: int = 8, mode: str = "sync", sampled: bool = False,
              seed: int = 0, clip_eps: float = 0.2, agg: str = "token", beta_kl: float = 0.0, std: bool = True,
              track_delta: bool = False, theta0=None) -> dict:
@@ -178,7 +179,7 @@ def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
     frac = (sw["t_c"] >= 0).mean(-1)
     r = np.sqrt(eta[1] / eta[0]); edges = np.concatenate([eta / r, eta[-1:] * r])
     x = np.arange(len(S))
-    m = ax.pcolormesh(np.arange(len(S) + 1) - 0.5, edges, frac.T, cmap="RdYlGn_r", vmin=0, vmax=1)
+    ax.pcolormesh(np.arange(len(S) + 1) - 0.5, edges, frac.T, cmap="RdYlGn_r", vmin=0, vmax=1)
     ax.plot(x, an["eta_max_median"], "ko-", label=r"$\eta_{max}(S)$ (median over reps)")
     ax.plot(x, rc["local"], "b--", label=r"$R_{batch}/(S\,G_{upd})$")
     ax.plot(x, rc["horizon"], "m:", lw=2, label=r"$R_{crit}/(T\,G_{upd})$")
@@ -197,6 +198,7 @@ def plot_tcollapse(ax, sw: dict, title: str = ""):
     ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlabel(r"$\eta$"); ax.set_ylabel(r"$t_{collapse}$ (learner steps)")
     ax.set_title(title, fontsize=9); ax.legend(fontsize=6)
 
+# %% ../../nbs/16_async_sim.ipynb #7fd9b548
 def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
     "Moving-average consecutive-gradient cosine: the first collapsing and the largest-eta stable run of several S."
     for i in range(0, len(sw["S"]), 2):
@@ -265,6 +267,7 @@ def run_sweep(env: SimEnv, Ss, etas, reps: int, steps: int, seed: int = 0, **kw)
     out.update(S=Ss, eta=etas, t_c=collapse_time(out["J"]), steps=steps)
     return out
 
+# %% ../../nbs/16_async_sim.ipynb #57bae513
 def _fit_slope(x, y): return np.polyfit(np.log(x), np.log(y), 1)[0]
 
 def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, tail: int = 100) -> dict:

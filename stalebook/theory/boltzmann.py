@@ -1,6 +1,6 @@
 """The KL-regularised RLVR optimum as a Boltzmann tilt of the reference; which weighted SFT reaches it
 (BOLT), what finite one-shot data cannot recover (the support gap), the temperature–coverage–variance
-trade-off, and iterative BOLT as KL policy mirror descent (seed 002, DESIGN §2.9).
+trade-off, and iterative BOLT as KL policy mirror descent (the BOLT paper).
 
 Docs: https://stalebook.github.io/stalebook/boltzmann.html.md"""
 
@@ -10,9 +10,12 @@ Docs: https://stalebook.github.io/stalebook/boltzmann.html.md"""
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import minimize
 from scipy.special import logsumexp, log_softmax
+from scipy.stats import binom
 
-from ..core import Check, Domain, verify_check, assert_checks
+from ..core import Check, Domain, verify_check
+from .tree import Tree, log_policy, random_logits, seq_logprobs
 
 # %% auto #0
 __all__ = ['log_normalize', 'soft_value', 'log_partition', 'boltzmann_target', 'kl', 'tv', 'reg_value', 'induced_target',
@@ -53,6 +56,7 @@ def boltzmann_target(logp_ref, r, beta):
     if beta == 0: return log_normalize(np.where(r == m, logp_ref, -np.inf))
     return log_normalize(logp_ref + (r - m) / beta)
 
+# %% ../../nbs/17_boltzmann.ipynb #d987cbd9
 def kl(logp, logq, axis=-1):
     "KL(p || q) for log-distributions; terms with p = 0 contribute 0, p > 0 = q gives +inf."
     logp, logq = np.broadcast_arrays(np.asarray(logp, np.float64), np.asarray(logq, np.float64))
@@ -70,6 +74,7 @@ def reg_value(logp, logp_ref, r, beta):
     er = (np.exp(logp) * np.asarray(r, np.float64)).sum(-1)
     return er if beta == 0 else er - beta * kl(logp, logp_ref)
 
+# %% ../../nbs/17_boltzmann.ipynb #225c00c1
 def induced_target(logq, logw):
     "log of the weighted-SFT induced target pi~_w ∝ q w (sampler q, weights w >= 0, in log space)."
     return log_normalize(np.asarray(logq, np.float64) + np.asarray(logw, np.float64))
@@ -95,6 +100,7 @@ def positive_only_log_weights(r):
     "Positive-only SFT for binary rewards: weight 1 on passing responses, 0 otherwise."
     return np.where(np.asarray(r) > 0, 0.0, -np.inf)
 
+# %% ../../nbs/17_boltzmann.ipynb #7dca36cd
 def random_problem(gen, N, reward="uniform", p_scale=1.0):
     "A random enumerable prompt: reference log-probs over N responses and rewards in [0,1] (or binary)."
     logp = log_normalize(p_scale * gen.standard_normal(N))
@@ -124,6 +130,7 @@ def ess(logw, axis=-1):
     logw = np.asarray(logw, np.float64)
     return np.exp(2 * logsumexp(logw, axis=axis) - logsumexp(2 * logw, axis=axis))
 
+# %% ../../nbs/17_boltzmann.ipynb #1ab93807
 def binary_log_Z(p, beta):
     "log Z for a binary reward with reference pass rate p: Z = 1 - p + p e^{1/beta}."
     p = np.asarray(p, np.float64)
@@ -148,10 +155,10 @@ def binary_ess_fraction(p, beta):
         a, lp = np.log1p(-p), np.log(p)
         return np.exp(2 * np.logaddexp(a, lp + 1 / beta) - np.logaddexp(a, lp + 2 / beta))
 
+# %% ../../nbs/17_boltzmann.ipynb #5a946e99
 def binary_expected_ess(p, beta, n):
     """Exact E[Kish ESS]/n of n reference draws (binary reward): k ~ Bin(n, p) passes give
     ESS = (k e^{1/beta} + n - k)^2 / (k e^{2/beta} + n - k); a group with k = 0 or k = n has ESS = n."""
-    from scipy.stats import binom
     k = np.arange(n + 1)
     if beta == 0: e = np.where((k == 0) | (k == n), n, k)
     else:
@@ -217,7 +224,6 @@ def tree_boltzmann_logits(tree, logits, rewards, beta):
     """Per-history logits of pi* on a token tree: log pi_ref(a|h) + Q_soft(h,a)/beta, with
     Q_soft(h,a) = V_soft(h.a), V_soft(h) = beta log sum_a pi_ref(a|h) exp(Q_soft(h,a)/beta) (leaves: r).
     Returns (logits*, V_soft(root)); V_soft(root) = beta log Z(x)."""
-    from stalebook.theory.tree import log_policy
     lp = log_policy(np.asarray(logits, np.float64))
     R = np.broadcast_to(np.asarray(rewards, np.float64), lp.shape[:-2] + (tree.N,))
     Q = np.empty_like(lp); v_next = R
@@ -238,6 +244,7 @@ def _problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
         out.append((lpr, r, beta, g))
     return out
 
+# %% ../../nbs/17_boltzmann.ipynb #5db1c8da
 def neg_reg_value_and_grad(theta, logp_ref, r, beta):
     "-J_beta(softmax theta) and its gradient in the free logits (for a numerical optimiser)."
     lp = log_softmax(theta); p = np.exp(lp)
@@ -246,11 +253,11 @@ def neg_reg_value_and_grad(theta, logp_ref, r, beta):
 
 def optimise_reg_value(logp_ref, r, beta):
     "Numerical maximiser of J_beta over free logits (scipy BFGS from uniform logits); returns log-policy."
-    from scipy.optimize import minimize
     res = minimize(neg_reg_value_and_grad, np.zeros(len(r)), args=(logp_ref, r, beta), jac=True,
                    method="BFGS", options=dict(gtol=1e-12, maxiter=5000))
     return log_softmax(res.x)
 
+# %% ../../nbs/17_boltzmann.ipynb #107a560d
 def optimality_stats(problems, n_pert=1000):
     "Over problems: min J(pi*) - J(perturbed), max |J(pi*) - J(optimiser)|, max TV(pi*, optimiser), max |J(pi*) - beta log Z|."
     worst, d_opt, d_tv, d_val = np.inf, 0.0, 0.0, 0.0
@@ -272,6 +279,7 @@ def check_boltzmann_optimality(seed: int = 0):
             Check("boltzmann.optimal", "max |J(pi*) - J(BFGS optimum)|", d_opt, 1e-8),
             Check("boltzmann.value", "max |J(pi*) - beta log Z|", d_val, 1e-12)]
 
+# %% ../../nbs/17_boltzmann.ipynb #3abe1fa1
 @verify_check
 def check_target_matching(seed: int = 0):
     "Induced target of BOLT weights on pi_ref = pi*; matching law from any sampler q; Refit differs; beta -> 0 limit."
@@ -293,6 +301,7 @@ def check_target_matching(seed: int = 0):
             Check("boltzmann.refit", "min TV(Refit target, pi*) over 20 problems (> 0)", d_refit, 1e-3, ">="),
             Check("boltzmann.limit", "max |TV(pi*_beta, positive-only) - (1-p)/Z|, beta in [1, 0]", e_lim, 1e-12)]
 
+# %% ../../nbs/17_boltzmann.ipynb #7b876475
 @verify_check
 def check_mc_partition(seed: int = 0, reps: int = 10_000, n: int = 16):
     "MC Z-hat unbiased (z-score) and Var(Z-hat) = closed form, binary reward, 10^4 repetitions."
@@ -304,6 +313,7 @@ def check_mc_partition(seed: int = 0, reps: int = 10_000, n: int = 16):
     return [Check("boltzmann.mcZ", "|mean Z-hat - Z| / s.e. (10^4 reps)", abs(zhat.mean() - Z) / np.sqrt(var / reps), 3.0),
             Check("boltzmann.mcZ", "|sample Var(Z-hat) - closed form| / s.e.", abs(m2 - var) / np.sqrt((m4 - m2 ** 2) / reps), 4.0)]
 
+# %% ../../nbs/17_boltzmann.ipynb #7a879a38
 @verify_check
 def check_support_gap(seed: int = 0):
     "J(pi*) - J(pi) = beta log 1/pi*(S) + beta KL(pi || pi*_S) for pi supported on S; best on S = beta log Z_S."
@@ -319,10 +329,10 @@ def check_support_gap(seed: int = 0):
     return [Check("boltzmann.support_gap", "max |gap - (beta log 1/pi*(S) + beta KL(pi||pi*_S))|", e_id, 1e-10),
             Check("boltzmann.support_gap", "max |J(pi*_S) - beta log Z_S|", e_best, 1e-10)]
 
+# %% ../../nbs/17_boltzmann.ipynb #35463d36
 @verify_check
 def check_sft_and_mirror_descent(seed: int = 0):
     "Weighted SFT by gradient ascent reaches pi* (TV); K rounds of iterative BOLT = pi_ref exp(K r/beta); on a token tree too."
-    from stalebook.theory.tree import Tree, random_logits, seq_logprobs
     e_sft = e_pmd = 0.0
     for lpr, r, beta, g in _problems(seed, 3, "sft", Nrange=(4, 10), brange=(0.5, 2.0)):
         a = np.exp(lpr + bolt_log_weights(lpr, r, beta))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Check, Domain, verify_check, assert_checks, group_advantages, homogeneous_groups
+from ..core import Check, Domain, verify_check, group_advantages, homogeneous_groups
 from .tree import (Tree, token_logprobs, seq_probs, score_vectors, sample_responses,
-                                   random_logits, q_values, reach_probs, expected_reward, policy_gradient)
+                                   random_logits, q_values, reach_probs, expected_reward)
 
 ESTIMATORS = ("00", "10", "01", "11")
 
@@ -23,6 +23,12 @@ def _xp(x):
         return torch
     return np
 
+# %% auto #0
+__all__ = ['ESTIMATORS', 'log_ratio_terms', 'advantages', 'estimator_coefs', 'stale_gradients', 'normalised_ess', 'q_form',
+           'tree_inputs', 'exact_estimators', 'exactness_errors', 'check_estimator_exactness', 'gather_responses',
+           'sampled_estimators', 'enumerate_groups', 'check_estimator_frameworks', 'convergence_study', 'loglog_slope']
+
+# %% ../../nbs/11_estimators.ipynb #db196b93
 def log_ratio_terms(logp_pi, logp_beta, c: float | None = None, C: float | None = None):
     """(log r_t, log P_t, log S_t), each [..., N, T], from per-token log-probs under pi and beta.
 
@@ -38,6 +44,7 @@ def log_ratio_terms(logp_pi, logp_beta, c: float | None = None, C: float | None 
         logP, logS = logP.clip(max=float(np.log(C))), logS.clip(max=float(np.log(C)))
     return lr, logP, logS
 
+# %% ../../nbs/11_estimators.ipynb #5b0678fa
 def advantages(rewards, weights=None, normalise: str | None = None, std: bool = True, eps: float = 1e-6):
     """Per-response advantages [..., N] from rewards [..., N].
 
@@ -59,6 +66,7 @@ def advantages(rewards, weights=None, normalise: str | None = None, std: bool = 
     denom = (w * centred ** 2).sum(-1, keepdims=True) ** 0.5 + eps
     return centred / (denom + (denom == 0))
 
+# %% ../../nbs/11_estimators.ipynb #6d0db228
 def estimator_coefs(logp_pi, logp_beta, adv, weights, which=ESTIMATORS,
                     c: float | None = None, C: float | None = None) -> dict:
     """Per-token coefficients {ab: coef [..., N, T]} with coef_t = w * P_t^a r_t S_t^b * Adv, so that
@@ -75,6 +83,7 @@ def estimator_coefs(logp_pi, logp_beta, adv, weights, which=ESTIMATORS,
         out[ab] = base * xp.exp(lr + a * logP + b * logS)
     return out
 
+# %% ../../nbs/11_estimators.ipynb #021f0e33
 def stale_gradients(logp_pi, logp_beta, rewards, scores, weights, *, normalise: str | None = None,
                     std: bool = True, eps: float = 1e-6, c: float | None = None, C: float | None = None,
                     which=ESTIMATORS) -> dict:
@@ -93,19 +102,15 @@ def stale_gradients(logp_pi, logp_beta, rewards, scores, weights, *, normalise: 
     coefs = estimator_coefs(logp_pi, logp_beta, adv, weights, which, c, C)
     return {ab: xp.einsum("...nt,...ntd->...d", k, scores) for ab, k in coefs.items()}
 
+# %% ../../nbs/11_estimators.ipynb #257f4480
 def normalised_ess(w, p=None, axis=-1):
     "(E w)^2 / E w^2 along `axis`, expectation under probabilities p (default uniform): 1 iff w is constant."
     if p is None: p = np.full(np.shape(w)[axis], 1.0 / np.shape(w)[axis])
     return (p * w).sum(axis) ** 2 / (p * w ** 2).sum(axis)
 
-# %% auto #0
-__all__ = ['ESTIMATORS', 'log_ratio_terms', 'advantages', 'estimator_coefs', 'stale_gradients', 'normalised_ess', 'q_form',
-           'tree_inputs', 'exact_estimators', 'exactness_errors', 'check_estimator_exactness', 'gather_responses',
-           'sampled_estimators', 'enumerate_groups', 'check_estimator_frameworks', 'convergence_study', 'loglog_slope']
-
 # %% ../../nbs/11_estimators.ipynb #3dcb7a39
 def q_form(tree: Tree, pi_logits, beta_logits, rewards, a: int, b: int) -> np.ndarray:
-    """[..., D]: the Q-function form of g_ab (DESIGN 2.1), computed from `q_values`/`reach_probs` only:
+    """[..., D]: the Q-function form of g_ab, computed from `q_values`/`reach_probs` only:
 
         g_ab = sum_h d^{pi if a else beta}(h) sum_a' pi(a'|h) Q^{pi if b else beta}(h, a') z(h, a'),
 
@@ -129,6 +134,7 @@ def exact_estimators(tree: Tree, pi_logits, beta_logits, rewards, **kw) -> dict:
     lp, lb, z, w = tree_inputs(tree, pi_logits, beta_logits)
     return stale_gradients(lp, lb, rewards, z, w, **kw)
 
+# %% ../../nbs/11_estimators.ipynb #6091d430
 def _autograd_pg(tree, pi_logits, R):
     import torch
     th = torch.tensor(pi_logits, dtype=torch.float64, requires_grad=True)
@@ -153,6 +159,7 @@ def exactness_errors(n_trees: int, seed: int = 0, scale: float = 1.0) -> dict:
         err["onpolicy_equal"] = max(err["onpolicy_equal"], max(np.abs(g_on[ab] - g_on["11"]).max() for ab in ESTIMATORS))
     return err
 
+# %% ../../nbs/11_estimators.ipynb #02a44373
 @verify_check
 def check_estimator_exactness(n_trees: int = 12, seed: int = 0):
     "The four estimators by enumeration equal their independent forms on random trees."
@@ -184,12 +191,14 @@ def sampled_estimators(tree: Tree, pi_logits, beta_logits, rewards, idx, **kw) -
     w = np.full(idx.shape, 1.0 / idx.shape[-1])
     return stale_gradients(lp, lb, R, z, w, **kw)
 
+# %% ../../nbs/11_estimators.ipynb #5a51cbe3
 def enumerate_groups(p, K: int):
     "All N^K ordered K-tuples of response indices [N^K, K] and their probabilities under p [N] (small N only)."
     N = len(p)
     idx = np.stack(np.unravel_index(np.arange(N ** K), (N,) * K), -1)
     return idx, np.prod(np.asarray(p)[idx], -1)
 
+# %% ../../nbs/11_estimators.ipynb #1a928ada
 def _torch_consistency(seed: int = 0):
     "(max |torch - numpy| of stale_gradients, max |one weighted backward pass - g_ab|)."
     import torch
@@ -212,6 +221,7 @@ def _torch_consistency(seed: int = 0):
         e_b = max(e_b, np.abs(tht.grad.numpy().reshape(2, tr.D) - g_np[ab]).max())
     return e_t, e_b
 
+# %% ../../nbs/11_estimators.ipynb #62c655b5
 @verify_check
 def check_estimator_frameworks():
     "torch and numpy agree; one weighted backward pass of sum(coef * log pi) gives g_ab; unbiasedness for K = 2."

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import Check, Domain, topk, verify_check, assert_checks
+from ..core import Check, Domain, topk, verify_check
 
 # %% auto #0
 __all__ = ['MarginCertificate', 'margin_certificate', 'min_pair_separation', 'margin_trial', 'check_margin_random',
@@ -28,7 +28,7 @@ class MarginCertificate:
     separation: float
 
 def margin_certificate(true_scores, est_scores, k: int) -> MarginCertificate:
-    "The certificate of DESIGN 2.3 for true scores, estimated scores and 1 <= k < n."
+    "The margin certificate (Delta_k > 2e => equal top-k sets) for true scores, estimated scores and 1 <= k < n."
     s, t = np.asarray(true_scores, dtype=np.float64), np.asarray(est_scores, dtype=np.float64)
     if not 1 <= k < len(s): raise ValueError(f"need 1 <= k < n, got k={k}, n={len(s)}")
     srt = np.sort(s)[::-1]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Check, Domain, topk, verify_check, assert_checks, group_advantages
+from ..core import Check, topk, verify_check
 from .tree import Tree, seq_probs, seq_logprobs, token_logprobs, policy_gradient
 from .estimators import (sampled_estimators, enumerate_groups, log_ratio_terms,
                                          normalised_ess)
@@ -24,6 +24,12 @@ def _logits(p_root=0.5, p_h0=0.5, p_h1=0.5):
     p = np.array([p_root, p_h0, p_h1])
     return np.log(np.stack([1 - p, p], -1))
 
+# %% auto #0
+__all__ = ['TREE', 'MODELS', 'probe_direction', 'flip_prompt', 'filler_prompt', 'delta_for', 'make_pools', 'true_utilities',
+           'grpo_true_utilities', 'observation_law', 'law_tv', 'seq_kl', 'used_weights_ess', 'nonident_case',
+           'check_nonidentifiability']
+
+# %% ../../nbs/13_nonident.ipynb #d11f456b
 def probe_direction(model: str) -> np.ndarray:
     """v in R^6 (the common validation direction of all prompts): g_10 model: v moves only the root
     logits (e_{root,1} - e_{root,0}); g_01 model: v moves only step-2 logits
@@ -48,8 +54,9 @@ def filler_prompt(model: str, high: bool):
          ("01", True): [1, 0, 0, 1], ("01", False): [0, 1, 1, 0]}[(model, high)]
     return _logits(), _logits(), np.array(R, dtype=float)
 
+# %% ../../nbs/13_nonident.ipynb #c9024566
 def delta_for(eps: float) -> float:
-    "Perturbation with KL(pi || beta) <= eps/2 < eps in both models (KL_Bern(1/2 + d || 1/2) ~ 2 d^2)."
+    "Perturbation with KL(pi || beta) ~ eps/4 (g_10) or eps/2 (g_01) < eps (KL_Bern(1/2 + d || 1/2) = 2 d^2 + O(d^4))."
     return float(np.sqrt(eps) / 2)
 
 def make_pools(model: str, n: int, k: int, eps: float):
@@ -61,6 +68,7 @@ def make_pools(model: str, n: int, k: int, eps: float):
     plus, minus = flip_prompt(model, +1, d), flip_prompt(model, -1, d)
     return hi + [plus, minus] + lo, hi + [minus, plus] + lo, probe_direction(model), d
 
+# %% ../../nbs/13_nonident.ipynb #c7600834
 def true_utilities(pool, v) -> np.ndarray:
     "s_i = <grad E_pi[R], v> (population, unnormalised: the theory's utility)."
     return np.array([policy_gradient(TREE, pi, R) @ v for pi, be, R in pool])
@@ -74,6 +82,7 @@ def grpo_true_utilities(pool, v, K: int, std: bool = True, eps: float = 1e-6) ->
         out.append(pr @ g @ v)
     return np.array(out)
 
+# %% ../../nbs/13_nonident.ipynb #e8603c19
 def observation_law(prompt, model: str, K: int, std: bool = True, eps: float = 1e-6):
     """Exact law of the observation of one prompt: every K-tuple of beta-rollouts with its probability,
     the rewards, and the K-sample GRPO-normalised g_model vector it yields.
@@ -93,6 +102,7 @@ def law_tv(values_a, prob_a, values_b, prob_b, decimals: int = 9) -> float:
     A, B = atoms(values_a, prob_a), atoms(values_b, prob_b)
     return 0.5 * sum(abs(A.get(key, 0.0) - B.get(key, 0.0)) for key in A.keys() | B.keys())
 
+# %% ../../nbs/13_nonident.ipynb #4783ba66
 def seq_kl(pi, be) -> float:
     "KL(pi || beta) of the response law."
     p = seq_probs(TREE, pi)
@@ -105,11 +115,6 @@ def used_weights_ess(prompt, model: str) -> float:
     w = np.exp(logP if model == "10" else logS).reshape(-1)
     p = np.repeat(seq_probs(TREE, be), TREE.T) / TREE.T
     return float(normalised_ess(w, p))
-
-# %% auto #0
-__all__ = ['TREE', 'MODELS', 'probe_direction', 'flip_prompt', 'filler_prompt', 'delta_for', 'make_pools', 'true_utilities',
-           'grpo_true_utilities', 'observation_law', 'law_tv', 'seq_kl', 'used_weights_ess', 'nonident_case',
-           'check_nonidentifiability']
 
 # %% ../../nbs/13_nonident.ipynb #50570b47
 def nonident_case(model: str, eps: float, K: int, n: int = 4, k: int = 2) -> dict:

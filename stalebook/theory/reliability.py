@@ -1,9 +1,9 @@
-"""DESIGN §2.5–2.6, seed 000. In a Gaussian latent-score model the split-half reliability
+"""The ranking paper's reliability results. In a Gaussian latent-score model the split-half reliability
 Rel_k identifies the signal-to-noise ratio ρ, and ρ fixes how well *any* selector that is
 independent of the reference noise can agree with the noisy A/B reference: a ceiling on expected
 precision. Exact certification of the top-k costs m ≍ σ²Δ⁻² log(·/δ) samples.
 These are results under Gaussianity, equal noise variance and conditional independence — assumptions,
-not facts about real data (the seed says so explicitly).
+not facts about real data (the paper says so explicitly).
 
 Docs: https://stalebook.github.io/stalebook/reliability.html.md"""
 
@@ -143,6 +143,7 @@ def check_overlap_closed_form():
     return [Check("reliability.overlap", "max |scipy - quadrature| closed-form O(c)", diff, 1e-7),
             Check("reliability.overlap", "max |MC(n=2000) - O(c)| / SE", max(zs), 4.0)]
 
+# %% ../../nbs/14_reliability.ipynb #d5959bd0
 @verify_check
 def check_ceiling():
     "Spearman–Brown correlation, oracle precision = ceiling, fresh selector = O(c_S), rho round trip."
@@ -160,6 +161,7 @@ def check_ceiling():
             Check("reliability.ceiling", "|fresh-selector precision - O(c_S)| / SE", z_s, 4.0),
             Check("reliability.ceiling", "max |rho_from_rel(O(rho)) - rho|", rt, 1e-8)]
 
+# %% ../../nbs/14_reliability.ipynb #b45d6089
 @verify_check
 def check_sample_cost():
     "Simulated exact-certification failure lies between the two-point and union bounds."

@@ -1,5 +1,5 @@
 """The behaviour-aware GRPO surrogate L(theta; phi), its gradient map H(theta, phi) exactly and from
-K-groups, the decomposition g = H_on + xi + delta, and seed 001's two-constraint stability rule.
+K-groups, the decomposition g = H_on + xi + delta, and the staleness paper's two-constraint stability rule.
 
 Docs: https://stalebook.github.io/stalebook/staleness.html.md"""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import binom
 
-from ..core import Check, Domain, verify_check, assert_checks, group_advantages
+from ..core import Check, Domain, verify_check, group_advantages
 from .tree import Tree, token_logprobs, seq_probs, log_policy, policy_gradient, random_logits, sample_responses, _is_torch
 
 # %% auto #0
@@ -83,6 +83,7 @@ def surrogate_value(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: 
         L = L - beta_kl * (m[..., None] * (eu - u - 1)).mean(-1).sum(-1)
     return L
 
+# %% ../../nbs/15_staleness.ipynb #2324e32e
 _INC = {}
 def _incidence(tree):
     "One-hot maps from (response, step) to (history, token) and to history."
@@ -102,6 +103,7 @@ def token_weights_to_grad(tree: Tree, theta, w) -> np.ndarray:
     wf = w.reshape(w.shape[:-2] + (-1,))
     return (wf @ E).reshape(wf.shape[:-1] + (tree.n_hist, tree.V)) - (wf @ Hm)[..., None] * p
 
+# %% ../../nbs/15_staleness.ipynb #f16b0870
 def surrogate_grad(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: str = "token",
                    beta_kl: float = 0.0, ref=None, return_clip: bool = False):
     """H = grad_theta L(theta; phi) with the behaviour law (the masses) held fixed: [..., n_hist, V].
@@ -144,6 +146,7 @@ def _brute_surrogate(tree, theta, phi, R, K, **kw):
     am = (pg[:, None, None] * np.minimum(A, 0)[..., None] * oh).sum((0, 1)) / K
     return surrogate_value(tree, theta, phi, (ap, am, q), **kw)
 
+# %% ../../nbs/15_staleness.ipynb #f6280497
 @verify_check
 def check_surrogate_gradient(seed: int = 0):
     "Analytic H vs autograd; binomial vs brute-force group expectation; on-policy H_on vs tree policy gradient."
@@ -170,6 +173,7 @@ def check_surrogate_gradient(seed: int = 0):
             Check("staleness.groups", "|binomial - brute-force N^K group surrogate|", err_bf, 1e-12),
             Check("staleness.on_policy", "max |H_on - (1-1/K)/T grad J| (std=False)", err_on, 1e-12)]
 
+# %% ../../nbs/15_staleness.ipynb #20fa7382
 @verify_check
 def check_noise_zero_mean(seed: int = 0, n: int = 2000):
     "xi = g - H(theta, phi) has mean zero: max over coordinates of |mean xi| / standard error."
@@ -185,7 +189,7 @@ def check_noise_zero_mean(seed: int = 0, n: int = 2000):
 
 # %% ../../nbs/15_staleness.ipynb #a044ccaf
 def stability_bound(G_upd, R_batch, R_crit, S, T, c: float = 1.0) -> dict:
-    """Seed 001's rule eta << c * min{R_batch/(S G_upd), R_crit/(T G_upd)} (T = learner-step horizon).
+    """The staleness paper's rule eta << c * min{R_batch/(S G_upd), R_crit/(T G_upd)} (T = learner-step horizon).
     Returns the two bounds, their minimum and which constraint binds ('local' or 'horizon')."""
     local = c * np.asarray(R_batch, float) / (np.asarray(S, float) * G_upd)
     horizon = c * np.asarray(R_crit, float) / (np.asarray(T, float) * G_upd)

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 from scipy.special import log_softmax as _np_log_softmax
 
-from ..core import Check, Domain, verify_check, assert_checks
+from ..core import Check, Domain, verify_check
 
 # %% auto #0
 __all__ = ['Tree', 'log_policy', 'token_logprobs', 'seq_logprobs', 'seq_probs', 'score_vectors', 'sample_responses',
@@ -86,6 +86,7 @@ def seq_probs(tree: Tree, logits):
     lp = seq_logprobs(tree, logits)
     return lp.exp() if _is_torch(lp) else np.exp(lp)
 
+# %% ../../nbs/10_tree.ipynb #47b67cd0
 def score_vectors(tree: Tree, logits) -> np.ndarray:
     "[..., N, T, D]: z_t = grad_theta log pi(A_t|H_t) w.r.t. the flattened logit table (numpy)."
     p = np.exp(log_policy(np.asarray(logits, dtype=np.float64)))            # [..., n_hist, V]
@@ -97,6 +98,7 @@ def score_vectors(tree: Tree, logits) -> np.ndarray:
     z[..., n_idx, t_idx, h, tree.responses] += 1.0
     return z.reshape(batch + (tree.N, tree.T, tree.D))
 
+# %% ../../nbs/10_tree.ipynb #2b46ceb7
 def sample_responses(tree: Tree, logits, K: int, gen: np.random.Generator) -> np.ndarray:
     "[..., K] response indices drawn i.i.d. from pi: exact inverse CDF on the enumerated law, vectorised over all rows."
     c = np.cumsum(seq_probs(tree, np.asarray(logits, dtype=np.float64)), -1)
@@ -169,6 +171,7 @@ def check_tree_gradients(n_trees: int = 20, seed: int = 0):
             Check("tree.gradient", "max |REINFORCE(enumerated) - autograd|", err_r, 1e-12),
             Check("tree.law", "max |sum_Y pi(Y) - 1|", err_norm, 1e-12)]
 
+# %% ../../nbs/10_tree.ipynb #5094de07
 @verify_check
 def check_tree_sampler(seed: int = 0, K: int = 20000):
     "Empirical response frequencies of `sample_responses` match the enumerated law (chi-square p-value)."
