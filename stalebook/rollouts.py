@@ -280,7 +280,7 @@ def generate_store_vllm(llm, model, tokenizer, tasks, store: RolloutStore, adapt
                         reward_fn=None) -> RolloutStore:
     "vLLM backend: sample with `llm` (a vllm.LLM), recompute behaviour log-probs with the HF `model`."
     from vllm import SamplingParams                  # optional extra (GPU): imported only on this path
-    from vllm.lora.request import LoRARequest
+    from vllm.lora.request import LoRARequest        # (the same optional extra)
     cfg, K = store.sampling, store.sampling.group_size
     lora = LoRARequest(f"a{adapter_hash[:12]}", lora_request_id(adapter_hash), str(adapter_dir)) if adapter_dir else None
     for g in range(store.n_done, len(tasks)):

@@ -9,6 +9,7 @@ Docs: https://stalebook.github.io/stalebook/estimators.html.md"""
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import softmax
 
 from ..core import Check, Domain, verify_check, group_advantages, homogeneous_groups
 from .tree import (Tree, token_logprobs, seq_probs, score_vectors, sample_responses,
@@ -19,7 +20,7 @@ ESTIMATORS = ("00", "10", "01", "11")
 def _is_torch(x) -> bool: return type(x).__module__.startswith("torch")
 def _xp(x):
     if _is_torch(x):
-        import torch
+        import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
         return torch
     return np
 
@@ -116,7 +117,6 @@ def q_form(tree: Tree, pi_logits, beta_logits, rewards, a: int, b: int) -> np.nd
 
     with z(h, a') = e_{h,a'} - pi(.|h). (a, b) = (1, 1) is the policy gradient, (1, 0) the history-only
     and (0, 1) the action-value-only correction, (0, 0) neither."""
-    from scipy.special import softmax
     p = softmax(np.asarray(pi_logits, dtype=np.float64), -1)
     d = reach_probs(tree, pi_logits if a else beta_logits)
     Q = q_values(tree, pi_logits if b else beta_logits, rewards)
@@ -136,7 +136,7 @@ def exact_estimators(tree: Tree, pi_logits, beta_logits, rewards, **kw) -> dict:
 
 # %% ../../nbs/11_estimators.ipynb #6091d430
 def _autograd_pg(tree, pi_logits, R):
-    import torch
+    import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
     th = torch.tensor(pi_logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.as_tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(pi_logits)[:-2] + (tree.D,))
@@ -201,7 +201,7 @@ def enumerate_groups(p, K: int):
 # %% ../../nbs/11_estimators.ipynb #1a928ada
 def _torch_consistency(seed: int = 0):
     "(max |torch - numpy| of stale_gradients, max |one weighted backward pass - g_ab|)."
-    import torch
+    import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
     gi = Domain(seed, ("estimators", "torch")).numpy()
     tr = Tree(3, 3)
     th, be = random_logits(tr, gi, (2,)), random_logits(tr, gi, (2,))

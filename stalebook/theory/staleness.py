@@ -69,7 +69,7 @@ def surrogate_value(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: 
     ap, am, m = masses
     r = _ratios(tree, theta, phi, agg)
     if _is_torch(r):
-        import torch
+        import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
         ap, am, m = (torch.as_tensor(np.asarray(x), dtype=r.dtype) for x in (ap, am, m))
         r = r.exp(); rc = r.clamp(1 - clip_eps, 1 + clip_eps)
         f = ap[..., None] * torch.minimum(r, rc) + am[..., None] * torch.maximum(r, rc)
@@ -150,7 +150,7 @@ def _brute_surrogate(tree, theta, phi, R, K, **kw):
 @verify_check
 def check_surrogate_gradient(seed: int = 0):
     "Analytic H vs autograd; binomial vs brute-force group expectation; on-policy H_on vs tree policy gradient."
-    import torch
+    import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
     g = Domain(seed, ("check", "staleness")).numpy()
     tr = Tree(2, 3)
     th = random_logits(tr, g, (2,)); ph = th + 0.4 * random_logits(tr, g, (2,)); ref = random_logits(tr, g, (2,))

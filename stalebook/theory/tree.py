@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from scipy.stats import chisquare
 from scipy.special import log_softmax as _np_log_softmax
 
 from ..core import Check, Domain, verify_check
@@ -73,7 +74,7 @@ def token_logprobs(tree: Tree, logits):
     lp = log_policy(logits)
     h, a = tree.hist_index, tree.responses
     if _is_torch(lp):
-        import torch
+        import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
         h, a = torch.as_tensor(h), torch.as_tensor(a)
     return lp[..., h, a]
 
@@ -146,7 +147,7 @@ def policy_gradient(tree: Tree, logits, rewards) -> np.ndarray:
 
 # %% ../../nbs/10_tree.ipynb #e47b4ec7
 def _autograd_grad(tree, logits, R):
-    import torch
+    import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
     th = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(logits)[:-2] + (tree.D,))
@@ -175,7 +176,6 @@ def check_tree_gradients(n_trees: int = 20, seed: int = 0):
 @verify_check
 def check_tree_sampler(seed: int = 0, K: int = 20000):
     "Empirical response frequencies of `sample_responses` match the enumerated law (chi-square p-value)."
-    from scipy.stats import chisquare
     tr = Tree(3, 3)
     th = random_logits(tr, Domain(seed, ("check", "sampler", "logits")).numpy())
     idx = sample_responses(tr, th, K, Domain(seed, ("check", "sampler", "draws")).numpy())
