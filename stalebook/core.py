@@ -551,13 +551,14 @@ def run_notebook(src, out, parameters: dict) -> Path:
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
     from jupyter_client.manager import KernelManager      # (installed with papermill)
     out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, sock = out.with_name(f".{out.name}.tmp-run"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
-    try:
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
-        pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name="python3", progress_bar=False, km=km)
+    tmp, sock = out.with_name(f".{out.stem}.tmp-run{out.suffix}"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+    try: pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name="python3", progress_bar=False, km=km)
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None
-    finally: shutil.rmtree(sock, ignore_errors=True)
+    finally:                                                   # a kernel manager we pass in is ours to shut down
+        if km.has_kernel: km.shutdown_kernel(now=True)
+        shutil.rmtree(sock, ignore_errors=True)
     os.replace(tmp, out)
     return out
