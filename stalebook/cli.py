@@ -49,6 +49,7 @@ def _resolve(target: str):
     mod, fn = target.split(":")
     return getattr(importlib.import_module(mod), fn)
 
+# %% ../nbs/01_cli.ipynb #4b6b1e2b
 def main(argv=None) -> int:
     "Entry point of the `stalebook` console script."
     argv = sys.argv[1:] if argv is None else list(argv)

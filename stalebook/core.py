@@ -60,6 +60,7 @@ def _check_part(p):
         raise TypeError(f"RNG domain path parts must be str or int, got {type(p).__name__}: {p!r}")
     return p
 
+# %% ../nbs/00_core.ipynb #e4fea7d5
 @dataclass(frozen=True)
 class Domain:
     "A named, reproducible random stream: root seed + path of str/int parts."
@@ -117,6 +118,7 @@ def hash_file(path, chunk=1 << 20) -> str:
         while b := f.read(chunk): h.update(b)
     return h.hexdigest()
 
+# %% ../nbs/00_core.ipynb #3ac6637c
 def dir_listing(path, exclude: Iterable[str] = ()) -> list[tuple[str, str]]:
     "Sorted `(relpath, sha256)` for every regular file below `path` (symlinks followed)."
     root, excl = Path(path), set(exclude)
@@ -139,6 +141,7 @@ def hash_dir(path, exclude: Iterable[str] = ()) -> str:
     "The content hash of a folder: `hash_listing(dir_listing(path, exclude))`."
     return hash_listing(dir_listing(path, exclude))
 
+# %% ../nbs/00_core.ipynb #828283b9
 def _tensor_bytes(t) -> tuple[str, list, bytes]:
     if isinstance(t, np.ndarray) or np.isscalar(t):
         a = np.ascontiguousarray(t)
@@ -193,6 +196,7 @@ def atomic_write_json(path, obj, indent=2) -> Path:
     "Atomically write `obj` as (sorted-key) JSON."
     return atomic_write(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")
 
+# %% ../nbs/00_core.ipynb #4350ffb2
 @contextlib.contextmanager
 def atomic_dir(path, overwrite=False):
     "Yield a temporary sibling directory; on success rename it to `path` (atomic commit)."
@@ -248,6 +252,7 @@ def read_jsonl(path, warn=True) -> JsonlRead:
         pos = nl + 1
     return JsonlRead(recs, pos)
 
+# %% ../nbs/00_core.ipynb #6c4cfea0
 class JsonlLog:
     "Append-only JSONL record log: one fsynced line per record; a truncated tail is cut on open."
     def __init__(self, path):
@@ -355,6 +360,7 @@ def _coerce(tp, v, where: str, src: str):
     if isinstance(tp, type) and isinstance(v, tp): return v
     bad()
 
+# %% ../nbs/00_core.ipynb #5fdb4f43
 def _merge(dflt, v: dict) -> dict:
     "The dict `v` laid over the dataclass instance `dflt`, recursively (unknown keys are kept for from_dict to refuse)."
     out = dict(v)
@@ -387,6 +393,7 @@ def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     try: return cls(**kw)
     except (ValueError, TypeError) as e: raise ConfigError(f"{src}: {prefix.rstrip('.') or cls.__name__}: {e}") from None
 
+# %% ../nbs/00_core.ipynb #00809872
 def read_mapping(path) -> dict:
     "Parse a YAML (.yaml/.yml) or JSON file into a dict; a parse error names the file."
     path = Path(path)
@@ -494,6 +501,7 @@ class Check:
 
 CHECKS: dict = {}
 
+# %% ../nbs/00_core.ipynb #6fc39094
 def verify_check(fn):
     "Register `fn() -> Check | list[Check]` as a numerical check for `stalebook verify`."
     CHECKS[f"{fn.__module__}.{fn.__name__}"] = fn
