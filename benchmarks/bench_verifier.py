@@ -10,7 +10,8 @@
    (256 completions per step), max_new_tokens = 12, lr 3e-3 (the learning configs), on the math domain
    and on the code domain (fork server; and, for reference, per-program sandboxes), steps interleaved
    after one warm-up step each. The time spent in `batch_rewards` is measured by wrapping it (not
-   re-implemented). Goal: code step <= 2x math step.
+   re-implemented), and so is the code step without it: the floor any verifier leaves (longer prompts and
+   completions cost the model more on code). Goal: code step <= 2x math step.
 
     PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
@@ -77,13 +78,15 @@ def bench_verifier(repeat: int, workers: int) -> dict:
                 paths_agree=True)
 
 
+_SHARED = {}
+
 def shared_pool(fork_server: bool):
-    "Replace the process-wide pool `tasks.rewards` uses by default (what the trainer calls) with a fresh one."
+    """Make the process-wide pool `tasks.rewards` uses by default (what the trainer calls) a fork-server or a
+    per-program one; both persist across steps, as the shared pool does in a training run."""
     key = (sandbox.isolation(), sandbox.Limits())
-    old = sandbox._POOLS.pop(key, None)
-    if old is not None: old.close()
-    sandbox._POOLS[key] = p = sandbox.Pool(limits=key[1], mode=key[0], fork_server=fork_server)
-    return p
+    if fork_server not in _SHARED: _SHARED[fork_server] = sandbox.Pool(limits=key[1], mode=key[0], fork_server=fork_server)
+    sandbox._POOLS[key] = _SHARED[fork_server]
+    return _SHARED[fork_server]
 
 
 def trainer(domain: str, snapshot: str, out: Path) -> TR.Trainer:
@@ -105,19 +108,27 @@ def bench_step(steps: int, snapshot: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
         trs = {name: trainer(dom, snapshot, Path(d) / name) for name, dom, _ in arms}
         rows = {name: [] for name, _, _ in arms}
+        sandbox.pool_for()
         for i in range(steps + 1):                                         # step 0 = warm-up (templates start there)
             for name, _, fork in arms:
                 if fork is not None: shared_pool(fork)
                 spent["t"] = 0.0
+                pool = sandbox.pool_for()
+                before = pool.stats["fork"] + pool.stats["per_program"]
                 rec = trs[name].train_step()
                 if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
-                                             reward_mean=rec["reward_mean"]))
+                                             programs_run=pool.stats["fork"] + pool.stats["per_program"] - before,
+                                             completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
             if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s (rewards {rows[n][-1]['t_reward']:.2f}s)"
                                                           for n, _, _ in arms), flush=True)
     TR.batch_rewards = real
     med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
-    return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows,
+    rest = {n: statistics.median(r["t_step"] - r["t_reward"] for r in rs) for n, rs in rows.items()}
+    prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
+    return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
                 median_step_s={n: round(v, 3) for n, v in med.items()},
+                median_step_minus_rewards_s={n: round(v, 3) for n, v in rest.items()},
+                ratio_code_minus_rewards_to_math=round(rest["code"] / med["math"], 2),
                 ratio_code_to_math=round(med["code"] / med["math"], 2),
                 ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2))
 
@@ -144,7 +155,9 @@ def main(argv=None):
         s = inv["step"]
         print(f"GRPO 16x16 step (median): math {s['median_step_s']['math']:.2f}s, code {s['median_step_s']['code']:.2f}s "
               f"(fork server; {s['ratio_code_to_math']:.2f}x math), code with per-program sandboxes "
-              f"{s['median_step_s']['code_per_program']:.2f}s ({s['ratio_code_per_program_to_math']:.2f}x)")
+              f"{s['median_step_s']['code_per_program']:.2f}s ({s['ratio_code_per_program_to_math']:.2f}x); code step without its "
+              f"rewards {s['median_step_minus_rewards_s']['code']:.2f}s = {s['ratio_code_minus_rewards_to_math']:.2f}x the math step "
+              f"(mean prompt {s['mean_prompt_chars']['code']} vs {s['mean_prompt_chars']['math']} characters)")
     path = Path(a.json)
     old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}
     old["invocations"].append(inv)

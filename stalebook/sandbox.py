@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 
@@ -650,6 +651,7 @@ _Template.run = _template_run
 
 # %% ../nbs/20_sandbox.ipynb #d4b9f3a7
 _SAID: set = set()
+_LIVE = weakref.WeakSet()              # every pool of this process, closed at exit
 
 def _say_once(msg: str):
     if msg not in _SAID:
@@ -687,6 +689,7 @@ class Pool:
         self.stats = {"started": 0, "replaced": 0, "fork": 0, "per_program": 0}
         self.fallback, self.uids = None, []                 # why the fork server is off; uids of every template
         self._idle, self._n, self._cv, self._pid, self._closed = [], 0, threading.Condition(), os.getpid(), False
+        _LIVE.add(self)
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
@@ -720,10 +723,8 @@ def _pool_run(self, code: str, tests) -> SandboxResult:
     checks, raw = _split_tests(tests)
     calls, n = [c.call for c in checks], len(checks) + len(raw)
     t = self._acquire() if self.fork_server and self._pid == os.getpid() else None
-    if t is None:
-        self.stats["per_program"] += 1
-        return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
-    self.stats["fork"] += 1
+    with self._cv: self.stats["fork" if t else "per_program"] += 1
+    if t is None: return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
     nonce, payload = _payload(code, calls, raw, self.mode)
     t0, healthy = time.monotonic(), False
     try:
@@ -767,8 +768,8 @@ def pool_for(mode: str | None = None, limits: Limits | None = None, workers: int
 
 @atexit.register
 def _close_pools():
-    if _POOLS_PID[0] == os.getpid():
-        for p in list(_POOLS.values()): p.close()
+    for p in list(_LIVE):
+        if p._pid == os.getpid(): p.close()
 
 def run_tests(code: str, tests, limits: Limits | None = None, mode: str | None = None, pool: Pool | None = None) -> SandboxResult:
     "Run `code` in the sandbox against assert snippets `tests`; ok only if every test passes."
