@@ -216,7 +216,6 @@ def test_hostile_corpus(mode, server, tmp_path, monkeypatch):
     # a forger that found the nonce gets its message accepted, and then fails on the values it had to guess
     assert "tests failed" in why["forge_result_channel"]
     if server == "fork":
-        assert "overflow" in why["huge_result"]              # the parent closes the pipe; the writer gets EPIPE at once
         if mode == "namespaces":                             # same uid as its template: it can kill it, and loses
             assert "template died" in why["kill_parent"] and "template died" in why["kill_everything"]
         assert "stopped answering" in why["stop_parent"] and pool.stats["replaced"] >= 1
@@ -243,7 +242,8 @@ LEAKS = {
                      "import json, builtins\nFOUND = hasattr(json, 'STALEBOOK_LEAK') or hasattr(builtins, 'STALEBOOK_LEAK') or 'stalebook_leak' in sys.modules",
                      {"namespaces", "rlimits"}),
     "daemon_process": ("import time\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        open('alive', 'w').close(); time.sleep(0.01)",
-                       "import time\ntime.sleep(0.2)\nFOUND = os.path.exists('alive')", {"namespaces"}),
+                       "import time\nend = time.monotonic() + 1\nwhile not FOUND and time.monotonic() < end:\n"
+                       "    FOUND = os.path.exists('alive'); time.sleep(0.01)", {"namespaces"}),
     "processes_exhausted": ("import time\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n            os.setsid(); time.sleep(60); os._exit(0)\n"
                             "    except OSError: break",
                             "import threading\ntry: threading.Thread(target=lambda: None).start()\nexcept RuntimeError: FOUND = True", {"namespaces"}),
@@ -421,6 +421,7 @@ def test_both_paths_give_the_same_details(mode):
             a, b = fork.run(code, task.tests), fresh.run(code, task.tests)
             assert (a.server, b.server) == ("fork", "per-program")
             assert a.detail() == b.detail(), (name, a.detail(), b.detail())
+            if name == "huge_result": assert a.reason == "result channel overflow", a.reason
 
 
 def test_pass_fail_agree_with_python_semantics():
