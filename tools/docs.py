@@ -48,6 +48,7 @@ nav.site-nav .num { display: inline-block; min-width: 1.6rem; color: #7a8594; fo
 main { max-width: 62rem; margin: 0 auto; padding: 1.5rem 2rem 3rem; }
 main img { max-width: 100%; height: auto; }
 main pre { overflow-x: auto; }
+main .jp-RenderedMarkdown pre { margin-bottom: 1em; }
 .site-pager { display: flex; justify-content: space-between; max-width: 62rem; margin: 0 auto; padding: 0 2rem 3rem;
   font: 14px system-ui, sans-serif; }
 .site-pager a { text-decoration: none; }
