@@ -40,7 +40,7 @@ sync-check: setup
 # the executable-paper check: every notebook runs once, as under nbdev-test (same flags, cwd, kernel), and
 # its committed text outputs must match the re-executed ones (tools/nbcheck.py; `--flags slow` adds slow cells).
 nbtest: setup
-	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^experiments$$'
+	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$'
 
 pytest: setup
 	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider; rc=$$?; \
