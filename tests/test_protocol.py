@@ -211,11 +211,11 @@ def test_point_result_roundtrip_and_old_loader():
 
 # ---------- controls ----------
 def test_negative_control_gain_mean_zero():
-    "Over 80 independent points (n=64, k=8) the random control's gain averages 0 within 3 SE; its LB95 > 0 rarely."
+    "Over 60 independent points (n=64, k=8) the random control's gain averages 0 within 3 SE; its LB95 > 0 rarely."
     D = Domain(3, ("test", "negative"))
     pool = synthetic_pool(D, 64, 16, 16, sigma_v=0.3, frac_homog=0.3, signal=1.5)
     g, lb, ov = [], [], []
-    for t in range(80):
+    for t in range(60):
         cand, val = synthetic_point(pool, D.child(t), 8, 8)
         r = analyse_point(cand, val, 8, D.child(t), n_boot=100, gauss_reps=50)
         g.append(r.gain_control); lb.append(r.bounds("gain_control")[0])
