@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollouts":  ("stalebook.rollouts:cmd_rollouts", "generate or resume a hash-bound rollout store from a config (RolloutsConfig)"),
     "train":     ("stalebook.trainer:cmd_train", "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)"),
     "point":     ("stalebook.point:cmd_point", "run or resume one experiment point (stale vs fresh prompt scoring) via papermill"),
+    "design":    ("stalebook.protocol:cmd_design", "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target"),
     "demo":      ("stalebook.point:cmd_demo", "the main job on the embedded tiny default: snapshot, lineage 0-25-100, points, verdict table"),
 }
 
