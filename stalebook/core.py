@@ -561,18 +561,23 @@ def split_notebook_timings(nb: dict) -> dict:
 def run_notebook(src, out, parameters: dict, cwd=None) -> Path:
     "Execute notebook `src` with papermill `parameters` (kernel in `cwd`); the content-only executed notebook is written atomically to `out`."
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
-    from jupyter_client.manager import KernelManager      # (installed with papermill)
+    from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
+    from jupyter_client.utils import run_sync              # (installed with papermill)
     out = Path(out).absolute(); out.parent.mkdir(parents=True, exist_ok=True)
     tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
-    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+    # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
     try:
         pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
                             progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None
+    except Exception as e:
+        if type(e).__name__ != "DeadKernelError": raise        # nbclient's: the kernel process died under it
+        raise StalebookError(f"notebook {Path(src).name}: the kernel died (killed?); rerun to resume") from None
     finally:
-        if km.has_kernel: km.shutdown_kernel(now=True)        # papermill does not stop a kernel it was handed
+        if km.has_kernel: run_sync(km.shutdown_kernel)(now=True)   # papermill does not stop a kernel it was handed
         shutil.rmtree(sock, ignore_errors=True)
     nb = json.loads(tmp.read_text(encoding="utf-8"))
     timings = split_notebook_timings(nb)
