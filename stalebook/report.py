@@ -108,7 +108,7 @@ def plot_gain_ratio(view: dict):
         ax.axhline(1, c="k", lw=0.8); ax.axhline(0, c="grey", lw=0.8, ls=":"); ax.set_xlabel(lab)
     axes[0].set_ylabel("stale gain / fresh gain"); axes[0].legend(fontsize=7)
     left = len(view["points"]) - len(pts)
-    fig.suptitle(report_title(view, "stale/fresh gain ratio against drift") + (f" ({left} points with fresh gain <= 0 left out)" if left else ""),
+    fig.suptitle(report_title(view, "stale/fresh gain ratio against drift") + (f" ({left} point{'s' * (left != 1)} with fresh gain <= 0 left out)" if left else ""),
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -121,11 +121,11 @@ def plot_verdicts(view: dict):
     rows = view["table"]["rows"]
     keys = list(dict.fromkeys((r["model"], r["domain"], r["tag"], r["estimator"]) for r in rows))
     cks = sorted({r["checkpoint"] for r in rows})
-    fig, ax = plt.subplots(figsize=(1.3 * len(cks) + 3, 0.32 * len(keys) + 1.4))
+    fig, ax = plt.subplots(figsize=(1.6 * len(cks) + 3, 0.32 * len(keys) + 1.4))
     for r in rows:
         i, j = keys.index((r["model"], r["domain"], r["tag"], r["estimator"])), cks.index(r["checkpoint"])
         ax.add_patch(plt.Rectangle((j, i), 1, 1, color=VERDICT_COLOURS[r["verdict"]], ec="w"))
-        ax.text(j + 0.5, i + 0.5, f"{r['verdict'][:5]} {r['admissible']}/{r['seeds']}", ha="center", va="center", fontsize=7)
+        ax.text(j + 0.5, i + 0.5, f"{r['verdict']} {r['admissible']}/{r['seeds']}", ha="center", va="center", fontsize=7)
     ax.set_xlim(0, len(cks)); ax.set_ylim(len(keys), 0)
     ax.set_xticks(np.arange(len(cks)) + 0.5, [str(c) for c in cks]); ax.set_xlabel("checkpoint")
     ax.set_yticks(np.arange(len(keys)) + 0.5, [" ".join(x for x in k if x) for k in keys], fontsize=7)

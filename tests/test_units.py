@@ -109,6 +109,7 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
         if kills >= min_kills: break
         kills += _kill_run(reg, tmp_path / "k", d)
     assert kills >= min_kills, kills
+    print(f"{kills} kills ({len(faults)} at fault points), reference run {t_ref:.0f} s")
     r = run(["run", reg, "--root", tmp_path / "k"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert run(["freeze", reg, "--root", tmp_path / "k"]).returncode == 0
