@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup demo test sync-check nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup demo study test sync-check nbtest pytest readme verify clean-runs docs lab
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The main job on the embedded default: the theory checks, then snapshot -> lineage 0-25-100 -> points -> verdict table.
+# The main job: the tiny registry's demo slice through the study machinery - status -> run -> freeze -> report.
 demo: setup
-	$(BIN)/stalebook verify
-	$(BIN)/stalebook demo
+	$(BIN)/stalebook demo tiny:demo
+
+# The whole tiny registry (both domains, 3 seeds, checkpoints 0/25/100/400) through the same four stages.
+study: setup
+	$(BIN)/stalebook demo tiny
 
 # notebooks clean and in sync with the package, then the notebook tests and pytest.
 test: setup sync-check nbtest pytest

@@ -37,7 +37,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
            'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
            'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
-           'check_state_dict_hash', 'experiment_notebook', 'run_notebook']
+           'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -554,19 +554,42 @@ def experiment_notebook(name: str) -> Path:
         if c.is_file(): return c
     raise StalebookError(f"experiment notebook '{name}.ipynb' not found (looked in {', '.join(map(str, cands))})")
 
-def run_notebook(src, out, parameters: dict) -> Path:
-    "Execute notebook `src` with papermill `parameters`; the executed notebook is written atomically to `out`."
+def split_notebook_timings(nb: dict) -> dict:
+    "Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected cell's random id is fixed."
+    meta = nb.get("metadata", {}).get("papermill", {})
+    out = {k: meta.pop(k, None) for k in ("start_time", "end_time", "duration", "input_path", "output_path")}
+    out["cells"] = []
+    for c in nb.get("cells", []):
+        c.get("metadata", {}).pop("execution", None)
+        if "injected-parameters" in c.get("metadata", {}).get("tags", []): c["id"] = "injected-parameters"
+        cm = c.get("metadata", {}).get("papermill", {})
+        out["cells"].append({k: cm.pop(k, None) for k in ("start_time", "end_time", "duration")})
+    return out
+
+def run_notebook(src, out, parameters: dict, cwd=None) -> Path:
+    "Execute notebook `src` with papermill `parameters` (kernel in `cwd`); the content-only executed notebook is written atomically to `out`."
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
-    from jupyter_client.manager import KernelManager      # (installed with papermill)
-    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, sock = out.with_name(f".{out.stem}.tmp-run{out.suffix}"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
-    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
-    try: pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name="python3", progress_bar=False, km=km)
+    from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
+    from jupyter_client.utils import run_sync              # (installed with papermill)
+    out = Path(out).absolute(); out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
+    # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+    try:
+        pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
+                            progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None
-    finally:                                                   # a kernel manager we pass in is ours to shut down
-        if km.has_kernel: km.shutdown_kernel(now=True)
+    except Exception as e:
+        if type(e).__name__ != "DeadKernelError": raise        # nbclient's: the kernel process died under it
+        raise StalebookError(f"notebook {Path(src).name}: the kernel died (killed?); rerun to resume") from None
+    finally:
+        if km.has_kernel: run_sync(km.shutdown_kernel)(now=True)   # papermill does not stop a kernel it was handed
         shutil.rmtree(sock, ignore_errors=True)
-    os.replace(tmp, out)
+    nb = json.loads(tmp.read_text(encoding="utf-8"))
+    timings = split_notebook_timings(nb)
+    atomic_write_json(out.with_name(f"{out.stem}.timings.json"), timings)
+    atomic_write(out, json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.unlink()
     return out
