@@ -1,11 +1,11 @@
-r"""The trainer's `sync-every` and `fixed-lag` modes put an exactly controlled lag between the policy that
+"""The trainer's `sync-every` and `fixed-lag` modes put an exactly controlled lag between the policy that
 samples and the policy that learns, bit-reproducibly. Real pipelines instead run generation and learning
 *concurrently*: here a generator process samples, teacher-forces and verifies groups with the newest
 weights the learner has published, tags each group with that weights version, and feeds a bounded queue;
 the learner refuses groups more than `max_staleness` versions old. The lag is recorded, not controlled, so
 such a run is for throughput and is not bit-reproducible. The second half runs the staleness paper's
 experiments on the embedded model through the exact-lag trainer: one resumable cell per
-(staleness $S$, learning rate $\eta$, seed, optimizer), a collapse criterion fixed before any sweep, and the
+(staleness S, learning rate η, seed, optimizer), a collapse criterion fixed before any sweep, and the
 paper's predictions tested against what the runs show.
 
 Docs: https://stalebook.github.io/stalebook/pipeline.html.md"""
@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import queue
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,9 @@ from .trainer import (Trainer, TrainConfig, check_lineage, identity_dict, lag_hi
                                next_tasks, sample_step, step_rewards)
 
 # %% auto #0
-__all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'CollapseCriterion',
-           'collapse_step', 'CellConfig', 'heldout_pass_rate', 'run_cell', 'study_sweep', 'study_report']
+__all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
+           'CollapseCriterion', 'collapse_step', 'CellConfig', 'heldout_pass_rate', 'run_cell', 'study_sweep',
+           'study_report']
 
 # %% ../nbs/29_pipeline.ipynb #7d000006
 def weights_file(d, version: int) -> Path: return Path(d) / f"v{version:08d}.safetensors"
@@ -159,6 +161,21 @@ def _pipeline_manifest(tr: Trainer, dropped: int, tokens: int, wall: float) -> d
                                                     generated_tokens=tokens, generated_tokens_per_s=round(tokens / wall, 2)))
     return man
 
+# %% ../nbs/29_pipeline.ipynb #7d000031
+def cmd_pipeline(argv) -> int:
+    "Run pipelined GRPO (a generator and a learner process) from a TrainConfig with async_training.mode 'pipelined'."
+    p = CommandParser(prog="stalebook pipeline", description="Pipelined GRPO: generator and learner processes, bounded staleness.")
+    p.add_argument("config", help="YAML/JSON TrainConfig (async_training.mode: pipelined)")
+    p.add_argument("--out", default=None, help="override config.out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    cfg = load_config(TrainConfig, a.config, overrides={"out": a.out} if a.out else None)
+    man = run_pipeline(cfg, progress=not a.quiet)
+    t = json.loads((Path(cfg.out) / "timings.json").read_text())
+    print(f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} (max {man['max_lag']}, bound {man['max_staleness']}), "
+          f"dropped {man['dropped']}, {t['learner_steps_per_s']:.3f} learner steps/s; not bit-reproducible (see pipeline.json)")
+    return 0
+
 # %% ../nbs/29_pipeline.ipynb #7d000017
 @dataclass
 class CollapseCriterion:
@@ -251,6 +268,11 @@ def study_sweep(results: list) -> dict:
 # %% ../nbs/29_pipeline.ipynb #7d000024
 def study_report(sw: dict, clip_eps: float = 0.2, n_boot: int = 2000) -> dict:
     "The acceptance numbers of one optimizer's sweep: analyse_sweep, rule_constants, and t_collapse per S at each eta."
+    with warnings.catch_warnings():                   # empty slices (no stable or no collapsed run) give NaN, by design
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _study_report(sw, clip_eps, n_boot)
+
+def _study_report(sw, clip_eps, n_boot):
     an, rc = analyse_sweep(sw, n_boot=n_boot), rule_constants(sw, clip_eps)
     tc = sw["t_c"].astype(float)
     med = np.where((tc >= 0).any(-1), np.nanmedian(np.where(tc >= 0, tc, np.nan), -1), np.nan)    # [S, eta] over collapsed seeds

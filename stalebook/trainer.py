@@ -614,7 +614,7 @@ def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Train
     "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
     if self.cfg.async_training.mode == "pipelined":
         raise StalebookError(f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
-                             "use stalebook.pipeline.run_pipeline")
+                             "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)")
     end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
     bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
     while self.step < end:
