@@ -38,8 +38,8 @@ from .trainer import (Trainer, TrainConfig, check_lineage, identity_dict, lag_hi
 
 # %% auto #0
 __all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
-           'CollapseCriterion', 'collapse_step', 'CellConfig', 'heldout_pass_rate', 'run_cell', 'study_sweep',
-           'study_report']
+           'CollapseCriterion', 'collapse_step', 'CellConfig', 'heldout_pass_rate', 'train_until_decided', 'run_cell',
+           'study_sweep', 'study_report']
 
 # %% ../nbs/29_pipeline.ipynb #7d000006
 def weights_file(d, version: int) -> Path: return Path(d) / f"v{version:08d}.safetensors"
@@ -188,7 +188,9 @@ class CollapseCriterion:
 def collapse_step(J, kl, crit: CollapseCriterion) -> int:
     "t_collapse of one run (-1 = none) from its per-step training reward J (NaN = non-finite) and k3 KL (NaN = non-finite)."
     J, kl = np.asarray(J, float), np.asarray(kl, float)
-    hits = [int(collapse_time(J[None], crit.window, crit.frac, crit.hold)[0])]
+    if not len(J): return -1
+    # a window longer than the trace is cut to it: the same rule ("or to the end of the run"), and collapse_time needs W < n
+    hits = [int(collapse_time(J[None], crit.window, crit.frac, min(crit.hold, len(J) - 1))[0])]
     over = np.flatnonzero(moving_average(np.where(np.isfinite(kl), kl, 1e30), crit.window) > crit.kl_max)
     if len(over): hits.append(int(over[0]))
     hits = [h for h in hits if h >= 0]
@@ -215,6 +217,21 @@ def heldout_pass_rate(model, tok, cfg: TrainConfig, n: int, k: int) -> float:
     return float(step_rewards(tok, tasks, comps, k).mean())
 
 # %% ../nbs/29_pipeline.ipynb #7d000021
+def _nan(xs) -> np.ndarray: return np.array([np.nan if x is None else x for x in xs], float)
+
+def train_until_decided(tr: Trainer, crit: CollapseCriterion, every: int = 5):
+    """Train in chunks of `every` steps until cfg.steps, or until the collapse is decided: a first hit h with
+    h + max(hold, window) < steps done, so that every earlier step's test saw its whole window and no later step can
+    change t_collapse. A diverged run's trace is padded with NaN to cfg.steps. Returns (t_collapse, diverged_at)."""
+    series = lambda pad: [np.r_[_nan(r.get(k) for r in tr.log.records), np.full(pad, np.nan)] for k in ("reward_mean", "kl_behav_k3")]
+    while True:
+        try: tr.run(steps=min(tr.step + every, tr.cfg.steps), progress=False)
+        except StalebookError as e:
+            if "diverged" not in str(e): raise
+            return collapse_step(*series(tr.cfg.steps - len(tr.log.records)), crit), tr.step
+        tc = collapse_step(*series(0), crit)
+        if tr.step >= tr.cfg.steps or (tc >= 0 and tc + max(crit.hold, crit.window) < len(tr.log.records)): return tc, None
+
 def run_cell(config, out_dir) -> dict:
     "Run (or resume, or read back) one study cell under out_dir; returns its results (also out_dir/results.json)."
     cell = config if isinstance(config, CellConfig) else from_dict(CellConfig, config, src="study cell")
@@ -226,22 +243,17 @@ def run_cell(config, out_dir) -> dict:
         res = json.loads(f.read_text())
         if res.get("identity") == ident: return res
         raise StalebookError(f"{f}: results of another cell (identity differs); use another out_dir")
-    tr, diverged = Trainer(cfg), None
-    try: tr.run(progress=False)
-    except StalebookError as e:
-        if "diverged" not in str(e): raise
-        diverged = tr.step
+    tr = Trainer(cfg)
+    tc, diverged = train_until_decided(tr, cell.criterion)
     recs = tr.log.records
     ser = {k: [r.get(k) for r in recs] + [None] * (cfg.steps - len(recs)) for k in SERIES}
-    nan = lambda xs: np.array([np.nan if x is None else x for x in xs], float)
     ev = {}
     if cell.eval_n:
         m0, tok0 = load_run_policy(cfg.snapshot, str(lineage_checkpoint(cfg.out, 0)), cfg.device, cfg.dtype)
         ev = dict(start=heldout_pass_rate(m0, tok0, cfg, cell.eval_n, cell.eval_k), end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k))
     a = cfg.async_training
     res = dict(identity=ident, S=a.staleness, mode=a.mode, correction=a.correction, lr=cfg.lr, optimizer=cfg.optimizer, seed=cfg.seed,
-               steps=cfg.steps, steps_done=len(recs), diverged_at=diverged,
-               t_collapse=collapse_step(nan(ser["reward_mean"]), nan(ser["kl_behav_k3"]), cell.criterion), eval=ev, series=ser)
+               steps=cfg.steps, steps_done=len(recs), diverged_at=diverged, t_collapse=tc, eval=ev, series=ser)
     atomic_write_json(f, res)
     atomic_write_json(out / "timings.json", dict(wall_s=round(time.perf_counter() - t0, 2)))
     return res
