@@ -9,7 +9,7 @@ grid is done it analyses each optimizer's sweep with the controlled simulator's 
     nice -n 10 .venv/bin/python benchmarks/study_staleness.py [--config configs/studies/staleness-tiny.yaml]
         [--jobs 1] [--only-analyse] [--max-cells N] [--out DIR] [--json PATH] [--figures PREFIX]
 """
-import argparse, json, sys, time
+import argparse, json, os, sys, time
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +80,12 @@ def analyse(study: dict, root: Path, json_path: Path, fig_prefix: str) -> dict:
         if not f.exists(): raise SystemExit(f"{f}: missing; run the grid first")
         r = json.loads(f.read_text()); r["wall_s"] = json.loads((root / rel / "timings.json").read_text())["wall_s"]
         res.setdefault(rel.split("/")[0], []).append(r)
+    ends = [(root / rel / "timings.json").stat().st_mtime for rel, _ in cells(study)]
+    starts = [e - json.loads((root / rel / "timings.json").read_text())["wall_s"] for e, (rel, _) in zip(ends, cells(study))]
     out = dict(study=study["name"], config=str(study.get("_path", "")), cells=sum(len(v) for v in res.values()),
-               cpu_seconds_cells=round(sum(r["wall_s"] for v in res.values() for r in v), 1), optimizers={})
+               cpu_seconds_cells=round(sum(r["wall_s"] for v in res.values() for r in v), 1),
+               wall_clock_h=round((max(ends) - min(starts)) / 3600, 3),           # first cell's start to last cell's end
+               machine=f"{os.cpu_count()} CPUs shared with other workers; cells niced", optimizers={})
     figs = {k: plt.subplots(1, len(res), figsize=(5.2 * len(res), 4.2), squeeze=False) for k in ("phase", "tcollapse", "cosine")}
     for j, (opt, rs) in enumerate(res.items()):
         sw = study_sweep(rs)
@@ -98,7 +102,7 @@ def analyse(study: dict, root: Path, json_path: Path, fig_prefix: str) -> dict:
             eta_max=an["eta_max"], eta_max_median=an["eta_max_median"], censored=an["censored"],
             slope_reps=an["slope_reps"], slope_boot_ci=an["slope_boot_ci"], S_eta_max=an["S_eta_max"], cv_S_eta_max=an["cv_S_eta_max"],
             tc_coef_a_b_logeta_c_logS=an["tc_coef"], tc_coef_ci=an["tc_coef_ci"], n_collapsed=an["n_collapsed"],
-            MSeta_mean=an["MSeta_mean"], MSeta_cv=an["MSeta_cv"],
+            MSeta_mean=an["MSeta_mean"], MSeta_cv=an["MSeta_cv"], learner_time=rep["learner_time"],
             grad_cos_collapsed=float(np.nanmean(an["cos_collapsed"])) if len(an["cos_collapsed"]) else None,
             grad_cos_stable=float(np.nanmean(an["cos_stable"])) if len(an["cos_stable"]) else None,
             grad_cos_stable_abs=float(np.nanmean(np.abs(an["cos_stable"]))) if len(an["cos_stable"]) else None,

@@ -292,4 +292,10 @@ def _study_report(sw, clip_eps, n_boot):
     cos_u = np.array([np.nanmean(sw["ucos"][s, e, r, max(1, sw["t_c"][s, e, r] - 20):max(2, sw["t_c"][s, e, r])])
                       for s, e, r in zip(*np.nonzero(coll))])
     ucos_stable = np.nanmean(sw["ucos"][~coll][:, -100:], -1) if (~coll).any() else np.array([])
-    return dict(analysis=an, rule=rc, tc_median=med, collapsed_frac=coll.mean(-1), ucos_collapsed=cos_u, ucos_stable=ucos_stable)
+    # the reward at step t is the behaviour's, theta_{t - lag}: the learner's own collapse is up to S steps earlier
+    lag_at = np.take_along_axis(sw["lag"], np.maximum(sw["t_c"], 0)[..., None], -1)[..., 0]
+    tc_l = np.where(coll, sw["t_c"] - np.nan_to_num(lag_at, nan=0.0).astype(int), -1)
+    an_l = analyse_sweep({**sw, "t_c": tc_l}, n_boot=n_boot)
+    return dict(analysis=an, rule=rc, tc_median=med, collapsed_frac=coll.mean(-1), ucos_collapsed=cos_u, ucos_stable=ucos_stable,
+                tc_learner=tc_l, learner_time=dict(tc_coef=an_l["tc_coef"], tc_coef_ci=an_l["tc_coef_ci"],
+                                                   MSeta_mean=an_l["MSeta_mean"], MSeta_cv=an_l["MSeta_cv"]))

@@ -127,7 +127,7 @@ def offpolicy_stats(logp, behaviour_logp, adv, mask, correction: str = "none", l
     """Off-policy diagnostics of a batch sampled by phi (log-probs [B, L], adv [B], mask [B, L]): |log r| max/mean,
     k3 KL(pi_phi || pi_theta), clip fraction of the loss, and ESS fraction, log max and fraction > C of the raw weights."""
     m = mask
-    lr = ((logp - behaviour_logp) * m).detach()
+    lr = ((logp - behaviour_logp) * m).detach().double()           # float64: k3 = r - 1 - log r cancels near r = 1
     n = m.sum().clamp(min=1)
     lw = level_log_ratio(lr, m, level)
     lw = lw[m] if level == "token" else lw[:, 0][m.any(-1)]
@@ -136,7 +136,7 @@ def offpolicy_stats(logp, behaviour_logp, adv, mask, correction: str = "none", l
     else: clip = 0.0                                 # the decoupled loss's ratio is 1: its clip never binds
     ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / max(lw.numel(), 1)
     return dict(logr_max_abs=_num(lr.abs().max()), logr_mean_abs=_num(lr.abs().sum() / n),
-                kl_behav_k3=_num(((torch.exp(lr) - 1 - lr) * m).sum() / n), clip_frac=_num(clip),
+                kl_behav_k3=_num(((torch.expm1(lr) - lr) * m).sum() / n), clip_frac=_num(clip),
                 is_ess_frac=_num(ess), is_log_max=_num(lw.max()) if lw.numel() else None,
                 is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None)
 
@@ -643,6 +643,9 @@ def cmd_train(argv) -> int:
         first, last = recs[0], recs[-1]
         print(f"{cfg.out}: step {t.step}/{cfg.steps}  reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
               f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}")
+        if cfg.async_training.enabled:
+            print(f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, lags {lag_histogram(recs)}, "
+                  f"max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, correction {cfg.async_training.correction}")
     probs = check_lineage(cfg.out)
     for pr in probs: print(f"lineage: {pr}")
     return 1 if probs else 0

@@ -228,12 +228,14 @@ def test_async_lags_and_ratios(tmp_path, tiny_snapshot):
 
 
 def test_async_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot):
-    "A fixed-lag S = 3 run (behaviour snapshots in the run state) killed >= 5 times, in steps and in checkpoint writes, ends bit-identical."
-    kw = dict(async_training=dict(staleness=3, mode="fixed-lag"), steps=12)
+    """A fixed-lag S = 3 run killed 7 times — after steps and inside checkpoint writes — ends bit-identical. (On the
+    reduced snapshot the first rewards, hence the first non-zero updates, come at step 6: the resumes from the step-10
+    and step-15 checkpoints need behaviour snapshots that differ from theta_0 and from each other.)"""
+    kw = dict(async_training=dict(staleness=3, mode="fixed-lag"), steps=16, lineage_steps=[0, 5, 10, 15])
     ref = _train_cfg(tmp_path / "ref", tiny_snapshot, **kw)
     r = _run("train", ref, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
     flt = _train_cfg(tmp_path / "flt", tiny_snapshot, **kw)
-    faults = ["step:2", "step:4", "ckpt:5", "step:7", "step:9", "ckpt:10", "step:11"]
+    faults = ["step:3", "ckpt:5", "step:8", "ckpt:10", "step:12", "ckpt:15", "step:15"]
     kills = 0
     for f in faults:
         r = _run("train", flt, "--quiet", fault=f)
@@ -242,14 +244,18 @@ def test_async_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot):
     assert kills >= 5, f"only {kills} kills landed ({faults})"
     r = _run("train", flt, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
     a, b = tmp_path / "ref" / "run", tmp_path / "flt" / "run"
-    for rel in ["ckpt/step-000012/adapter/adapter_model.safetensors", "ckpt/step-000012/state.safetensors",
-                "ckpt/step-000012/async.safetensors", "lineage/step-000010/async.safetensors", "lineage.json"]:
+    for rel in ["ckpt/step-000016/adapter/adapter_model.safetensors", "ckpt/step-000016/state.safetensors",
+                "ckpt/step-000016/async.safetensors", "lineage/step-000015/async.safetensors", "lineage.json"]:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
     from safetensors.torch import load_file
-    st = load_file(str(a / "ckpt/step-000012/async.safetensors"))
-    assert sorted({int(k.split(".")[1]) for k in st if k.startswith("snap.")}) == [9, 10, 11, 12]   # theta_{t-3} .. theta_t
-    assert _steps(a) == _steps(b) and len(_steps(a)) == 12 and [r["lag"] for r in _steps(a)][3:] == [3] * 9
-    assert all(r["update_cos"] is not None for r in _steps(b)[1:])                                    # cosines survive the kills
+    st = load_file(str(a / "lineage/step-000015/async.safetensors"))
+    snaps = sorted({int(k.split(".")[1]) for k in st if k.startswith("snap.")})
+    assert snaps == [12, 13, 14, 15]                                                  # theta_{t-3} .. theta_t
+    flat = {s: torch.cat([v.reshape(-1) for k, v in sorted(st.items()) if k.startswith(f"snap.{s}.")]) for s in snaps}
+    assert all(not torch.equal(flat[s], flat[s + 1]) for s in snaps[:-1])            # a non-trivial behaviour state
+    ref_steps = _steps(a)
+    assert _steps(a) == _steps(b) and len(ref_steps) == 16 and [r["lag"] for r in ref_steps][3:] == [3] * 13
+    assert all(r["update_norm"] > 0 for r in ref_steps[10:]) and all(r["logr_max_abs"] > 1e-5 for r in ref_steps[10:])
 
 
 def _offpolicy_inputs(seed=0, B=6, L=7):
