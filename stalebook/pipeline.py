@@ -28,13 +28,13 @@ import torch
 from safetensors.torch import load_file, save
 
 from .core import (CommandParser, Domain, Progress, StalebookError, atomic_write, atomic_write_json, config_dict,
-                            from_dict, hash_json, load_config, read_jsonl)
+                            from_dict, hash_json, load_config)
 from .model import policy_hash
 from .rollouts import SamplingConfig, completion_logprobs, load_run_policy, task_pool
 from .tasks import synthetic_tasks
 from .theory.async_sim import analyse_sweep, collapse_time, moving_average, rule_constants
-from .trainer import (Trainer, TrainConfig, check_lineage, identity_dict, lag_histogram, lineage_checkpoint,
-                               next_tasks, sample_step, step_rewards)
+from .trainer import (Trainer, TrainConfig, identity_dict, lag_histogram, lineage_checkpoint, next_tasks, sample_step,
+                               step_rewards)
 
 # %% auto #0
 __all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
