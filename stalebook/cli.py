@@ -17,10 +17,10 @@ import pkgutil
 import sys
 
 from . import __version__
-from .core import CHECKS, Check, CommandParser, StalebookError, run_checks
+from .core import CHECKS, Check, CheckRows, CommandParser, StalebookError, run_checks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'format_table', 'cmd_verify']
+__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'cmd_verify']
 
 # %% ../nbs/01_cli.ipynb #ac588821
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -98,14 +98,6 @@ def load_check_modules() -> list[str]:
     for n in names: importlib.import_module(n)
     return names
 
-def format_table(rows: list[Check]) -> str:
-    "Fixed-width text table of check rows."
-    hdr = ("check", "quantity", "value", "tol", "pass")
-    body = [(r.check, r.quantity, f"{r.value:.4g}", f"{r.op} {r.tol:.3g}", "PASS" if r.passed else "FAIL") for r in rows]
-    w = [max(len(str(x[i])) for x in [hdr, *body]) for i in range(5)]
-    line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
-    return "\n".join([line(hdr), line(["-" * n for n in w]), *map(line, body)])
-
 def cmd_verify(argv) -> int:
     "Run the registered numerical checks; exit 1 if any fails."
     p = CommandParser(prog="stalebook verify", description="Run every numerical check of the theory notebooks.")
@@ -117,6 +109,6 @@ def cmd_verify(argv) -> int:
     rows = run_checks(fns)
     if a.json: print(json.dumps([r.row() for r in rows], indent=1))
     else:
-        print(format_table(rows))
+        print(repr(CheckRows(rows)))
         print(f"\n{sum(r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
     return 0 if rows and all(r.passed for r in rows) else 1

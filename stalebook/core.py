@@ -36,7 +36,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
            'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
            'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
-           'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
+           'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
            'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
@@ -501,6 +501,25 @@ class Check:
 
 CHECKS: dict = {}
 
+# %% ../nbs/00_core.ipynb #7c23b86a
+class CheckRows(list):
+    "Check rows shown as a table: fixed-width text (`stalebook verify`, `repr`) or Markdown (a notebook's output)."
+    HEAD = ("check", "quantity", "value", "tol", "pass")
+    TINY = 1e-12    # a value this small is rounding noise: shown as its bound, so a table reads the same on every machine
+    @classmethod
+    def value(cls, v: float) -> str: return f"{v:.4g}" if v == 0 or not abs(v) < cls.TINY else f"< {cls.TINY:g}"
+    def cells(self) -> list[tuple]:
+        return [(r.check, r.quantity, self.value(r.value), f"{r.op} {r.tol:.3g}", "PASS" if r.passed else "FAIL") for r in self]
+    def __repr__(self) -> str:
+        body = self.cells()
+        w = [max(len(str(x[i])) for x in [self.HEAD, *body]) for i in range(5)]
+        line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
+        return "\n".join([line(self.HEAD), line(["-" * n for n in w]), *map(line, body)])
+    def _repr_markdown_(self) -> str:
+        esc = lambda v: str(v).replace("|", "\\|")
+        rows = ["| " + " | ".join(map(esc, x)) + " |" for x in [self.HEAD, ("---",) * 5, *self.cells()]]
+        return "\n".join(rows)
+
 # %% ../nbs/00_core.ipynb #6fc39094
 def verify_check(fn):
     "Register `fn() -> Check | list[Check]` as a numerical check for `stalebook verify`."
@@ -518,9 +537,9 @@ def run_checks(fns) -> list[Check]:
             rows.append(Check(name, f"raised {type(e).__name__}: {e}", float("nan"), 0.0))
     return rows
 
-def assert_checks(rows) -> list[Check]:
-    "Assert every check row passed (used by the notebooks' inline tests)."
-    rows = [rows] if isinstance(rows, Check) else list(rows)
+def assert_checks(rows) -> CheckRows:
+    "Assert every check row passed (the notebooks' inline tests; rows, or lists of rows); they come back as a table to show."
+    rows = CheckRows(r for x in ([rows] if isinstance(rows, Check) else rows) for r in ([x] if isinstance(x, Check) else x))
     bad = [r for r in rows if not r.passed]
     assert not bad, "failed checks: " + "; ".join(f"{r.check}/{r.quantity}: {r.value:.3g} {r.op} {r.tol:.3g}" for r in bad)
     return rows
