@@ -193,6 +193,16 @@ def test_comparable_ignores_stderr_html_and_image_pixels():
     assert nbcheck.comparable(split) == "[stdout]\nabc"
 
 
+def test_cells_tagged_measured_are_shown_but_not_compared():
+    cell = lambda text, tags: {"id": "c1", "cell_type": "code", "metadata": {"tags": tags},
+                               "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
+    committed = lambda tags: {"cells": [cell("ratio 11.2x\n", tags)]}
+    ran = [cell("ratio 9.7x\n", [])]
+    msgs, n = nbcheck.compare_cells("nb.ipynb", committed([]), ran)
+    assert n == 1 and len(msgs) == 1 and "nb.ipynb cell 1 (id c1)" in msgs[0]
+    assert nbcheck.compare_cells("nb.ipynb", committed(["measured"]), ran) == ([], 0)
+
+
 def test_outputs_to_save_caps():
     img = {"output_type": "display_data", "metadata": {}, "data": {"image/png": "A" * (nbcheck.IMAGE_CAP + 1), "text/plain": "<Figure>"}}
     out = lambda t: {"output_type": "stream", "name": "stdout", "text": t}

@@ -18,6 +18,10 @@ its pixels are not). Not compared: stderr (warnings, progress lines), `text/html
 same object), errors (a raising cell fails the run anyway). Cells without committed text outputs are
 not checked; cells that did not run (`slow` without `--flags slow`, `eval: false`) keep their outputs.
 
+A cell tagged `measured` (cell metadata `"tags": ["measured"]`) holds a wall-clock measurement (a throughput,
+a speed ratio) or a property of the machine (which isolation its sandbox gets): `--save` keeps its outputs so a reader sees what was measured, but they are never compared,
+because no normalisation makes a timing repeat on another machine. Only such cells carry the tag; everything else is compared.
+
 Normalisation, applied to both sides before comparing (`normalise`):
 * ANSI escapes removed; a carriage return keeps only the text after it (what a terminal shows);
   tqdm-style bar lines (`37%|####  | 37/100`) dropped;
@@ -49,6 +53,7 @@ TEXT_CAP = 20_000         # bytes of text (stdout + text/* data) one cell may st
 IMAGE_CAP = 250_000       # bytes of one base64 image
 DIFF_LINES = 40           # lines of unified diff shown per differing cell
 COMPARED_MIME = ("text/markdown", "text/plain")
+MEASURED_TAG = "measured"  # cell tag: its outputs are kept (saved) but never compared
 _orig_test_nb = getattr(_nbt, "_nbcheck_orig", _nbt.test_nb)   # nbdev's own, even when imported twice
 _nbt._nbcheck_orig = _orig_test_nb
 
@@ -119,6 +124,7 @@ def compare_cells(name: str, committed: dict, ran: list) -> tuple[list[str], int
     for cell in ran:
         i, old = by_id.get(cell.get("id"), (None, None))
         if old is None: continue
+        if MEASURED_TAG in old.get("metadata", {}).get("tags", []): continue   # a wall-clock measurement: shown, not compared
         want = comparable(old.get("outputs"))
         if want is None: continue
         n += 1
