@@ -1,7 +1,8 @@
 """Generate README.md from nbs/index.ipynb without Quarto (nbdev-readme needs the Quarto binary,
 which is not installable on our machines). Markdown cells are copied verbatim; code cells that are
 not hidden become fenced python blocks. Image links `../figures/X` (relative to nbs/, where the notebook is)
-become `figures/X` (relative to the README). Deterministic: `python tools/readme.py --check` fails if
+become `figures/X` (relative to the README). A code cell marked `#| echo: false` contributes its committed
+Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like every output). Deterministic: `python tools/readme.py --check` fails if
 README.md is out of date."""
 import json, sys
 from pathlib import Path
@@ -13,6 +14,8 @@ for c in nb["cells"]:
     src = "".join(c["source"]).strip("\n")
     if not src: continue
     if c["cell_type"] == "markdown": parts.append(src.replace("](../figures/", "](figures/"))   # the notebook sits in nbs/
+    elif c["cell_type"] == "code" and "#| echo: false" in src:        # its committed Markdown output, not its code
+        parts += ["".join(o["data"]["text/markdown"]).strip("\n") for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
     elif c["cell_type"] == "code" and not src.lstrip().startswith("#| hide"):
         parts.append("```python\n" + src + "\n```")
 text = "\n\n".join(parts) + "\n\n<!-- generated from nbs/index.ipynb by tools/readme.py; edit the notebook, not this file -->\n"
