@@ -659,4 +659,5 @@ d = { 'settings': { 'branch': 'main',
                                    'stalebook.trainer.load_train_state': ('trainer.html#load_train_state', 'stalebook/trainer.py'),
                                    'stalebook.trainer.run_identity': ('trainer.html#run_identity', 'stalebook/trainer.py'),
                                    'stalebook.trainer.save_train_state': ('trainer.html#save_train_state', 'stalebook/trainer.py'),
-                                   'stalebook.trainer.sft_loss': ('trainer.html#sft_loss', 'stalebook/trainer.py')}}}
+                                   'stalebook.trainer.sft_loss': ('trainer.html#sft_loss', 'stalebook/trainer.py'),
+                                   'stalebook.trainer.weighted_sft_loss': ('trainer.html#weighted_sft_loss', 'stalebook/trainer.py')}}}

@@ -33,9 +33,9 @@ from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group
                                 load_run_policy, rollout_domain, task_pool)
 
 # %% auto #0
-__all__ = ['aggregate', 'grpo_loss', 'sft_loss', 'TrainConfig', 'run_identity', 'checkpoint_name', 'lineage_checkpoint',
-           'save_train_state', 'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'Trainer',
-           'cmd_train']
+__all__ = ['aggregate', 'grpo_loss', 'sft_loss', 'weighted_sft_loss', 'TrainConfig', 'run_identity', 'checkpoint_name',
+           'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
+           'check_resume_config', 'Trainer', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -68,6 +68,16 @@ def sft_loss(logp, rewards, mask, agg="token-mean"):
     pos = (rewards > 0.5)[:, None] & mask
     if not pos.any(): return (logp * 0).sum(), {"n_positive": 0}
     return -aggregate(logp, pos, agg), {"n_positive": int((rewards > 0.5).sum())}
+
+# %% ../nbs/26_trainer.ipynb #b3f1a7c2
+def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
+    """Weighted response cross-entropy -agg(w_i log pi(A_t|H_t)) (BOLT, Refit); returns (loss, stats).
+    logp, mask: [B, L]; weights: [B] >= 0, one per response. With token-mean the normaliser counts every
+    response token whatever its weight, so the batch objective is sum_i w_i log pi(y_i) up to a constant."""
+    w = weights.to(logp.device, logp.dtype)[:, None]
+    loss = -aggregate(logp * w, mask, agg)
+    return loss, {"sft/weight_mean": float(weights.mean()), "sft/weight_max": float(weights.max()),
+                  "sft/n_weighted": int((weights > 0).sum())}
 
 # %% ../nbs/26_trainer.ipynb #118d3cc7
 @dataclass
