@@ -2,6 +2,7 @@
 
 Modules:
 
+- `stalebook.bolt`: Static weighted SFT on verified reference rollouts, run on a real model through the same trainer, lineage and rollout stores as online GRPO, and compared with it at a matched budget; each arm is one idempotent, resumable unit, `run_arm(config, out_dir)`.
 - `stalebook.cli`: One console script, many subcommands. Each subcommand lives next to the code it drives and is imported only when called, so `stalebook --help` stays instant even though later subcommands load torch and transformers.
 - `stalebook.core`: The four mechanisms every later module leans on. Each is small, pure where it can be, and specified exactly enough that a reader can recompute its outputs by hand.
 - `stalebook.model`: A real Hugging Face snapshot on a laptop: character tokenizer, a ~0.5M-parameter Llama, SFT warm start into the RL band, peft LoRA adapters and a content hash that names a policy exactly. Everything here is the standard Hugging Face / peft format, so the same calls load a 7B snapshot on a GPU.
