@@ -83,7 +83,7 @@ def main():
     summary = {arm: dict(train_seconds=pick(arm, train), total_seconds=pick(arm, total), train_cpu_seconds=pick(arm, cpu),
                          total_cpu_seconds=pick(arm, cpu_total), peak_rss_mib=pick(arm, peak_train),
                          own_alloc_mib=pick(arm, alloc)) for arm in ("bolt", "grpo")}
-    out = dict(config=a.config, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
+    out = dict(config=str(Path(a.config).resolve().relative_to(ROOT)) if Path(a.config).resolve().is_relative_to(ROOT) else a.config, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
                machine="2 CPU cores shared with other jobs (load average ~10), torch 1 thread, CPU float32")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
