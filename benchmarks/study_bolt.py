@@ -115,7 +115,8 @@ def figures(agg, sweeps, study):
         if arm in agg[d]: ax[2].axhline(agg[d][arm]["metrics"]["heldout pass"][0], color=c, ls="--", lw=1, label=f"{arm} (held-out)")
     ax[2].axhline(agg[d]["bolt"]["base"]["heldout pass"][0], color="gray", ls=":", label="π_ref (held-out)")
     ax[2].set(xscale="log", xlabel="β", ylabel="pass rate", title=f"{d}: BOLT accuracy vs β")
-    for a_ in ax: a_.legend(fontsize=7)
+    for a_ in ax:
+        a_.set_xticks(b, [f"{x:g}" for x in b]); a_.xaxis.set_minor_locator(plt.NullLocator()); a_.legend(fontsize=7)
     fig.tight_layout(); save_figure(fig, "bolt_beta", dpi=80); plt.close(fig)
 
 
