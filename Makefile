@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup demo test sync-check nbtest pytest readme verify clean-runs
+.PHONY: setup demo study test sync-check nbtest pytest readme verify clean-runs docs lab
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The main job on the embedded default: the theory checks, then snapshot -> lineage 0-25-100 -> points -> verdict table.
+# The main job: the tiny registry's demo slice through the study machinery - status -> run -> freeze -> report.
 demo: setup
-	$(BIN)/stalebook verify
-	$(BIN)/stalebook demo
+	$(BIN)/stalebook demo tiny:demo
+
+# The whole tiny registry (both domains, 3 seeds, checkpoints 0/25/100/400) through the same four stages.
+study: setup
+	$(BIN)/stalebook demo tiny
 
 # notebooks clean and in sync with the package, then the notebook tests and pytest.
 test: setup sync-check nbtest pytest
@@ -37,8 +40,10 @@ sync-check: setup
 	if [ "$$before" != "$$(git status --porcelain | md5sum)" ]; then git status --porcelain; echo "notebooks and library are not in sync (run nbdev-export)"; exit 1; fi; \
 	echo "notebooks clean and in sync with stalebook/"
 
+# the executable-paper check: every notebook runs once, as under nbdev-test (same flags, cwd, kernel), and
+# its committed text outputs must match the re-executed ones (tools/nbcheck.py; `--flags slow` adds slow cells).
 nbtest: setup
-	$(BIN)/nbdev-test --n-workers 2 --timing --skip-folder-re '^experiments$$'
+	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$'
 
 pytest: setup
 	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider; rc=$$?; \
@@ -49,3 +54,17 @@ readme:
 
 verify: setup
 	$(BIN)/stalebook verify
+
+# the docs: `nbdev-docs` when the Quarto binary is installed, else a static HTML site of the notebooks
+# (their committed outputs, sidebar in the reading order of nbs/_quarto.yml) in _docs/; open _docs/index.html.
+docs: setup
+	$(BIN)/python tools/docs.py
+
+# JupyterLab on nbs/ with this venv's `python3` kernel (the notebooks' kernelspec), on 127.0.0.1 only. The
+# server's root is the checkout, so the notebooks' `../figures/*.png` images resolve; it opens nbs/index.ipynb.
+# (root, as on these machines, needs --allow-root; the server is still reachable only from this host).
+LAB_PORT ?= 8888
+lab: setup
+	JUPYTER_PATH=$(abspath $(VENV))/share/jupyter $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/nbs/index.ipynb --no-browser \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)

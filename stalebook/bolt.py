@@ -18,7 +18,6 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
@@ -34,7 +33,7 @@ from .rollouts import (RolloutStore, SamplingConfig, completion_logprobs, genera
 from .tasks import load_tasks_jsonl, synthetic_tasks
 from .theory.boltzmann import (binary_ess_fraction, binary_expected_ess, binary_var_Zhat, binary_log_Z, ess,
                                         mc_bolt_log_weights, mc_log_Z, refit_log_weights)
-from .trainer import Trainer, TrainConfig, check_lineage, lineage_checkpoint, weighted_sft_loss
+from .trainer import Trainer, TrainConfig, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
 
 # %% auto #0
 __all__ = ['WEIGHTINGS', 'ARMS', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards', 'sample_log_weights',
@@ -134,6 +133,7 @@ class ReferenceTrainer(Trainer):
     def __init__(self, cfg: TrainConfig, weighting: str = "bolt", beta: float = 0.5, rounds: int = 1, stores=None,
                  reference: str = "", **kw):
         if cfg.objective != "sft": raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
+        if cfg.async_training.enabled: raise StalebookError(f"{cfg.out}: async_training: weighted SFT samples nothing during training")
         if rounds < 1 or cfg.steps % rounds: raise StalebookError(f"rounds={rounds} must be >= 1 and divide steps={cfg.steps}")
         self.round_len, self.rounds, self.round = cfg.steps // rounds, rounds, 0
         starts = [k * self.round_len for k in range(rounds)]
@@ -187,12 +187,18 @@ def _reward(self: ReferenceTrainer, batch, comps) -> torch.Tensor:
     return self._R
 
 @patch
-def _loss(self: ReferenceTrainer, pids, comps, R):
+def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
+    "No behaviour forward pass (weighted SFT has no ratio to a sampling policy): only the completions' token mask."
+    lens = torch.tensor([len(c) for c in comps])
+    return None, torch.arange(int(lens.max()) if len(lens) else 0)[None, :] < lens[:, None]
+
+@patch
+def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
     "Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass."
     self.model.train()
     logp, mask = completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id)
     loss, st = weighted_sft_loss(logp, self._w, mask, self.cfg.loss_agg)
-    return loss, {**st, "bolt/round": self.round}, mask
+    return loss, {**st, "bolt/round": self.round}
 
 # %% ../nbs/30_bolt.ipynb #ff86e4c1
 ARMS = ("bolt", "refit", "positive", "grpo", "iterative")
@@ -388,9 +394,11 @@ def train_arm(cfg: BoltConfig, out_dir, progress: bool = False, reward_fn=None, 
     return tr
 
 def prompt_schedule(tcfg: TrainConfig, tasks) -> list[list[str]]:
-    "The prompt ids of every optimizer step, replayed with the Trainer's own `_next_tasks`."
-    ns = SimpleNamespace(cfg=tcfg, tasks=tasks, cursor=[0, 0])
-    return [[t.id for t in Trainer._next_tasks(ns)] for _ in range(tcfg.steps)]
+    "The prompt ids of every optimizer step, replayed with the Trainer's own data order (`next_tasks`)."
+    cur, out = [0, 0], []
+    for _ in range(tcfg.steps):
+        batch, cur = next_tasks(tasks, cur, tcfg.prompts_per_step, tcfg.seed, tcfg.domain); out.append([t.id for t in batch])
+    return out
 
 def _bind_config(cfg: BoltConfig, f: Path) -> None:
     "Record the arm's config in `f`, or refuse if the folder was started under another one."

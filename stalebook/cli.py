@@ -31,7 +31,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollouts":  ("stalebook.rollouts:cmd_rollouts", "generate or resume a hash-bound rollout store from a config (RolloutsConfig)"),
     "train":     ("stalebook.trainer:cmd_train", "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)"),
     "point":     ("stalebook.point:cmd_point", "run or resume one experiment point (stale vs fresh prompt scoring) via papermill"),
-    "demo":      ("stalebook.point:cmd_demo", "the main job on the embedded tiny default: snapshot, lineage 0-25-100, points, verdict table"),
+    "run":       ("stalebook.units:cmd_run", "run or resume a registry's units on this machine (REGISTRY [--only UNIT] [--root DIR])"),
+    "status":    ("stalebook.contracts:cmd_status", "one line per point of a registry: contract states, what is missing, elapsed time (--json)"),
+    "freeze":    ("stalebook.contracts:cmd_freeze", "freeze a registry's aggregate table once every registered point passes every contract"),
+    "report":    ("stalebook.report:cmd_report", "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)"),
+    "design":    ("stalebook.protocol:cmd_design", "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target"),
+    "demo":      ("stalebook.report:cmd_demo", "the main job: status -> run -> freeze -> report on the tiny registry's demo slice"),
 }
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +54,7 @@ def _resolve(target: str):
     mod, fn = target.split(":")
     return getattr(importlib.import_module(mod), fn)
 
+# %% ../nbs/01_cli.ipynb #4b6b1e2b
 def main(argv=None) -> int:
     "Entry point of the `stalebook` console script."
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -37,7 +37,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
            'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
            'save_figure', 'Check', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
-           'check_state_dict_hash', 'experiment_notebook', 'run_notebook']
+           'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -60,6 +60,7 @@ def _check_part(p):
         raise TypeError(f"RNG domain path parts must be str or int, got {type(p).__name__}: {p!r}")
     return p
 
+# %% ../nbs/00_core.ipynb #e4fea7d5
 @dataclass(frozen=True)
 class Domain:
     "A named, reproducible random stream: root seed + path of str/int parts."
@@ -117,6 +118,7 @@ def hash_file(path, chunk=1 << 20) -> str:
         while b := f.read(chunk): h.update(b)
     return h.hexdigest()
 
+# %% ../nbs/00_core.ipynb #3ac6637c
 def dir_listing(path, exclude: Iterable[str] = ()) -> list[tuple[str, str]]:
     "Sorted `(relpath, sha256)` for every regular file below `path` (symlinks followed)."
     root, excl = Path(path), set(exclude)
@@ -139,6 +141,7 @@ def hash_dir(path, exclude: Iterable[str] = ()) -> str:
     "The content hash of a folder: `hash_listing(dir_listing(path, exclude))`."
     return hash_listing(dir_listing(path, exclude))
 
+# %% ../nbs/00_core.ipynb #828283b9
 def _tensor_bytes(t) -> tuple[str, list, bytes]:
     if isinstance(t, np.ndarray) or np.isscalar(t):
         a = np.ascontiguousarray(t)
@@ -193,6 +196,7 @@ def atomic_write_json(path, obj, indent=2) -> Path:
     "Atomically write `obj` as (sorted-key) JSON."
     return atomic_write(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")
 
+# %% ../nbs/00_core.ipynb #4350ffb2
 @contextlib.contextmanager
 def atomic_dir(path, overwrite=False):
     "Yield a temporary sibling directory; on success rename it to `path` (atomic commit)."
@@ -248,6 +252,7 @@ def read_jsonl(path, warn=True) -> JsonlRead:
         pos = nl + 1
     return JsonlRead(recs, pos)
 
+# %% ../nbs/00_core.ipynb #6c4cfea0
 class JsonlLog:
     "Append-only JSONL record log: one fsynced line per record; a truncated tail is cut on open."
     def __init__(self, path):
@@ -355,6 +360,7 @@ def _coerce(tp, v, where: str, src: str):
     if isinstance(tp, type) and isinstance(v, tp): return v
     bad()
 
+# %% ../nbs/00_core.ipynb #5fdb4f43
 def _merge(dflt, v: dict) -> dict:
     "The dict `v` laid over the dataclass instance `dflt`, recursively (unknown keys are kept for from_dict to refuse)."
     out = dict(v)
@@ -387,6 +393,7 @@ def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     try: return cls(**kw)
     except (ValueError, TypeError) as e: raise ConfigError(f"{src}: {prefix.rstrip('.') or cls.__name__}: {e}") from None
 
+# %% ../nbs/00_core.ipynb #00809872
 def read_mapping(path) -> dict:
     "Parse a YAML (.yaml/.yml) or JSON file into a dict; a parse error names the file."
     path = Path(path)
@@ -494,6 +501,7 @@ class Check:
 
 CHECKS: dict = {}
 
+# %% ../nbs/00_core.ipynb #6fc39094
 def verify_check(fn):
     "Register `fn() -> Check | list[Check]` as a numerical check for `stalebook verify`."
     CHECKS[f"{fn.__module__}.{fn.__name__}"] = fn
@@ -546,18 +554,42 @@ def experiment_notebook(name: str) -> Path:
         if c.is_file(): return c
     raise StalebookError(f"experiment notebook '{name}.ipynb' not found (looked in {', '.join(map(str, cands))})")
 
-def run_notebook(src, out, parameters: dict) -> Path:
-    "Execute notebook `src` with papermill `parameters`; the executed notebook is written atomically to `out`."
+def split_notebook_timings(nb: dict) -> dict:
+    "Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected cell's random id is fixed."
+    meta = nb.get("metadata", {}).get("papermill", {})
+    out = {k: meta.pop(k, None) for k in ("start_time", "end_time", "duration", "input_path", "output_path")}
+    out["cells"] = []
+    for c in nb.get("cells", []):
+        c.get("metadata", {}).pop("execution", None)
+        if "injected-parameters" in c.get("metadata", {}).get("tags", []): c["id"] = "injected-parameters"
+        cm = c.get("metadata", {}).get("papermill", {})
+        out["cells"].append({k: cm.pop(k, None) for k in ("start_time", "end_time", "duration")})
+    return out
+
+def run_notebook(src, out, parameters: dict, cwd=None) -> Path:
+    "Execute notebook `src` with papermill `parameters` (kernel in `cwd`); the content-only executed notebook is written atomically to `out`."
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
-    from jupyter_client.manager import KernelManager      # (installed with papermill)
-    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, sock = out.with_name(f".{out.name}.tmp-run"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
+    from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
+    from jupyter_client.utils import run_sync              # (installed with papermill)
+    out = Path(out).absolute(); out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
+    # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
     try:
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
-        pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name="python3", progress_bar=False, km=km)
+        pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
+                            progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None
-    finally: shutil.rmtree(sock, ignore_errors=True)
-    os.replace(tmp, out)
+    except Exception as e:
+        if type(e).__name__ != "DeadKernelError": raise        # nbclient's: the kernel process died under it
+        raise StalebookError(f"notebook {Path(src).name}: the kernel died (killed?); rerun to resume") from None
+    finally:
+        if km.has_kernel: run_sync(km.shutdown_kernel)(now=True)   # papermill does not stop a kernel it was handed
+        shutil.rmtree(sock, ignore_errors=True)
+    nb = json.loads(tmp.read_text(encoding="utf-8"))
+    timings = split_notebook_timings(nb)
+    atomic_write_json(out.with_name(f"{out.stem}.timings.json"), timings)
+    atomic_write(out, json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.unlink()
     return out

@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,17 +28,17 @@ from fastcore.basics import patch
 from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
                             experiment_notebook, hash_file, hash_json, load_config, run_notebook)
 from .model import default_snapshot, load_adapter_state, load_policy, policy_hash
-from .protocol import SPLITS, PointResult, Rollouts, admissible, analyse_point, pool_cell
-from .rollouts import RolloutStore, SamplingConfig, generate_store, numerics_of, rollout_domain
-from .scoring import CountSketch, fresh_features, lora_dim, stale_features
+from .protocol import SPLITS, PointResult, Rollouts, admissible, analyse_point
+from .rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of, rollout_domain
+from .scoring import CountSketch, fresh_features, lora_dim, stale_features, store_rows
 from .tasks import synthetic_tasks
 from .theory.estimators import ESTIMATORS
-from .trainer import Trainer, TrainConfig, check_lineage, lineage_checkpoint
+from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
 
 # %% auto #0
-__all__ = ['PointConfig', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'cached_npz', 'point_markdown', 'save_boot',
-           'load_point', 'run_point', 'execute_point', 'cmd_point', 'verdict_table', 'DemoConfig', 'run_demo',
-           'cmd_demo']
+__all__ = ['BOUND', 'PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'run_stale',
+           'npz_bytes', 'cached_npz', 'point_markdown', 'save_boot', 'load_point', 'run_point', 'execute_point',
+           'resolve_point', 'cmd_point']
 
 # %% ../nbs/28_point.ipynb #1eabcc05
 @dataclass
@@ -77,6 +78,11 @@ class PointConfig:
         return SamplingConfig(group_size=self.group_size, max_new_tokens=self.max_new_tokens,
                               temperature=self.temperature, groups_per_batch=self.groups_per_batch)
 
+def point_identity(cfg: PointConfig) -> dict:
+    "The fields that determine a point's numbers: the config without where it reads and writes (`run`, `out`)."
+    d = config_dict(cfg); d.pop("run"); d.pop("out")
+    return d
+
 def point_dir(cfg: PointConfig) -> Path:
     "Where a point writes: `cfg.out`, else `<run>/points/c-<checkpoint>`."
     return Path(cfg.out) if cfg.out else Path(cfg.run) / "points" / f"c-{cfg.checkpoint:06d}"
@@ -105,7 +111,6 @@ class PointRun:
         self.cfg, self.progress, self.timings, self.t0 = cfg, progress, {}, time.perf_counter()
         if cfg.threads > 0: torch.set_num_threads(cfg.threads)
         self.run, self.out = Path(cfg.run), point_dir(cfg)
-        self.out.mkdir(parents=True, exist_ok=True)
         self.model, self.tok, self.tcfg, self.snap = lineage_policy(self.run, cfg.behaviour, cfg.device, cfg.dtype)
         self.beta_hash, self.domain = policy_hash(self.model), self.tcfg.domain
         self.cand = point_tasks(cfg, self.domain, "candidates", cfg.n_candidates)
@@ -128,6 +133,10 @@ def stale_rollouts(self: PointRun) -> RolloutStore:
     self.lap("stale_rollouts")
     return self.stale_store
 
+def run_stale(cfg: PointConfig, progress: bool = True) -> RolloutStore:
+    "Stage 1 alone: the stale candidate store of `cfg`'s behaviour checkpoint (its `checkpoint` is not used)."
+    return PointRun(cfg, progress).stale_rollouts()
+
 # %% ../nbs/28_point.ipynb #73cdfbcb
 @patch
 def fresh_rollouts(self: PointRun) -> dict:
@@ -143,13 +152,21 @@ def fresh_rollouts(self: PointRun) -> dict:
     return self.stores
 
 # %% ../nbs/28_point.ipynb #18d532d9
+def npz_bytes(arrays: dict) -> bytes:
+    "The bytes of an uncompressed `.npz` of `arrays` (readable by `np.load`) with fixed member timestamps and order."
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for k in sorted(arrays):
+            a = io.BytesIO(); np.lib.format.write_array(a, np.asanyarray(arrays[k]), allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), a.getvalue())
+    return buf.getvalue()
+
 def cached_npz(path: Path, fn) -> dict:
     "The arrays saved at `path`, or `fn()` computed and saved there atomically."
     if path.exists():
         with np.load(path, allow_pickle=False) as z: return {k: z[k] for k in z.files}
     out = fn()
-    buf = io.BytesIO(); np.savez(buf, **out)
-    atomic_write(path, buf.getvalue())
+    atomic_write(path, npz_bytes(out))
     return out
 
 # %% ../nbs/28_point.ipynb #3278c7de
@@ -171,7 +188,24 @@ def features(self: PointRun):
                                    cfg.std_normalize, cfg.adv_eps)
         return {**{f"g{ab}": g[ab] for ab in ESTIMATORS}, "rewards": r, "max_abs_logratio": np.array(gap)}
     self.stale = cached_npz(key(self.stale_store, "stale", c=cfg.cap_c, C=cfg.cap_C), _stale)
+    self.drift = cached_npz(key(self.stores["candidates", "R"], "drift", beta=self.beta_hash), self.sequence_logratios)
     self.lap("scoring")
+
+# %% ../nbs/28_point.ipynb #1d3778ae
+@patch
+def sequence_logratios(self: PointRun) -> dict:
+    "Sequence log-ratios log pi(y) - log beta(y) of the fresh R candidate rollouts [n, K] (beta by one forward pass)."
+    recs = self.stores["candidates", "R"].records
+    n, K = len(recs), len(recs[0]["tokens"])
+    if self.pi_hash == self.beta_hash: return {"seq_logratio": np.zeros((n, K))}
+    pids, comps, logp, _ = store_rows(recs)
+    load_adapter_state(self.model, lineage_checkpoint(self.run, self.cfg.behaviour) / "adapter")
+    try:
+        with torch.no_grad(): lb, mask = completion_logprobs(self.model, pids, comps, self.rows, self.tok.pad_token_id)
+    finally: load_adapter_state(self.model, lineage_checkpoint(self.run, self.cfg.checkpoint) / "adapter")
+    lb = lb.double() * mask
+    seq = [sum(lp) - float(lb[i].sum()) for i, lp in enumerate(logp)]
+    return {"seq_logratio": np.array(seq, dtype=np.float64).reshape(n, K)}
 
 # %% ../nbs/28_point.ipynb #6c64e14e
 @patch
@@ -186,6 +220,8 @@ def analysis(self: PointRun) -> dict:
     summ["admissible"] = bool(admissible(self.res.bounds("rel")[0], self.res.bounds("gain_fresh")[0], cfg.k, cfg.n_candidates))
     summ["stale_zero_grad"] = {ab: int((np.abs(stale[f"g{ab}"]).sum(-1) == 0).sum()) for ab in ESTIMATORS}
     summ["stale_max_abs_logratio"] = float(stale["max_abs_logratio"])
+    lr = self.drift["seq_logratio"]
+    summ["kl_pi_beta"], summ["kl_pi_beta_se"] = float(lr.mean()), float(lr.std(ddof=1) / np.sqrt(lr.size)) if lr.size > 1 else 0.0
     summ["reward_mean"] = {f"{role}/{h}": float(fresh[role, h]["rewards"].mean()) for role, h in fresh}
     summ["reward_mean"]["stale"] = float(stale["rewards"].mean())
     self.summary = summ
@@ -193,26 +229,28 @@ def analysis(self: PointRun) -> dict:
     return summ
 
 # %% ../nbs/28_point.ipynb #9338dfe4
+BOUND = "percentile"          # how the one-sided bounds are read off the replicates (protocol.quantile_bounds)
+
 @patch
 def manifest(self: PointRun) -> dict:
-    "Stage 5a: what the point's numbers depend on."
+    "Stage 5a: what the point's numbers depend on (no paths: identities and content hashes)."
     cfg, tcfg, stores, st = self.cfg, self.tcfg, self.stores, self.stale_store
-    return dict(kind="stalebook.point", version=1, config=config_dict(cfg), config_hash=config_hash(cfg),
-                run=str(self.run), run_config_hash=config_hash(tcfg), objective=tcfg.objective, domain=self.domain,
-                snapshot=str(self.snap), snapshot_revision=getattr(self.model, "stalebook_base_revision", None),
+    return dict(kind="stalebook.point", version=2, config=point_identity(cfg), config_hash=hash_json(point_identity(cfg)),
+                run_identity=run_identity(tcfg), objective=tcfg.objective, domain=self.domain,
+                snapshot_revision=getattr(self.model, "stalebook_base_revision", None),
                 policy_hash_pi=self.pi_hash, policy_hash_beta=self.beta_hash, rng_root=cfg.seed,
                 rollout_stores={f"{r}/{h}": s.path.name for (r, h), s in stores.items()} | {"stale": st.path.name},
                 rollout_store_hashes={f"{r}/{h}": hash_file(s.path / "groups.jsonl") for (r, h), s in stores.items()}
                                      | {"stale": hash_file(st.path / "groups.jsonl")},
-                lora_dim=self.D, sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex), replicates=cfg.n_boot,
+                lora_dim=self.D, sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex), replicates=cfg.n_boot, bound=BOUND,
                 estimators=list(ESTIMATORS), caps=dict(c=cfg.cap_c, C=cfg.cap_C), certified=cfg.cap_c is None and cfg.cap_C is None)
 
 @patch
 def write(self: PointRun) -> dict:
     "Stage 5b: result.json, result.md, boot.npz and the timings sidecar, each written atomically."
     cfg, tcfg = self.cfg, self.tcfg
-    result = dict(point=dict(run=tcfg.out, domain=self.domain, seed=tcfg.seed, checkpoint=cfg.checkpoint, behaviour=cfg.behaviour),
-                  result=self.summary, manifest=self.manifest())
+    result = dict(point=dict(run=run_identity(tcfg), domain=self.domain, seed=tcfg.seed, checkpoint=cfg.checkpoint,
+                             behaviour=cfg.behaviour), result=self.summary, manifest=self.manifest())
     save_boot(self.out, self.res)
     atomic_write_json(self.out / "result.json", result)
     atomic_write(self.out / "result.md", point_markdown(result))
@@ -224,11 +262,11 @@ def write(self: PointRun) -> dict:
 def point_markdown(result: dict) -> str:
     "A short Markdown table of one point: per estimator, stale gain with bounds, and the shared fresh numbers."
     r, p = result["result"], result["point"]
-    lines = [f"### {p['run']} · {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']})", "",
+    lines = [f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']}) · run {p['run'][:12]}", "",
              f"Rel_k = {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}; gate needs >= {2 * r['k'] / r['n']:.3f}) · "
              f"fresh gain = {r['gain_fresh']:.4f} [{r['gain_fresh_bounds'][0]:.4f}, {r['gain_fresh_bounds'][1]:.4f}] · "
              f"admissible: {'yes' if r['admissible'] else 'no'} · zero-gradient prompts R/A/B: "
-             f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']}", "",
+             f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}", "",
              "| estimator | stale gain | LB95 | UB95 | zero-gradient prompts |", "|---|---|---|---|---|"]
     for ab in ESTIMATORS:
         lb, ub = r[f"gain_stale_{ab}_bounds"]
@@ -237,8 +275,8 @@ def point_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 def save_boot(out: Path, res) -> None:
-    buf = io.BytesIO(); np.savez(buf, **{k.replace("/", "__"): v for k, v in res.boot.items()})
-    atomic_write(Path(out) / "boot.npz", buf.getvalue())
+    "The bootstrap replicates as `boot.npz` ('/' in a statistic's name becomes '__')."
+    atomic_write(Path(out) / "boot.npz", npz_bytes({k.replace("/", "__"): v for k, v in res.boot.items()}))
 
 def load_point(out):
     "A `protocol.PointResult` rebuilt from `result.json` and `boot.npz` (None if the point is not finished)."
@@ -260,12 +298,16 @@ def run_point(cfg: PointConfig, progress: bool = True, log=print) -> dict:
     return result
 
 # %% ../nbs/28_point.ipynb #91b3ace5
-def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False) -> dict:
-    "Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline."
-    out = point_dir(cfg)
-    if inline: return run_point(cfg, progress=progress)
-    run_notebook(experiment_notebook("point"), out / "point.ipynb", config_dict(cfg) | {"progress": progress})
+def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False, cwd=None) -> dict:
+    "Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline; paths in `cfg` relative to `cwd`."
+    out = Path(cwd or ".") / point_dir(cfg)
+    if inline: return run_point(cfg, progress=progress) if cwd is None else run_point(resolve_point(cfg, cwd), progress=progress)
+    run_notebook(experiment_notebook("point"), out / "point.ipynb", config_dict(cfg) | {"progress": progress}, cwd=cwd)
     return json.loads((out / "result.json").read_text())
+
+def resolve_point(cfg: PointConfig, base) -> PointConfig:
+    "`cfg` with its (relative) folders resolved under `base`."
+    return dataclasses.replace(cfg, run=str(Path(base) / cfg.run), out=str(Path(base) / point_dir(cfg)))
 
 def cmd_point(argv) -> int:
     "Run (or resume) one experiment point from a PointConfig file."
@@ -277,78 +319,4 @@ def cmd_point(argv) -> int:
     cfg = load_config(PointConfig, a.config, overrides={"checkpoint": a.checkpoint} if a.checkpoint is not None else None)
     res = execute_point(cfg, inline=a.inline)
     print(point_markdown(res))
-    return 0
-
-# %% ../nbs/28_point.ipynb #6fe75efd
-def verdict_table(points: dict, n_registered: int = 1) -> str:
-    "Fixed-width verdict-style table from {checkpoint: PointResult | None}."
-    hdr = ("ckpt", "est", "Rel_k", "LB95", "fresh gain [LB, UB]", "stale gain [LB, UB]", "gate", "zero-grad R/A/B", "verdict")
-    rows = []
-    for c, p in sorted(points.items()):
-        if p is None: rows.append((str(c), "-", "", "", "", "", "", "", "missing")); continue
-        rel_lb = p.bounds("rel")[0]; flb, fub = p.bounds("gain_fresh")
-        for ab in ESTIMATORS:
-            slb, sub = p.bounds(f"gain_stale/{ab}")
-            cell = pool_cell([p] + [None] * (n_registered - 1), ab, level=p.level)
-            rows.append((str(c), f"g{ab}", f"{p.rel:.3f}", f"{rel_lb:.3f}", f"{p.gain_fresh:+.4f} [{flb:+.4f}, {fub:+.4f}]",
-                         f"{p.gain_stale[ab]:+.4f} [{slb:+.4f}, {sub:+.4f}]", "pass" if cell["admissible"][0] else "fail",
-                         "/".join(str(p.zero_grad[h]) for h in SPLITS), cell["verdict"]))
-    w = [max(len(str(r[i])) for r in [hdr, *rows]) for i in range(len(hdr))]
-    fmt = lambda r: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)).rstrip()
-    return "\n".join([fmt(hdr), fmt(["-" * x for x in w]), *map(fmt, rows)])
-
-# %% ../nbs/28_point.ipynb #992c4c8f
-def _demo_train() -> TrainConfig:
-    # 16 prompts x 16 samples, lr 3e-3: the tiny model's training reward rises (benchmarks/learn_tiny.py); 8 x 8 at 2e-3 barely moved it
-    return TrainConfig(out="", steps=100, lineage_steps=(0, 25, 100), prompts_per_step=16, lr=3e-3,
-                       sampling=SamplingConfig(group_size=16, max_new_tokens=16))
-
-@dataclass
-class DemoConfig:
-    "The main job on the embedded default: one tiny family, its lineage and its points."
-    out: str = "runs/demo"
-    checkpoints: tuple[int, ...] = (0, 25, 100)
-    inline: bool = False                  # True: run points in-process (no executed notebooks)
-    train: TrainConfig = field(default_factory=_demo_train)            # out and lineage_steps are set by the demo
-    point: PointConfig = field(default_factory=lambda: PointConfig(run=""))   # run and checkpoint are set by the demo
-
-    def run_config(self) -> TrainConfig:
-        "The family's training config: the `train` section in `<out>/train-<domain>-s<seed>`, lineage at the checkpoints."
-        t = self.train
-        return dataclasses.replace(t, out=str(Path(self.out) / f"train-{t.domain}-s{t.seed}"),
-                                   lineage_steps=tuple(sorted({0, *self.checkpoints})))
-
-# %% ../nbs/28_point.ipynb #d65ee91c
-def run_demo(d: DemoConfig, log=print) -> str:
-    "Snapshot, training lineage, one point per checkpoint, verdict table (`<out>/table.txt`)."
-    t0 = time.perf_counter()
-    snap = default_snapshot(log=log)
-    log(f"[demo] snapshot {snap} ready ({time.perf_counter() - t0:.0f} s)")
-    tcfg = d.run_config()
-    tr = Trainer(tcfg).run()
-    recs = tr.log.records
-    log(f"[demo] trained {tcfg.out} to step {tr.step}: reward {recs[0]['reward_mean']:.3f} -> "
-        f"{np.mean([r['reward_mean'] for r in recs[-10:]]):.3f} (last 10 steps) ({time.perf_counter() - t0:.0f} s)")
-    pts = {}
-    for c in d.checkpoints:
-        cfg = dataclasses.replace(d.point, run=tcfg.out, checkpoint=c)
-        execute_point(cfg, inline=d.inline)
-        pts[c] = load_point(point_dir(cfg))
-        log(f"[demo] point c={c} done ({time.perf_counter() - t0:.0f} s)")
-    table = verdict_table(pts)
-    atomic_write(Path(d.out) / "table.txt", table + "\n")
-    return table
-
-# %% ../nbs/28_point.ipynb #e3b445f7
-def cmd_demo(argv) -> int:
-    "The main job on the embedded tiny default."
-    p = CommandParser(prog="stalebook demo", description="Build the tiny snapshot, train its lineage, run points, print the table.")
-    p.add_argument("config", nargs="?", default=None, help="optional YAML/JSON DemoConfig")
-    p.add_argument("--out", default=None, help="override config.out")
-    a = p.parse_args(argv)
-    d = load_config(DemoConfig, a.config) if a.config else DemoConfig()
-    if a.out: d.out = a.out
-    t0 = time.perf_counter()
-    print(run_demo(d))
-    print(f"\n[demo] total {time.perf_counter() - t0:.0f} s; results under {d.out}")
     return 0

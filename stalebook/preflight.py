@@ -55,6 +55,7 @@ def _audit(event, args):
         if p in _STATE["token_paths"] or os.path.abspath(p) in _STATE["token_paths"]:
             raise PermissionError(f"compute mode: reading the Hugging Face token file {p} is refused")
 
+# %% ../nbs/24_preflight.ipynb #e36a3739
 def _token_paths() -> set:
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
     ps = {os.path.join(home, "token"), os.path.join(home, "stored_tokens"), os.path.expanduser("~/.cache/huggingface/token"),

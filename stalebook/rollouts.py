@@ -21,15 +21,16 @@ import numpy as np
 import torch
 from transformers import LogitsProcessorList
 
-from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, config_dict,
+from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, canonical_json, config_dict,
                             config_hash, fault_point, hash_file, hash_json, load_config)
 from .model import LoraSpec, default_snapshot, load_policy, policy_hash
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'completion_logprobs', 'numerics_of',
-           'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups', 'generate_store',
-           'lora_request_id', 'generate_store_vllm', 'RolloutsConfig', 'load_run_policy', 'cmd_rollouts']
+__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'completion_logprobs',
+           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
+           'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
+           'load_run_policy', 'cmd_rollouts']
 
 # %% ../nbs/25_rollouts.ipynb #a40388a2
 @dataclass
@@ -157,6 +158,16 @@ def numerics_of(model) -> str:
     p = next(model.parameters())
     return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}"
 
+RUN_DETAILS = ("wall_s", "stderr_tail")       # verifier details of this run on this machine (sidecar, not content)
+
+def split_run_details(rec: dict) -> tuple[dict, list]:
+    "(the record with content-only verifier details, the per-rollout run details moved out of them)."
+    details, run = [], []
+    for d in rec.get("details", []):
+        details.append({k: v for k, v in d.items() if k not in RUN_DETAILS})
+        run.append({k: d[k] for k in RUN_DETAILS if k in d})
+    return {**rec, "details": details}, run
+
 # %% ../nbs/25_rollouts.ipynb #88ea83e6
 class RolloutStore:
     "Append-only, hash-bound store of complete prompt groups."
@@ -194,8 +205,12 @@ class RolloutStore:
     def group_domain(self, task_id: str) -> Domain: return self.domain.child(task_id)
 
     def append(self, rec: dict) -> None:
+        "Append the next complete group (its run details go to the `timings.jsonl` sidecar)."
         if rec["group"] != self.n_done: raise RuntimeError("groups must be appended in order")
+        rec, run = split_run_details(rec)
         self.log.append(rec)
+        if any(run):
+            with open(self.path / "timings.jsonl", "a", encoding="utf-8") as f: f.write(canonical_json({"group": rec["group"], "details": run}) + "\n")
 
     def finish(self) -> dict:
         info = dict(n_groups=self.n_done, groups_sha256=hash_file(self.path / "groups.jsonl"))

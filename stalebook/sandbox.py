@@ -1,5 +1,6 @@
-"""A code reward executes text that a policy wrote. This module runs it in a separate,
-resource-limited, network-less, killable process and lets the **parent** decide the reward.
+"""The code verifier of RLVR: a candidate program and its unit tests go in, a binary reward comes out.
+The program is untrusted text a policy wrote, so it runs in a separate, resource-limited,
+network-less, killable process, and only the **parent** compares values and decides the reward.
 
 Docs: https://stalebook.github.io/stalebook/sandbox.html.md"""
 
@@ -9,25 +10,27 @@ Docs: https://stalebook.github.io/stalebook/sandbox.html.md"""
 from __future__ import annotations
 
 import ast
+import atexit
 import json
-import math
 import os
 import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 
 from .core import StalebookError
 
 # %% auto #0
-__all__ = ['Limits', 'isolation', 'Check', 'compile_test', 'judge', 'SandboxResult', 'run_tests']
+__all__ = ['Limits', 'cores', 'Check', 'compile_test', 'judge', 'SandboxResult', 'isolation', 'Pool', 'pool_for', 'run_tests']
 
 # %% ../nbs/20_sandbox.ipynb #f1715255
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class Limits:
     tmpfs_mb: int = 16       # size of each private tmpfs (namespace mode)
     result_kb: int = 256     # largest accepted result message
     stderr_kb: int = 4       # stderr kept for diagnostics (the rest is drained and dropped)
+
+def cores() -> int:
+    "CPU cores this process may run on (its affinity mask), the default number of verifier workers."
+    return len(os.sched_getaffinity(0))
 
 # %% ../nbs/20_sandbox.ipynb #a0a557d6
 def _world_executable(path) -> bool:
@@ -64,6 +71,11 @@ def _sandbox_python() -> str:
 _PYTHON = _sandbox_python()
 _TOOLS = {t: shutil.which(t, path="/usr/bin:/bin:/usr/sbin:/sbin") for t in ("prlimit", "unshare", "setpriv", "env", "sh", "chroot")}
 
+def _uid() -> int:
+    "A throwaway numeric uid (no passwd entry) so RLIMIT_NPROC counts only this run's processes."
+    return 1_000_000_000 + secrets.randbelow(1_000_000_000)  # security randomness, not experiment randomness
+
+# %% ../nbs/20_sandbox.ipynb #9c2a4e57
 _NS_SCRIPT = r'''
 R=/tmp/sbxroot
 mount -t tmpfs -o "size=1m,mode=755" tmpfs /tmp || exit 97
@@ -82,58 +94,62 @@ mount -o remount,ro /tmp || exit 97
 exit $?
 '''
 
-def _uid() -> int:
-    "A throwaway numeric uid (no passwd entry) so RLIMIT_NPROC counts only this run's processes."
-    return 1_000_000_000 + secrets.randbelow(1_000_000_000)  # security randomness, not experiment randomness
-
-def _rlimit_args(lim: Limits) -> list[str]:
+# %% ../nbs/20_sandbox.ipynb #6a8f0c13
+def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
     mb = 1 << 20
-    return [f"--cpu={lim.cpu_s}:{lim.cpu_s + 1}", f"--as={lim.as_mb * mb}:{lim.as_mb * mb}",
-            f"--nproc={lim.nproc}:{lim.nproc}", f"--fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}",
-            f"--nofile={lim.nofile}:{lim.nofile}", "--core=0:0"]
+    cpu = "unlimited:unlimited" if template else f"{lim.cpu_s}:{lim.cpu_s + 1}"
+    nproc = lim.nproc + 1 if template else lim.nproc
+    nofile = max(lim.nofile, 64) if template else lim.nofile
+    return [f"--cpu={cpu}", f"--as={lim.as_mb * mb}:{lim.as_mb * mb}", f"--nproc={nproc}:{nproc}",
+            f"--fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}", f"--nofile={nofile}:{nofile}", "--core=0:0", "--msgqueue=0:0"]
 
-def _command(mode: str, lim: Limits, uid: int, fd: int, harness: str) -> tuple[list[str], str | None]:
-    "argv of the launcher and the cwd (None: the launcher makes its own)."
-    pre = [_TOOLS["prlimit"], *_rlimit_args(lim), "--"]
+def _command(mode: str, lim: Limits, uid: int, arg: str, code: str, template: bool = False) -> tuple[list[str], str | None]:
+    "argv of the launcher running `python -I -S -c code arg` and its cwd ('tmp': the caller makes one; None: the launcher does)."
+    pre = [_TOOLS["prlimit"], *_rlimit_args(lim, template), "--"]
     if mode == "namespaces":
-        return pre + [_TOOLS["unshare"], "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-                      _TOOLS["sh"], "-c", _NS_SCRIPT, "sh", str(uid), str(lim.tmpfs_mb), _PYTHON, str(fd),
-                      _TOOLS["setpriv"], _TOOLS["env"], harness, _TOOLS["chroot"]], None
+        return pre + [_TOOLS["unshare"], "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
+                      _TOOLS["sh"], "-c", _NS_SCRIPT, "sh", str(uid), str(lim.tmpfs_mb), _PYTHON, arg,
+                      _TOOLS["setpriv"], _TOOLS["env"], code, _TOOLS["chroot"]], None
     drop = ([_TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
              "--bounding-set=-all", "--no-new-privs", "--"] if os.geteuid() == 0 and _TOOLS["setpriv"] else [])
-    return pre + drop + [_TOOLS["env"], "-i", _PYTHON, "-I", "-S", "-c", harness, str(fd)], "tmp"
+    return pre + drop + [_TOOLS["env"], "-i", _PYTHON, "-I", "-S", "-c", code, arg], "tmp"
 
-@lru_cache(maxsize=None)
-def isolation() -> str:
-    "'namespaces' if the full launcher works here (root + unshare), else 'rlimits' (weaker; see above)."
-    if os.environ.get("STALEBOOK_SANDBOX_FORCE") == "rlimits": return "rlimits"
-    if not (os.geteuid() == 0 and all(_TOOLS.values()) and _PYTHON.startswith("/usr/")): return "rlimits"
-    try:
-        r = _run("def f(x):\n    return x + 1\n", ["f(1)"], [], Limits(wall_s=20), mode="namespaces")
-        return "namespaces" if not r.reason and r.outputs == [2] else "rlimits"
-    except Exception:
-        return "rlimits"
+# %% ../nbs/20_sandbox.ipynb #7e3b5c08
+_GUARD = r'''
+def _guard(_isinstance=isinstance, _int=int, _bytes=bytes, _tuple=tuple, _all=all, _PE=PermissionError):
+    _fsdecode, _fspath, _absp = os.fsdecode, os.fspath, os.path.abspath
+    work = os.getcwd().rstrip("/") + "/"
+    read = _tuple(q.rstrip("/") + "/" for q in {sys.prefix, sys.base_prefix, sys.exec_prefix}) + (work,)
+    dev = ("/dev/null", "/dev/urandom")
+    deny = {"os.fork", "os.forkpty", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.kill",
+            "os.killpg", "os.chdir"}
+    change = {"os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1), "os.symlink": (1,),
+              "os.link": (0, 1), "os.chmod": (0,), "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,)}
+    def inside(path, roots):
+        if path is None or _isinstance(path, _int): return True
+        p = _absp(_fsdecode(path) if _isinstance(path, _bytes) else _fspath(path))
+        return p in dev or (p + "/").startswith(roots)
+    def hook(ev, args):
+        if ev.startswith(("socket.", "ctypes.")) or ev in deny: raise _PE("sandbox: " + ev + " refused")
+        if ev == "import" and args[0] in ("_posixshmem", "_posixsubprocess"): raise _PE("sandbox: import refused")
+        if ev in ("open", "os.listdir", "os.scandir") and not inside(args[0], read):
+            raise _PE("sandbox: " + ev + " outside the work dir refused")
+        if ev in change and not _all(inside(args[i], (work,)) for i in change[ev]):
+            raise _PE("sandbox: " + ev + " outside the work dir refused")
+    sys.addaudithook(hook)
+'''
 
 # %% ../nbs/20_sandbox.ipynb #ae722c85
 _HARNESS = r'''
 import sys, os, json
 def _main(_type=type, _repr=repr, _str=str, _len=len, _BaseException=BaseException, _write=os.write,
           _dumps=json.dumps, _exit=os._exit, _list=list, _tuple=tuple, _dict=dict, _set=set, _fset=frozenset,
-          _bool=bool, _int=int, _float=float, _sorted=sorted):
+          _bool=bool, _int=int, _float=float):
     fd = _int(sys.argv[1])
     if _len(sys.argv) > 2: os.chdir(sys.argv[2])
     p = json.loads(sys.stdin.buffer.read()); os.close(0)
     nonce = p.pop("nonce")
-    if p["refuse_sockets"]:
-        _ok = _tuple(q.rstrip("/") + "/" for q in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.getcwd()}) + ("/dev/null", "/dev/urandom")
-        _cwd, _isinstance, _fspath, _absp = os.getcwd(), isinstance, os.fspath, os.path.abspath
-        def _hook(ev, args):
-            if ev.startswith(("socket.", "ctypes.")) or ev in ("os.fork", "os.forkpty", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.kill", "os.killpg", "os.chdir"):
-                raise PermissionError("sandbox: " + ev + " refused")
-            if ev == "open" and not _isinstance(args[0], _int):
-                path = _absp(_fspath(args[0]) if not _isinstance(args[0], bytes) else os.fsdecode(args[0]))
-                if not (path + "/").startswith(_ok) and path not in _ok: raise PermissionError("sandbox: open outside the work dir refused")
-        sys.addaudithook(_hook)
+    if p["refuse_sockets"]: _guard()
     def enc(v, d=0):
         if d > 40: return {"u": "deep"}
         t = _type(v)
@@ -170,8 +186,8 @@ def _main(_type=type, _repr=repr, _str=str, _len=len, _BaseException=BaseExcepti
     v = memoryview(msg)
     while _len(v): v = v[_write(fd, v):]
     _exit(0)
-_main()
 '''
+_SCRIPT = _HARNESS + _GUARD + "_main()\n"   # the per-program sandbox runs this
 
 # %% ../nbs/20_sandbox.ipynb #f03b085b
 @dataclass(frozen=True)
@@ -244,6 +260,7 @@ class _Raised:
     def __init__(self, w): self.what = w
 class _RawOk: pass
 
+# %% ../nbs/20_sandbox.ipynb #d5e9f3b7
 def judge(check: Check, got) -> bool:
     "Does the decoded value `got` pass `check`? (pure, parent-side)"
     if isinstance(got, (_Unsupported, _Raised, _RawOk)): return False
@@ -266,41 +283,89 @@ class SandboxResult:
     n_passed: int = 0
     exit_status: int | None = None
     timed_out: bool = False
-    wall_s: float = 0.0
     isolation: str = ""
     oracle: str = "parent"    # "parent": all expected values stayed in the parent; "child": some raw asserts ran in the child
+    wall_s: float = 0.0       # -- below: this run on this machine (not in detail())
+    server: str = ""          # "fork" (child of a template) | "per-program" (fresh sandbox)
     stderr_tail: str = ""
     outputs: list = field(default_factory=list, repr=False)
 
     def detail(self) -> dict:
-        "JSON-able summary (no candidate values)."
-        d = asdict(self); d.pop("outputs"); return d
+        "JSON-able, reproducible summary: a function of the program and its tests (no times, paths, values)."
+        d = asdict(self)
+        for k in ("wall_s", "server", "stderr_tail", "outputs"): d.pop(k)
+        return d
 
+    def timing(self) -> dict:
+        "Wall time and path of this run, for sidecar files."
+        return {"wall_s": self.wall_s, "server": self.server}
+
+# %% ../nbs/20_sandbox.ipynb #0f4d8e61
+def _verdict(out: SandboxResult, msg: bytes, nonce: str, n: int, overflow: bool, lim: Limits) -> SandboxResult:
+    "Fill `out.reason`/`out.outputs` from the exit status and the result-channel bytes `msg`."
+    out.n_tests = n
+    if out.timed_out: out.reason = f"wall-clock timeout ({lim.wall_s}s): process group killed"; return out
+    if overflow: out.reason, out.exit_status = "result channel overflow", None; return out   # status of a cut-off run: noise
+    rc = out.exit_status
+    if rc != 0: out.reason = f"exit status {rc}" + (" (namespace setup failed)" if rc == 97 else ""); return out
+    if not msg: out.reason = "exit 0 without a result message"; return out
+    if not (msg.startswith(nonce.encode()) and msg.endswith(b"\n") and msg.count(b"\n") == 1):
+        out.reason = "result channel forged or garbled (nonce / framing mismatch)"; return out
+    try:
+        body = json.loads(msg[len(nonce):])
+        if not (isinstance(body, dict) and set(body) == {"status", "outputs"} and isinstance(body["outputs"], list)):
+            raise _Bad("bad message")
+        if body["status"] != "ok": out.reason = str(body["status"])[:200]; return out
+        if len(body["outputs"]) != n: raise _Bad("wrong number of outputs")
+        out.outputs = [_dec(o) for o in body["outputs"]]
+    except (_Bad, ValueError, TypeError, RecursionError) as e:
+        out.reason = f"result message rejected: {e}"[:200]; return out
+    return out
+
+# %% ../nbs/20_sandbox.ipynb #2d8b6e35
 def _kill_group(pid):
     try: os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError): pass
 
-def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) -> SandboxResult:
+def _ready(rfds, wfds, timeout: float) -> tuple[list, list]:
+    "Descriptors ready to read / write within `timeout` s (poll: no FD_SETSIZE limit in a process with many files)."
+    p = select.poll()
+    for f in rfds: p.register(f, select.POLLIN)
+    for f in wfds: p.register(f, select.POLLOUT)
+    ev = p.poll(max(0.0, timeout) * 1000)
+    return [f for f, e in ev if f in rfds and e & (select.POLLIN | select.POLLHUP | select.POLLERR)], \
+           [f for f, e in ev if f in wfds and e & (select.POLLOUT | select.POLLERR | select.POLLHUP)]
+
+def _payload(code, calls, raw, mode) -> tuple[str, bytes]:
     nonce = secrets.token_hex(16)
-    payload = json.dumps({"nonce": nonce, "code": code, "calls": calls, "raw": raw,
-                          "refuse_sockets": mode != "namespaces"}).encode()
-    uid = _uid()
-    r, w = os.pipe()
+    return nonce, json.dumps({"nonce": nonce, "code": code, "calls": calls, "raw": raw,
+                              "refuse_sockets": mode != "namespaces"}).encode()
+
+def _launch(mode: str, lim: Limits, uid: int, fd: int):
+    "Start the per-program sandbox: (process, its throwaway work dir or None)."
+    cmd, cwd = _command(mode, lim, uid, str(fd), _SCRIPT)
     tmp = None
+    if cwd == "tmp":
+        tmp = cwd = tempfile.mkdtemp(prefix="stalebook-sbx-")
+        if os.geteuid() == 0: os.chown(tmp, uid, uid)
+        os.chmod(tmp, 0o700)
     try:
-        cmd, cwd = _command(mode, lim, uid, w, _HARNESS)
-        if cwd == "tmp":
-            tmp = cwd = tempfile.mkdtemp(prefix="stalebook-sbx-")
-            if os.geteuid() == 0: os.chown(tmp, uid, uid)
-            os.chmod(tmp, 0o700)
-        t0 = time.monotonic()
-        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             pass_fds=(w,), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd,
-                             start_new_session=True, close_fds=True)
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                pass_fds=(fd,), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd,
+                                start_new_session=True, close_fds=True), tmp
     except BaseException:
-        os.close(r); os.close(w)
         if tmp: shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+# %% ../nbs/20_sandbox.ipynb #5f1a9c47
+def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) -> SandboxResult:
+    "Verify one program in a fresh sandbox (the per-program path)."
+    nonce, payload = _payload(code, calls, raw, mode)
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try: p, tmp = _launch(mode, lim, _uid(), w)
+    except BaseException:
+        os.close(r); os.close(w); raise
     os.close(w)
     def feed():
         try: p.stdin.write(payload); p.stdin.close()
@@ -314,8 +379,7 @@ def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) ->
         while live:
             left = deadline - time.monotonic()
             if left <= 0: timed_out = True; break
-            ready, _, _ = select.select(list(live), [], [], left)
-            for fd in ready:
+            for fd in _ready(list(live), [], left)[0]:
                 chunk = os.read(fd, 65536)
                 if not chunk: live.discard(fd); continue
                 if fd == r:
@@ -333,38 +397,277 @@ def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) ->
         if p.poll() is None: p.kill(); p.wait()
         p.stderr.close()
         if tmp: shutil.rmtree(tmp, ignore_errors=True)
-    out = SandboxResult(False, "", exit_status=rc, timed_out=timed_out, wall_s=round(time.monotonic() - t0, 4),
-                        isolation=mode, stderr_tail=err.decode("utf-8", "replace")[-400:])
-    n = len(calls) + len(raw)
-    out.n_tests = n
-    if timed_out: out.reason = f"wall-clock timeout ({lim.wall_s}s): process group killed"; return out
-    if overflow: out.reason = "result channel overflow"; return out
-    if rc != 0: out.reason = f"exit status {rc}" + (" (namespace setup failed)" if rc == 97 else ""); return out
-    msg = bytes(res)
-    if not msg: out.reason = "exit 0 without a result message"; return out
-    if not (msg.startswith(nonce.encode()) and msg.endswith(b"\n") and msg.count(b"\n") == 1):
-        out.reason = "result channel forged or garbled (nonce / framing mismatch)"; return out
-    try:
-        body = json.loads(msg[len(nonce):])
-        if not (isinstance(body, dict) and set(body) == {"status", "outputs"} and isinstance(body["outputs"], list)):
-            raise _Bad("bad message")
-        if body["status"] != "ok": out.reason = str(body["status"])[:200]; return out
-        if len(body["outputs"]) != n: raise _Bad("wrong number of outputs")
-        out.outputs = [_dec(o) for o in body["outputs"]]
-    except (_Bad, ValueError, TypeError, RecursionError) as e:
-        out.reason = f"result message rejected: {e}"[:200]; return out
-    return out
+    if mode == "namespaces" and 128 < rc < 128 + 65: rc = 128 - rc          # the init shell's "killed by signal N"
+    out = SandboxResult(False, "", exit_status=rc, timed_out=timed_out, isolation=mode, wall_s=round(time.monotonic() - t0, 4),
+                        server="per-program", stderr_tail=err.decode("utf-8", "replace")[-400:])
+    return _verdict(out, bytes(res), nonce, len(calls) + len(raw), overflow, lim)
 
-def run_tests(code: str, tests, limits: Limits | None = None, mode: str | None = None) -> SandboxResult:
-    "Run `code` in the sandbox against assert snippets `tests`; ok only if every test passes."
-    lim = limits or Limits()
+# %% ../nbs/20_sandbox.ipynb #9e4c7a21
+@lru_cache(maxsize=None)
+def isolation() -> str:
+    "'namespaces' if the full launcher works here (root + unshare), else 'rlimits' (weaker; see above)."
+    if os.environ.get("STALEBOOK_SANDBOX_FORCE") == "rlimits": return "rlimits"
+    if not (os.geteuid() == 0 and all(_TOOLS.values()) and _PYTHON.startswith("/usr/")): return "rlimits"
+    try:
+        r = _run("def f(x):\n    return x + 1\n", ["f(1)"], [], Limits(wall_s=20), mode="namespaces")
+        return "namespaces" if not r.reason and r.outputs == [2] else "rlimits"
+    except Exception:
+        return "rlimits"
+
+# %% ../nbs/20_sandbox.ipynb #d8a3b6f2
+_SERVE = r'''
+import socket, select, signal, resource, ctypes, gc, time
+import math, re, collections, itertools, functools, heapq, bisect, string, operator, typing   # what candidates import most
+_cfg = json.loads(sys.argv[1]); _WORK = sys.argv[2] if len(sys.argv) > 2 else os.getcwd()
+_libc = ctypes.CDLL(None, use_errno=True)
+_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+_IGN = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+        signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+_ME = os.getpid()
+def _serve():
+    if os.getuid() == 0 or os.getuid() != _cfg["uid"]: os._exit(96)   # the sweep's kill(-1) needs the throwaway uid
+    os.close(os.pidfd_open(os.getpid()))                           # pidfds are needed (Linux >= 5.3)
+    _libc.prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE = 0
+    _libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER = 1
+    for s in _IGN: signal.signal(s, signal.SIG_IGN)
+    if _cfg["sock"] != 3: os.dup2(_cfg["sock"], 3); os.close(_cfg["sock"])
+    sock = socket.socket(fileno=3)
+    gc.freeze()
+    sock.send(b"ready")
+    while True:
+        try: msg, fds, _, _ = socket.recv_fds(sock, 16, 3)
+        except OSError: break
+        if msg != b"run" or len(fds) != 3: break                     # parent gone (EOF) or off-protocol
+        st = _one(*fds)
+        sock.send(json.dumps(st).encode())
+        if not st["clean"]: break
+        del st, msg, fds; gc.collect()          # nothing of this program stays reachable for the next one
+    os._exit(0)
+'''
+
+# %% ../nbs/20_sandbox.ipynb #f2c8d4e6
+_CHILD = r'''
+def _child(sin, rw, ew):
+    os.setsid()
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG: die with the template
+    if os.getppid() != _ME: os._exit(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    for src, dst in ((sin, 0), (null, 1), (ew, 2), (rw, 3)): os.dup2(src, dst)
+    os.closerange(4, 1 << 10)
+    for s in _IGN: signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    L, mb = _cfg["lim"], 1 << 20
+    for r, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RLIMIT_AS, (L["as_mb"] * mb,) * 2),
+                 (resource.RLIMIT_NPROC, (L["nproc"] + 1,) * 2), (resource.RLIMIT_FSIZE, (L["fsize_mb"] * mb,) * 2),
+                 (resource.RLIMIT_NOFILE, (L["nofile"],) * 2), (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_MSGQUEUE, (0, 0))):
+        resource.setrlimit(r, v)
+    sys.argv = ["-c", "3", _WORK]
+    _main()
+
+def _one(sin, rw, ew):
+    pid = os.fork()
+    if pid == 0:
+        try: _child(sin, rw, ew)
+        except BaseException as e: os.write(2, ("sandbox child setup failed: " + type(e).__name__).encode())
+        finally: os._exit(1)
+    for f in (sin, rw, ew): os.close(f)
+    pfd = os.pidfd_open(pid)
+    timed_out = not select.select([pfd], [], [], _cfg["lim"]["wall_s"])[0]
+    os.close(pfd)
+    if timed_out:
+        try: os.killpg(pid, signal.SIGKILL)
+        except OSError: pass
+    rc, clean = _sweep(pid)
+    return {"rc": rc, "timed_out": timed_out, "clean": clean}
+'''
+
+# %% ../nbs/20_sandbox.ipynb #b3e6f1c8
+_CLEAN = r'''
+def _rm(p):
+    try:
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o700)
+            for n in os.listdir(p): _rm(os.path.join(p, n))
+            os.rmdir(p)
+        else: os.unlink(p)
+    except (OSError, RecursionError): pass
+
+def _empty(top, owned_only=False):
+    me = os.getuid()
+    def mine():
+        try: return [e.path for e in os.scandir(top) if e.path != _WORK and (not owned_only or e.stat(follow_symlinks=False).st_uid == me)]
+        except FileNotFoundError: return []
+    for p in mine(): _rm(p)
+    return not mine()
+
+def _ipc(me):
+    for kind, uid, cuid in (("shm", 7, 9), ("msg", 7, 9), ("sem", 4, 6)):
+        try: rows = [l.split() for l in open("/proc/sysvipc/" + kind).read().splitlines()[1:]]
+        except OSError: continue
+        for f in rows:
+            if me in (int(f[uid]), int(f[cuid])):
+                if kind == "sem": _libc.semctl(int(f[1]), 0, 0)           # IPC_RMID
+                else: getattr(_libc, kind + "ctl")(int(f[1]), 0, None)
+    return True
+
+def _keys():
+    if _KEYCTL:
+        for spec in (-3, -4, -5): _libc.syscall(_KEYCTL, 7, spec)         # KEYCTL_CLEAR @s @u @us
+        k = _libc.syscall(_KEYCTL, 22, -1, -1)                            # KEYCTL_GET_PERSISTENT (into @t)
+        if k > 0: _libc.syscall(_KEYCTL, 7, k)
+'''
+
+# %% ../nbs/20_sandbox.ipynb #c4d8e2a6
+_SWEEP = r'''
+def _sweep(pid):
+    rc, end = None, time.monotonic() + 2.0
+    while True:
+        try: os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError: pass
+        try: p, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError: break
+        if p == pid: rc = os.waitstatus_to_exitcode(st)
+        if p == 0:
+            if time.monotonic() > end: return rc, False
+            time.sleep(0.0002)
+    try:
+        os.chmod(_WORK, 0o700)                                             # a program may have chmod-ed it
+        ok = _empty(_WORK)
+        if _cfg["mode"] == "namespaces": ok &= _empty("/tmp")
+        else:
+            for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue"): ok &= _empty(d, owned_only=True)
+        _ipc(os.getuid()); _keys()
+    except Exception: ok = False
+    return rc, ok
+'''
+_SERVER = _HARNESS + _GUARD + _SERVE + _CHILD + _CLEAN + _SWEEP + "_serve()\n"
+
+# %% ../nbs/20_sandbox.ipynb #e8c1f5a3
+class _StartFailed(Exception): pass
+class _Lost(Exception): pass
+
+_GRACE_S = 2.0
+
+def _reap_uid(uid: int):
+    "SIGKILL every process of `uid` (a one-off process under that uid calls kill(-1))."
+    if os.geteuid() != 0 or not _TOOLS["setpriv"]: return
+    subprocess.run([_TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", _PYTHON, "-I", "-S", "-c",
+                    "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"], timeout=30, env={}, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+# %% ../nbs/20_sandbox.ipynb #f9d2a6b4
+class _Template:
+    "One fork server (a template interpreter inside the isolation) and the parent's end of its control socket."
+    def __init__(self, mode: str, lim: Limits, start_timeout: float = 30.0):
+        self.mode, self.lim, self.uid, self.work = mode, lim, _uid(), None
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cfg = json.dumps({"uid": self.uid, "mode": mode, "lim": asdict(lim), "sock": b.fileno()})
+        cmd, cwd = _command(mode, lim, self.uid, cfg, _SERVER, template=True)
+        if cwd == "tmp":
+            self.work = cwd = tempfile.mkdtemp(prefix="stalebook-fsrv-")
+            os.chown(cwd, self.uid, self.uid); os.chmod(cwd, 0o700)
+        self.err, self.sock = tempfile.TemporaryFile(), a
+        try:
+            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err, pass_fds=(b.fileno(),),
+                                      env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd, start_new_session=True)
+        except BaseException:
+            a.close(); b.close(); self._cleanup_dir(); raise
+        b.close()
+        ready = select.select([a], [], [], start_timeout)[0] and a.recv(16) == b"ready"
+        if not ready:
+            self.close()
+            raise _StartFailed(f"template did not start (exit status {self.p.returncode}): {self.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        "The template's stderr (launcher or interpreter errors), last 300 characters."
+        try: self.err.seek(0); return self.err.read().decode("utf-8", "replace")[-300:].strip() or "no output"
+        except (OSError, ValueError): return "no output"
+
+    def _cleanup_dir(self):
+        if self.work: shutil.rmtree(self.work, ignore_errors=True)
+
+    def close(self):
+        "Destroy the template and everything it started (idempotent)."
+        self.sock.close()
+        if getattr(self, "p", None) is not None:
+            _kill_group(self.p.pid)
+            if self.mode != "namespaces": _reap_uid(self.uid)
+            try: self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired: self.p.kill(); self.p.wait()
+        self._cleanup_dir()
+        self.err.close()
+
+# %% ../nbs/20_sandbox.ipynb #b2f7d0e5
+def _drain(fd, buf, cap) -> None:
+    "Read what is already in pipe `fd` (non-blocking) into `buf`, keeping at most `cap` bytes."
+    os.set_blocking(fd, False)
+    try:
+        while (chunk := os.read(fd, 65536)) and len(buf) <= cap: buf += chunk[: cap + 1 - len(buf)]
+    except BlockingIOError: pass
+
+# %% ../nbs/20_sandbox.ipynb #f70b15d9
+def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
+    "(status, result bytes, stderr bytes, overflow) of one program; raises _Lost if the template died or wedged."
+    lim, pipes = self.lim, [os.pipe() for _ in range(3)]
+    (sin_r, sin_w), (res_r, res_w), (err_r, err_w) = pipes
+    try: socket.send_fds(self.sock, [b"run"], [sin_r, res_w, err_w])
+    except OSError: raise _Lost("template died")
+    finally:
+        for f in (sin_r, res_w, err_w): os.close(f)
+    os.set_blocking(sin_w, False)
+    res, err, todo, status, overflow = bytearray(), bytearray(), memoryview(payload), None, False
+    live, cap_r, cap_e = {res_r, err_r}, lim.result_kb * 1024, lim.stderr_kb * 1024
+    deadline = time.monotonic() + lim.wall_s + _GRACE_S
+    try:
+        while status is None:
+            left = deadline - time.monotonic()
+            if left <= 0: raise _Lost("template stopped answering")
+            rl, wl = _ready([*live, self.sock.fileno()], [sin_w] if todo is not None else [], left)
+            if wl:
+                try: todo = todo[os.write(sin_w, todo):]
+                except BlockingIOError: pass
+                except BrokenPipeError: todo = todo[:0]          # the child is gone; its status will say why
+                if not len(todo): os.close(sin_w); todo = None
+            for fd in rl:
+                if fd == self.sock.fileno():
+                    data = self.sock.recv(4096)
+                    if not data: raise _Lost("template died")
+                    status = json.loads(data); continue
+                chunk = os.read(fd, 65536)
+                if not chunk: live.discard(fd)
+                elif fd == res_r:
+                    res += chunk
+                    if len(res) > cap_r:                                   # close it: the writer gets EPIPE
+                        overflow = True; live.discard(res_r); os.close(res_r); res_r = None
+                elif len(err) < cap_e: err += chunk[: cap_e - len(err)]
+        if res_r is not None: _drain(res_r, res, cap_r); overflow = len(res) > cap_r
+        _drain(err_r, err, cap_e)
+    finally:
+        for f in (res_r, err_r, sin_w if todo is not None else None):
+            if f is not None: os.close(f)
+    return status, bytes(res), bytes(err[:cap_e]), overflow
+
+_Template.run = _template_run
+
+# %% ../nbs/20_sandbox.ipynb #d4b9f3a7
+_SAID: set = set()
+_LIVE = weakref.WeakSet()              # every pool of this process, closed at exit
+
+def _say_once(msg: str):
+    if msg not in _SAID:
+        _SAID.add(msg); print(f"stalebook.sandbox: {msg}", file=sys.stderr, flush=True)
+
+def _split_tests(tests) -> tuple[list[Check], list[str]]:
     tests = [tests] if isinstance(tests, str) else list(tests)
     if not tests: raise StalebookError("a code task needs at least one test")
     checks, raw = [], []
     for t in tests:
         c = compile_test(t)
         (checks.append(c) if c else raw.append(t))
-    res = _run(code, [c.call for c in checks], raw, lim, mode or isolation())
+    return checks, raw
+
+def _judged(res: SandboxResult, checks: list[Check], raw: list[str]) -> SandboxResult:
+    "Apply the parent-side checks to the decoded outputs of a run that produced a valid message."
     res.oracle = "child" if raw else "parent"
     if res.reason: return res
     passed = [judge(c, g) for c, g in zip(checks, res.outputs)] + [isinstance(g, _RawOk) for g in res.outputs[len(checks):]]
@@ -372,3 +675,102 @@ def run_tests(code: str, tests, limits: Limits | None = None, mode: str | None =
     res.ok = all(passed)
     res.reason = "all tests passed" if res.ok else f"{res.n_tests - res.n_passed}/{res.n_tests} tests failed"
     return res
+
+# %% ../nbs/20_sandbox.ipynb #e5c0a4b8
+class Pool:
+    "Verifiers for one (isolation mode, limits): fork servers, one per worker, or fresh sandboxes as the fallback."
+    def __init__(self, workers: int | None = None, limits: Limits | None = None, mode: str | None = None,
+                 fork_server: bool | None = None):
+        self.limits, self.mode = limits or Limits(), mode or isolation()
+        self.workers = workers or cores()
+        if fork_server is None: fork_server = os.environ.get("STALEBOOK_SANDBOX_FORKSERVER", "1") != "0"
+        self.fork_server = fork_server and os.geteuid() == 0 and bool(_TOOLS["setpriv"])
+        if fork_server and not self.fork_server: _say_once("no throwaway uid here (not root): fresh sandbox per program")
+        self.stats = {"started": 0, "replaced": 0, "fork": 0, "per_program": 0}
+        self.fallback, self.uids = None, []                 # why the fork server is off; uids of every template
+        self._idle, self._n, self._cv, self._pid, self._closed = [], 0, threading.Condition(), os.getpid(), False
+        _LIVE.add(self)
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+    def _acquire(self) -> _Template | None:
+        with self._cv:
+            while not self._idle and self._n >= self.workers and self.fallback is None: self._cv.wait()
+            if self.fallback is not None: return None
+            if self._idle: return self._idle.pop()
+            self._n += 1
+        try:
+            t = _Template(self.mode, self.limits)
+        except (_StartFailed, OSError) as e:
+            with self._cv:
+                self._n -= 1; self.fallback = str(e)[:300]; self._cv.notify_all()
+            _say_once(f"fork server unavailable ({self.fallback}); fresh sandbox per program")
+            return None
+        with self._cv: self.stats["started"] += 1; self.uids.append(t.uid)
+        return t
+
+    def _release(self, t: _Template, healthy: bool):
+        if not healthy or self._closed: t.close()
+        with self._cv:
+            if healthy and not self._closed: self._idle.append(t)
+            else: self._n -= 1; self.stats["replaced"] += not healthy
+            self._cv.notify()
+
+# %% ../nbs/20_sandbox.ipynb #a7e2c6d0
+def _pool_run(self, code: str, tests) -> SandboxResult:
+    "Verify `code` against assert snippets `tests`; ok only if every test passes (thread-safe)."
+    checks, raw = _split_tests(tests)
+    calls, n = [c.call for c in checks], len(checks) + len(raw)
+    t = self._acquire() if self.fork_server and self._pid == os.getpid() else None
+    with self._cv: self.stats["fork" if t else "per_program"] += 1
+    if t is None: return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
+    nonce, payload = _payload(code, calls, raw, self.mode)
+    t0, healthy = time.monotonic(), False
+    try:
+        status, msg, err, overflow = t.run(payload)
+        healthy = bool(status.get("clean"))
+        out = SandboxResult(False, "", exit_status=status["rc"], timed_out=bool(status["timed_out"]), isolation=self.mode)
+        out = _verdict(out, msg, nonce, n, overflow, self.limits)
+        out.stderr_tail = err.decode("utf-8", "replace")[-400:]
+    except _Lost as e:
+        wedged = "stopped" in str(e)
+        out = SandboxResult(False, f"wall-clock timeout ({self.limits.wall_s}s): the template stopped answering and was killed"
+                            if wedged else "sandbox template died during the run", n_tests=n, timed_out=wedged, isolation=self.mode)
+    finally:
+        self._release(t, healthy)
+    out.wall_s, out.server = round(time.monotonic() - t0, 4), "fork"
+    return _judged(out, checks, raw)
+
+def _pool_close(self):
+    "Destroy every template (idle ones now; busy ones are not tracked here and end with their run)."
+    with self._cv: idle, self._idle, self._closed = self._idle, [], True
+    for t in idle:
+        t.close()
+        with self._cv: self._n -= 1
+
+Pool.run, Pool.close = _pool_run, _pool_close
+
+# %% ../nbs/20_sandbox.ipynb #c9a4e8f2
+_POOLS: dict = {}                     # (mode, limits) -> Pool, for the process _POOLS_PID
+_POOLS_PID, _POOLS_LOCK = [os.getpid()], threading.Lock()
+
+def pool_for(mode: str | None = None, limits: Limits | None = None, workers: int | None = None) -> Pool:
+    "The shared pool of this process for (mode, limits), grown to at least `workers` templates."
+    key = (mode or isolation(), limits or Limits())
+    with _POOLS_LOCK:
+        if _POOLS_PID[0] != os.getpid(): _POOLS.clear(); _POOLS_PID[0] = os.getpid()   # forked: not our templates
+        p = _POOLS.get(key)
+        if p is None: p = _POOLS[key] = Pool(workers, key[1], key[0])
+        elif workers and workers > p.workers:
+            with p._cv: p.workers = workers
+    return p
+
+@atexit.register
+def _close_pools():
+    for p in list(_LIVE):
+        if p._pid == os.getpid(): p.close()
+
+def run_tests(code: str, tests, limits: Limits | None = None, mode: str | None = None, pool: Pool | None = None) -> SandboxResult:
+    "Run `code` in the sandbox against assert snippets `tests`; ok only if every test passes."
+    return (pool or pool_for(mode, limits)).run(code, tests)

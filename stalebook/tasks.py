@@ -1,6 +1,6 @@
 """A *task* is a prompt plus what it takes to check a completion; a *verifier* maps (task, completion)
-to a reward in {0, 1}. Two domains: math (numeric answers) and code (programs run against tests in
-the sandbox of `20_sandbox`).
+to a reward in {0, 1} — the verifiable reward of RLVR. Two domains: math (numeric answers, checked
+exactly) and code (programs run against held-out unit tests in the sandbox of `20_sandbox`).
 
 Docs: https://stalebook.github.io/stalebook/tasks.html.md"""
 
@@ -10,15 +10,17 @@ Docs: https://stalebook.github.io/stalebook/tasks.html.md"""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
-import math
 import multiprocessing as mp
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
 from fractions import Fraction
 from pathlib import Path
 
-from .core import Domain, StalebookError, hash_json
+from .core import Domain, StalebookError
 from . import sandbox
 
 # %% auto #0
@@ -80,6 +82,7 @@ def _math_item(g, level: int) -> tuple[str, int]:
         return (f"{a}*{b}+{c}=", a * b + c) if g.random() < 0.5 else (f"{a}*{b}-{c}=", a * b - c)
     raise StalebookError(f"math level must be one of {MATH_LEVELS}, got {level}")
 
+# %% ../nbs/21_tasks.ipynb #5e2a0f38
 def _code_item(g, level: int) -> tuple[str, list[int], list[int]]:
     "(expression in x, shown inputs, held-out inputs)"
     if level == 0:
@@ -101,6 +104,7 @@ def _eval_expr(expr: str, x: int) -> int:
     "Evaluate one of OUR generated expressions (trusted, integer arithmetic only)."
     return eval(compile(expr, "<ref>", "eval"), {"__builtins__": {}}, {"x": x})
 
+# %% ../nbs/21_tasks.ipynb #7a4c2b5a
 def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> list[Task]:
     "`n` synthetic tasks of `domain` at `level`, drawn from the RNG domain `domain_rng` (deterministic)."
     if not isinstance(domain_rng, Domain): raise TypeError("domain_rng must be a stalebook.core.Domain")
@@ -148,7 +152,7 @@ def extract_answer(text: str) -> tuple[str | None, str]:
 # %% ../nbs/21_tasks.ipynb #165ff750
 def _mv_worker(conn, gold, pred):
     try:
-        import math_verify
+        import math_verify   # optional dependency; imported only in this forked worker
         conn.send(bool(math_verify.verify(math_verify.parse(gold), math_verify.parse(pred))))
     except Exception as e: conn.send(None)
 
@@ -167,9 +171,9 @@ def call_with_timeout(fn, args, timeout: float = 5.0):
         p.join(); a.close()
 
 def _math_verify_available() -> bool:
-    import importlib.util
     return importlib.util.find_spec("math_verify") is not None
 
+# %% ../nbs/21_tasks.ipynb #9c6e4d7c
 def math_reward(reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0) -> tuple[float, dict]:
     ext, how = extract_answer(completion)
     ref, got = parse_number(reference), parse_number(ext) if ext is not None else None
@@ -189,32 +193,69 @@ def code_program(task: Task, completion: str) -> str:
     if mode == "completion": return completion
     raise StalebookError(f"task {task.id}: unknown program mode {mode!r}")
 
-def code_reward(task: Task, completion: str, limits: sandbox.Limits | None = None) -> tuple[float, dict]:
+def _code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
+    "(program, None) if it must run in the sandbox, else (None, detail) of a 0 decided without spawning."
     prog = code_program(task, completion)
-    if not completion.strip(): return 0.0, {"reason": "empty completion"}
-    if len(prog) > 20_000: return 0.0, {"reason": "program too long"}
+    if not completion.strip(): return None, {"reason": "empty completion"}
+    if len(prog) > 20_000: return None, {"reason": "program too long"}
     try: ast.parse(prog)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        return 0.0, {"reason": f"syntax error: {type(e).__name__}"}
-    res = sandbox.run_tests(prog, task.tests, limits)
+        return None, {"reason": f"syntax error: {type(e).__name__}"}
+    return prog, None
+
+_NO_RUN = {"wall_s": 0.0, "server": "", "reused": False}
+
+def code_reward(task: Task, completion: str, limits: sandbox.Limits | None = None, pool: sandbox.Pool | None = None,
+                timing: dict | None = None) -> tuple[float, dict]:
+    prog, early = _code_precheck(task, completion)
+    if early is not None:
+        if timing is not None: timing.update(_NO_RUN)
+        return 0.0, early
+    res = sandbox.run_tests(prog, task.tests, limits, pool=pool)
+    if timing is not None: timing.update(res.timing(), reused=False)
     return float(res.ok), res.detail()
 
 # %% ../nbs/21_tasks.ipynb #53c6f438
-def reward(task: Task, completion: str) -> tuple[float, dict]:
-    "Verifier reward in {0., 1.} and a JSON-able detail dict."
+def reward(task: Task, completion: str, *, pool: sandbox.Pool | None = None, timing: dict | None = None) -> tuple[float, dict]:
+    "Verifier reward in {0., 1.} and a JSON-able detail dict (a function of task and completion only)."
     if not isinstance(completion, str): raise TypeError("completion must be a str")
-    if task.domain == "math": r, d = math_reward(task.answer, completion)
-    else: r, d = code_reward(task, completion)
+    if task.domain == "math":
+        t0 = time.monotonic()
+        r, d = math_reward(task.answer, completion)
+        if timing is not None: timing.update(_NO_RUN, wall_s=round(time.monotonic() - t0, 6))
+    else: r, d = code_reward(task, completion, pool=pool, timing=timing)
     return r, {"domain": task.domain, "task": task.id, **d}
 
 # %% ../nbs/21_tasks.ipynb #04052bbb
-def rewards(tasks, completions, workers: int = 2) -> list[tuple[float, dict]]:
-    "`reward` over pairs, code items in parallel processes (order preserved)."
-    from concurrent.futures import ThreadPoolExecutor
+def rewards(tasks, completions, workers: int | None = None, timings: list | None = None,
+            pool: sandbox.Pool | None = None) -> list[tuple[float, dict]]:
+    "`reward` of each (task, completion), in order; each distinct pair and each distinct program verified once."
     tasks, completions = list(tasks), list(completions)
     if len(tasks) != len(completions): raise ValueError("tasks and completions differ in length")
-    if workers <= 1 or not any(t.domain == "code" for t in tasks): return [reward(t, c) for t, c in zip(tasks, completions)]
-    with ThreadPoolExecutor(workers) as ex: return list(ex.map(reward, tasks, completions))
+    if not all(isinstance(c, str) for c in completions): raise TypeError("completion must be a str")
+    n = workers or sandbox.cores()
+    first = {}
+    for i, key in enumerate(zip(tasks, completions)): first.setdefault(key, i)
+    out, side, progs = {}, {}, {}
+    for t, c in first:
+        if t.domain != "code": side[t, c] = {}; out[t, c] = reward(t, c, timing=side[t, c]); continue
+        prog, early = _code_precheck(t, c)
+        if early is None: progs.setdefault((prog, t.tests), []).append((t, c))
+        else: out[t, c], side[t, c] = (0.0, {"domain": "code", "task": t.id, **early}), dict(_NO_RUN)
+    if progs:
+        pool = pool or sandbox.pool_for(workers=n)
+        run = lambda pt: pool.run(*pt)
+        if n <= 1 or len(progs) == 1: results = [run(pt) for pt in progs]
+        else:
+            with ThreadPoolExecutor(min(n, len(progs))) as ex: results = list(ex.map(run, progs))
+        for keys, res in zip(progs.values(), results):
+            for j, (t, c) in enumerate(keys):
+                out[t, c] = (float(res.ok), {"domain": "code", "task": t.id, **res.detail()})
+                side[t, c] = {**res.timing(), "reused": False} if j == 0 else {**res.timing(), "wall_s": 0.0, "reused": True}
+    rows = list(zip(tasks, completions))
+    if timings is not None:
+        timings.extend(side[k] if first[k] == i else {**side[k], "wall_s": 0.0, "reused": True} for i, k in enumerate(rows))
+    return [(out[k][0], dict(out[k][1])) for k in rows]
 
 # %% ../nbs/21_tasks.ipynb #9415a87e
 def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
@@ -261,48 +302,53 @@ def _humaneval_tests(test: str, entry: str) -> tuple[str, ...]:
         return tuple(ast.unparse(_Rename(arg, entry).visit(s)) for s in body)
     return (test + f"\ncheck({entry})\n",)
 
-def _req(rec, key, typ, where):
+# %% ../nbs/21_tasks.ipynb #d4e1c2a3
+def _req(rec, key, typ):
     if key not in rec: raise ValueError(f"missing field {key!r}")
     if not isinstance(rec[key], typ): raise ValueError(f"field {key!r} must be {typ.__name__}")
     return rec[key]
 
-def _parse_record(rec, fmt: str, idx: int, src: str) -> Task:
-    if not isinstance(rec, dict): raise ValueError("line is not a JSON object")
-    if fmt == "gsm8k":
-        q, a = _req(rec, "question", str, src), _req(rec, "answer", str, src)
-        m = _HASH_RE.findall(a)
-        if not m: raise ValueError("answer has no '#### N' final answer")
-        ref = m[-1].replace(",", "")
-        if parse_number(ref) is None: raise ValueError(f"final answer {m[-1]!r} is not a number")
-        tid = str(rec.get("id", f"gsm8k-{idx}"))
-        return Task(tid, "math", f"Question: {q}\nAnswer:", ref, (), {"source": src, "format": "gsm8k", "solution": a})
-    if fmt == "humaneval":
-        tid, p, sol = _req(rec, "task_id", str, src), _req(rec, "prompt", str, src), _req(rec, "canonical_solution", str, src)
-        test, entry = _req(rec, "test", str, src), _req(rec, "entry_point", str, src)
-        if not entry.isidentifier(): raise ValueError("entry_point is not an identifier")
-        try: ast.parse(p + sol)
-        except SyntaxError as e: raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})")
-        try: tests = _humaneval_tests(test, entry)
-        except SyntaxError as e: raise ValueError(f"test is not Python ({e.msg})")
-        for t in tests: sandbox.compile_test(t)   # raises on a snippet that is not Python
-        return Task(tid, "code", p, sol, tests, {"source": src, "format": "humaneval", "entry": entry, "program": "prompt+completion"})
-    if fmt == "mbpp":
-        tid, text, code = str(_req(rec, "task_id", (int, str), src)), _req(rec, "text", str, src), _req(rec, "code", str, src)
-        tl = _req(rec, "test_list", list, src)
-        if not tl or not all(isinstance(t, str) for t in tl): raise ValueError("test_list must be a non-empty list of strings")
-        if rec.get("test_setup_code"): raise ValueError("test_setup_code is not supported")
-        for t in tl:
-            try: ast.parse(t)
-            except SyntaxError as e: raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})")
-        try: ast.parse(code)
-        except SyntaxError as e: raise ValueError(f"code is not Python ({e.msg})")
-        prompt = f'"""{text}\nExample: {tl[0]}\n"""\n'
-        return Task(f"mbpp-{tid}", "code", prompt, code, tuple(tl), {"source": src, "format": "mbpp", "program": "completion"})
-    raise StalebookError(f"unknown task format {fmt!r} (use gsm8k, humaneval or mbpp)")
+def _gsm8k(rec, idx: int, src: str) -> Task:
+    q, a = _req(rec, "question", str), _req(rec, "answer", str)
+    m = _HASH_RE.findall(a)
+    if not m: raise ValueError("answer has no '#### N' final answer")
+    ref = m[-1].replace(",", "")
+    if parse_number(ref) is None: raise ValueError(f"final answer {m[-1]!r} is not a number")
+    tid = str(rec.get("id", f"gsm8k-{idx}"))
+    return Task(tid, "math", f"Question: {q}\nAnswer:", ref, (), {"source": src, "format": "gsm8k", "solution": a})
 
+# %% ../nbs/21_tasks.ipynb #a7b8c9d0
+def _humaneval(rec, idx: int, src: str) -> Task:
+    tid, p, sol = _req(rec, "task_id", str), _req(rec, "prompt", str), _req(rec, "canonical_solution", str)
+    test, entry = _req(rec, "test", str), _req(rec, "entry_point", str)
+    if not entry.isidentifier(): raise ValueError("entry_point is not an identifier")
+    try: ast.parse(p + sol)
+    except SyntaxError as e: raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})")
+    try: tests = _humaneval_tests(test, entry)
+    except SyntaxError as e: raise ValueError(f"test is not Python ({e.msg})")
+    for t in tests: sandbox.compile_test(t)   # raises on a snippet that is not Python
+    return Task(tid, "code", p, sol, tests, {"source": src, "format": "humaneval", "entry": entry, "program": "prompt+completion"})
+
+# %% ../nbs/21_tasks.ipynb #b8c9d0e1
+def _mbpp(rec, idx: int, src: str) -> Task:
+    tid, text, code = str(_req(rec, "task_id", (int, str))), _req(rec, "text", str), _req(rec, "code", str)
+    tl = _req(rec, "test_list", list)
+    if not tl or not all(isinstance(t, str) for t in tl): raise ValueError("test_list must be a non-empty list of strings")
+    if rec.get("test_setup_code"): raise ValueError("test_setup_code is not supported")
+    for t in tl:
+        try: ast.parse(t)
+        except SyntaxError as e: raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})")
+    try: ast.parse(code)
+    except SyntaxError as e: raise ValueError(f"code is not Python ({e.msg})")
+    prompt = f'"""{text}\nExample: {tl[0]}\n"""\n'
+    return Task(f"mbpp-{tid}", "code", prompt, code, tuple(tl), {"source": src, "format": "mbpp", "program": "completion"})
+
+_PARSERS = {"gsm8k": _gsm8k, "humaneval": _humaneval, "mbpp": _mbpp}
+
+# %% ../nbs/21_tasks.ipynb #e5f2d3b4
 def load_tasks_jsonl(path, fmt: str) -> list[Task]:
     "All tasks of a GSM8K/HumanEval/MBPP-style JSONL file; any malformed line → StalebookError('file:line: ...')."
-    if fmt not in ("gsm8k", "humaneval", "mbpp"): raise StalebookError(f"unknown task format {fmt!r} (use gsm8k, humaneval or mbpp)")
+    if fmt not in _PARSERS: raise StalebookError(f"unknown task format {fmt!r} (use gsm8k, humaneval or mbpp)")
     path = Path(path)
     try: raw = path.read_bytes()
     except OSError as e: raise StalebookError(f"{path}: cannot read ({e.strerror})") from None
@@ -311,7 +357,8 @@ def load_tasks_jsonl(path, fmt: str) -> list[Task]:
         if not line.strip(): continue
         try:
             rec = json.loads(line.decode("utf-8"))
-            t = _parse_record(rec, fmt, len(out), path.name)
+            if not isinstance(rec, dict): raise ValueError("line is not a JSON object")
+            t = _PARSERS[fmt](rec, len(out), path.name)
             if t.id in seen: raise ValueError(f"duplicate task id {t.id!r}")
         except (ValueError, UnicodeDecodeError, StalebookError, RecursionError) as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -4,7 +4,9 @@ policy that sampled is the policy being updated (the PPO ratio is 1 at the only 
 asserted every step). Its checkpoints form one continuous adapter-and-optimizer **lineage**
 0 → 25 → 100 → 400, each committed atomically and chained by content hash; a run killed at any moment
 resumes from its last 5-step checkpoint to the bit-identical result (CPU). The same trainer runs the
-positive-only SFT ablation, which is recorded as such and can never continue a GRPO lineage.
+positive-only SFT ablation, which is recorded as such and can never continue a GRPO lineage, and
+**asynchronous GRPO**: groups sampled by a behaviour policy that lags the learner by a controlled number
+of steps, with the off-policy corrections of TRL, verl and AReaL and per-step diagnostics of the gap.
 
 Docs: https://stalebook.github.io/stalebook/trainer.html.md"""
 
@@ -13,6 +15,7 @@ Docs: https://stalebook.github.io/stalebook/trainer.html.md"""
 # %% ../nbs/26_trainer.ipynb #be1f2d6d
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -22,20 +25,24 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import yaml
 from fastcore.basics import patch
 from safetensors.torch import load_file, save_file
 
 from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_dir, atomic_write,
                             atomic_write_json, canonical_json, config_dict, config_hash, fault_point, group_advantages,
-                            hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl, save_config)
+                            hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
 from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
 from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample,
                                 load_run_policy, rollout_domain, task_pool)
+from .theory.async_sim import behaviour_source
 
 # %% auto #0
-__all__ = ['aggregate', 'grpo_loss', 'sft_loss', 'weighted_sft_loss', 'TrainConfig', 'run_identity', 'checkpoint_name',
-           'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
-           'check_resume_config', 'Trainer', 'cmd_train']
+__all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss', 'weighted_sft_loss',
+           'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict',
+           'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state',
+           'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer',
+           'next_tasks', 'sample_step', 'step_rewards', 'lag_histogram', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -48,12 +55,32 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
         return per[n > 0].mean() if (n > 0).any() else per.sum() * 0
     raise ValueError(f"unknown aggregation {how!r}")
 
+# %% ../nbs/26_trainer.ipynb #3b7e0a12
+def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+    "Log-ratios [B, L] at an importance-sampling level (token | sequence: sum | geometric: mean over the response), [B, L]."
+    if level == "token": return log_ratio
+    m = mask.to(log_ratio.dtype)
+    s = (log_ratio * m).sum(-1, keepdim=True)
+    if level == "geometric": s = s / m.sum(-1, keepdim=True).clamp(min=1)
+    elif level != "sequence": raise ValueError(f"unknown importance-sampling level {level!r}")
+    return s.expand_as(log_ratio)
+
+def clipped_objective(log_ratio: torch.Tensor, A: torch.Tensor, clip_low: float = 0.2, clip_high: float | None = None):
+    """PPO's clipped surrogate per token: (min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r, where the clip binds),
+    r = exp(log_ratio) [B, L], A broadcastable to it; clip_high None = clip_low."""
+    ratio = torch.exp(log_ratio)
+    hi = clip_low if clip_high is None else clip_high
+    unclipped, clipped = ratio * A, ratio.clamp(1 - clip_low, 1 + hi) * A
+    return torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
+
 # %% ../nbs/26_trainer.ipynb #602967d9
-def grpo_loss(logp, old_logp, adv, mask, clip_epsilon=0.2, agg="token-mean", ref_logp=None, kl_beta=0.0):
-    "PPO-form clipped GRPO loss; returns (loss, stats). adv is per row [B]."
-    ratio = torch.exp(logp - old_logp)
-    A = adv[:, None].to(logp.dtype)
-    obj = torch.minimum(ratio * A, ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon) * A)
+def grpo_loss(logp, old_logp, adv, mask, clip_epsilon=0.2, agg="token-mean", ref_logp=None, kl_beta=0.0,
+              clip_epsilon_high=None, level="token", is_weights=None):
+    """PPO-form clipped GRPO loss; returns (loss, stats). adv is per row [B]; the ratio pi/pi_old is taken at
+    `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term."""
+    lr = level_log_ratio(logp - old_logp, mask, level)
+    obj, ratio, _ = clipped_objective(lr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
+    if is_weights is not None: obj = obj * is_weights
     loss = -aggregate(obj, mask, agg)
     stats = {"ratio_max_dev": float(((ratio.detach() - 1).abs() * mask).max()) if mask.any() else 0.0}
     if ref_logp is not None and kl_beta > 0:
@@ -79,6 +106,79 @@ def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
     return loss, {"sft/weight_mean": float(weights.mean()), "sft/weight_max": float(weights.max()),
                   "sft/n_weighted": int((weights > 0).sum())}
 
+# %% ../nbs/26_trainer.ipynb #5c1d2e02
+def is_weights(log_ratio, mask, correction: str = "truncate", level: str = "token", threshold: float = 2.0):
+    """Detached importance weights [B, L] of rho = pi_theta/pi_phi (log_ratio = log pi_theta - log pi_phi per token)
+    at `level`: truncated min(rho, C) (`truncate`) or masked rho 1[rho <= C] (`mask`); zero on padding."""
+    rho = torch.exp(level_log_ratio(log_ratio.detach(), mask, level))
+    if correction == "truncate": w = rho.clamp(max=threshold)
+    elif correction == "mask": w = rho.masked_fill(rho > threshold, 0.0)
+    else: raise ValueError(f"unknown off-policy correction {correction!r}")
+    return w * mask
+
+def offpolicy_grpo_loss(logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token",
+                        threshold: float = 2.0, **kw):
+    """GRPO on groups sampled by a behaviour policy phi; returns (loss, stats). `none`: PPO-clip with ratio
+    pi_theta/pi_phi at `level`; `truncate` / `mask`: `is_weights` of pi_theta/pi_phi times the clipped surrogate
+    against the learner itself (ratio 1). `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta."""
+    if correction == "none": return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
+    w = is_weights(logp - behaviour_logp, mask, correction, level, threshold)
+    return grpo_loss(logp, logp.detach(), adv, mask, is_weights=w, **kw)
+
+# %% ../nbs/26_trainer.ipynb #5c1d2e06
+def _num(x) -> float | None:
+    "A finite float, or None (JSON null) for nan/inf."
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+@torch.no_grad()
+def offpolicy_stats(logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token",
+                    threshold: float = 2.0, clip_epsilon: float = 0.2, clip_epsilon_high: float | None = None) -> dict:
+    """Off-policy diagnostics of a batch sampled by phi (log-probs [B, L], adv [B], mask [B, L]): |log r| max/mean,
+    k3 KL(pi_phi || pi_theta), clip fraction of the loss, and ESS fraction, log max and fraction > C of the raw weights."""
+    m = mask
+    lr = ((logp - behaviour_logp) * m).detach().double()           # float64: k3 = r - 1 - log r cancels near r = 1
+    n = m.sum().clamp(min=1)
+    lw = level_log_ratio(lr, m, level)
+    lw = lw[m] if level == "token" else lw[:, 0][m.any(-1)]
+    if correction == "none":
+        clip = (clipped_objective(level_log_ratio(lr, m, level), adv[:, None].to(lr.dtype), clip_epsilon, clip_epsilon_high)[2] & m).sum() / n
+    else: clip = 0.0                                 # the decoupled loss's ratio is 1: its clip never binds
+    ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / max(lw.numel(), 1)
+    return dict(logr_max_abs=_num(lr.abs().max()), logr_mean_abs=_num(lr.abs().sum() / n),
+                kl_behav_k3=_num(((torch.expm1(lr) - lr) * m).sum() / n), clip_frac=_num(clip),
+                is_ess_frac=_num(ess), is_log_max=_num(lw.max()) if lw.numel() else None,
+                is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None)
+
+# %% ../nbs/26_trainer.ipynb #6a0b1c01
+@dataclass
+class AsyncConfig:
+    "The behaviour policy of a GRPO run: how far it lags the learner, and how the stale groups are corrected."
+    staleness: int = 0                           # S; 0 = synchronous (the behaviour policy is the learner)
+    mode: Literal["sync-every", "fixed-lag", "pipelined"] = "sync-every"
+    max_staleness: int = 2                       # pipelined: refuse groups more than this many versions old
+    on_stale: Literal["block", "drop"] = "block" # pipelined: the generator waits, or the learner drops stale groups
+    queue_size: int = 2                          # pipelined: bounded generator -> learner queue (batches)
+    correction: Literal["none", "truncate", "mask"] = "none"
+    level: Literal["token", "sequence", "geometric"] = "token"
+    is_threshold: float = 2.0                    # C of truncate / mask
+    clip_epsilon_high: float | None = None       # DAPO clip-higher; None = clip_epsilon
+
+    @property
+    def enabled(self) -> bool: return self.staleness > 0 or self.mode == "pipelined"
+
+    def __post_init__(self):
+        if self.staleness < 0: raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.mode == "pipelined" and self.staleness:
+            raise ValueError("staleness is the controlled lag of sync-every / fixed-lag; a pipelined run records its lag (bound it with max_staleness)")
+        if self.max_staleness < 0 or self.queue_size < 1: raise ValueError("max_staleness must be >= 0 and queue_size >= 1")
+        if not self.is_threshold > 0: raise ValueError(f"is_threshold must be > 0, got {self.is_threshold}")
+        if self.clip_epsilon_high is not None and not self.clip_epsilon_high >= 0: raise ValueError("clip_epsilon_high must be >= 0")
+        if not self.enabled:
+            d = AsyncConfig.__dataclass_fields__
+            bad = [k for k in d if k not in ("staleness", "mode") and getattr(self, k) != d[k].default]
+            if bad: raise ValueError(f"staleness 0 is the synchronous trainer: {', '.join(bad)} must stay at the default")
+
 # %% ../nbs/26_trainer.ipynb #118d3cc7
 @dataclass
 class TrainConfig:
@@ -95,6 +195,7 @@ class TrainConfig:
     prompts_per_step: int = 8
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     objective: Literal["grpo", "sft"] = "grpo"
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: plain SGD (no momentum; the staleness theory's update)
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -106,6 +207,7 @@ class TrainConfig:
     loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
     clip_epsilon: float = 0.2                    # recorded; inactive (ratio = 1 at the only loss evaluation)
     kl_beta: float = 0.0
+    async_training: AsyncConfig = field(default_factory=AsyncConfig)
     lora: LoraSpec = field(default_factory=LoraSpec)
     checkpoint_every: int = 5
     lineage_steps: tuple[int, ...] = (0, 25, 100, 400)
@@ -126,11 +228,65 @@ class TrainConfig:
         if not self.kl_beta >= 0: raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.objective == "grpo" and self.lora.dropout > 0:
             raise ValueError("lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation")
+        if self.async_training.enabled and self.objective != "grpo": raise ValueError("async_training needs objective 'grpo'")
+
+def identity_dict(cfg: TrainConfig) -> dict:
+    "The fields that determine the run's numbers: all but `out`; `async_training` / `optimizer` only when not synchronous / AdamW."
+    d = config_dict(cfg); d.pop("out")
+    if not cfg.async_training.enabled: d.pop("async_training")
+    if cfg.optimizer == "adamw": d.pop("optimizer")
+    return d
 
 def run_identity(cfg: TrainConfig) -> str:
-    "Hash of everything that determines the run's numbers: the config without `out` (where it is stored)."
-    d = config_dict(cfg); d.pop("out")
-    return hash_json(d)
+    "Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored."
+    return hash_json(identity_dict(cfg))
+
+def save_run_config(cfg: TrainConfig, path) -> Path:
+    "The run's `config.yaml`: `out` and the identity fields, sorted (loadable by `load_config`)."
+    return atomic_write(path, yaml.safe_dump({"out": cfg.out, **identity_dict(cfg)}, sort_keys=True))
+
+# %% ../nbs/26_trainer.ipynb #6a0b1c03
+class Behaviour:
+    "Snapshots of the learner's trainable tensors, the rule choosing step t's behaviour weights, and their swap into the model."
+    def __init__(self, acfg: AsyncConfig, model):
+        self.S, self.mode = acfg.staleness, acfg.mode
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.snaps: dict[int, list] = {}
+
+    def source(self, t: int) -> int:
+        "The learner step whose weights sample step t."
+        return int(behaviour_source(t, self.S, "sync" if self.mode == "sync-every" else "fixed"))
+
+    def needed(self, s: int) -> bool:
+        "Does a later step sample with theta_s? (source(t) = s is only possible for s < t <= s + S.)"
+        return any(self.source(t) == s for t in range(s + 1, s + self.S + 1))
+
+    def record(self, step: int) -> None:
+        "theta_step now exists: snapshot it if a later step needs it; drop snapshots older than step's own source."
+        if self.needed(step): self.snaps[step] = [p.detach().clone() for _, p in self.named]
+        for s in [s for s in self.snaps if s < self.source(step)]: del self.snaps[s]
+
+    @contextlib.contextmanager
+    def acting(self, t: int):
+        "Within the block the model holds phi_t = theta_{source(t)} (yields source(t)); theta is copied back after."
+        s = self.source(t)
+        if s == t:
+            yield s; return
+        keep = [p.detach().clone() for _, p in self.named]
+        with torch.no_grad():
+            for (_, p), v in zip(self.named, self.snaps[s]): p.copy_(v)
+        try: yield s
+        finally:
+            with torch.no_grad():
+                for (_, p), v in zip(self.named, keep): p.copy_(v)
+
+    def state(self) -> dict:
+        return {f"snap.{s}.{n}": v for s, vs in self.snaps.items() for (n, _), v in zip(self.named, vs)}
+
+    def load_state(self, tensors: dict) -> None:
+        names = [n for n, _ in self.named]
+        steps = sorted({int(k.split(".")[1]) for k in tensors if k.startswith("snap.")})
+        self.snaps = {s: [tensors[f"snap.{s}.{n}"].clone() for n in names] for s in steps}
 
 # %% ../nbs/26_trainer.ipynb #b40a0ef2
 def checkpoint_name(step: int) -> str:
@@ -162,14 +318,16 @@ def load_train_state(d, opt, sched) -> None:
     torch.set_rng_state(t["torch_rng"])
 
 # %% ../nbs/26_trainer.ipynb #1025375d
+ASYNC_STATE = "async.safetensors"          # an asynchronous run's extra state in each checkpoint
+
 class Lineage:
     "The checkpoints of one run: rolling `ckpt/`, permanent `lineage/`, and the hash chain in `lineage.json`."
     def __init__(self, run_dir, objective: str, lineage_steps, keep: int, identity: str):
         self.dir, self.objective, self.steps, self.keep, self.identity = Path(run_dir), objective, tuple(lineage_steps), keep, identity
-        self.chain, self.parent = [], None
+        self.chain, self.parent, self.restored = [], None, None
 
-    def commit(self, step: int, model, opt, sched, cursor) -> str:
-        "Write the checkpoint of `step` atomically and chain it; returns its content hash."
+    def commit(self, step: int, model, opt, sched, cursor, extra: dict | None = None) -> str:
+        "Write the checkpoint of `step` atomically (with `extra` tensors as async.safetensors) and chain it; returns its hash."
         path = self.dir / "ckpt" / checkpoint_name(step)
         meta = dict(step=step, cursor=cursor, parent=self.parent, objective=self.objective, config_hash=self.identity,
                     policy_hash=policy_hash(model))
@@ -177,6 +335,7 @@ class Lineage:
             save_adapter(model, d / "adapter")
             fault_point("ckpt", step)
             save_train_state(d, opt, sched)
+            if extra: save_file(extra, str(d / ASYNC_STATE))
             atomic_write_json(d / "meta.json", meta)
         h = hash_dir(path)
         self.chain.append(dict(step=step, hash=h, parent=self.parent, objective=self.objective))
@@ -206,6 +365,7 @@ def restore(self: Lineage, model, opt, sched) -> dict | None:
         if chain: raise StalebookError(f"{lf}: no checkpoint under {ckdir} matches the recorded lineage")
         shutil.rmtree(ckdir); return None                     # crashed before the root was recorded
     meta = json.loads((path / "meta.json").read_text())
+    self.restored = path
     if meta["objective"] != self.objective:
         raise StalebookError(f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{self.objective}'; "
                              "an SFT run never resumes from a GRPO checkpoint (or the reverse)")
@@ -251,6 +411,13 @@ def check_resume_config(cfg: TrainConfig, saved: Path) -> None:
         raise StalebookError(f"{saved}: run was started with another config (fields differ: {', '.join(diff)}); use a new --out")
 
 # %% ../nbs/26_trainer.ipynb #d4817c44
+def make_optimizer(cfg: TrainConfig, params):
+    "AdamW (default) or plain SGD (no momentum), with a linear warmup of `warmup_steps`, then a constant rate."
+    if cfg.optimizer == "sgd": opt = torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else: opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    w = cfg.warmup_steps
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
+
 class Trainer:
     "GRPO/SFT on LoRA parameters: the step, the data order and the loop; checkpoints go through a `Lineage`."
     def __init__(self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None):
@@ -269,16 +436,18 @@ class Trainer:
                                                                  cfg.tasks_jsonl, cfg.tasks_format)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params: raise StalebookError("model has no trainable (LoRA) parameters")
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        w = cfg.warmup_steps
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
+        self.opt, self.sched = make_optimizer(cfg, self.params)
         self.step, self.cursor = 0, [0, 0]
+        a = cfg.async_training
+        self.async_on, self.trace = a.enabled, {}
+        self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
         self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
         meta = self.lineage.restore(self.model, self.opt, self.sched)
         if meta is not None: self._resume_log(meta)
-        save_config(cfg, self.dir / "config.yaml")
+        self._async_start(meta)
+        save_run_config(cfg, self.dir / "config.yaml")
         self.log = JsonlLog(self.dir / "steps.jsonl")
-        if meta is None: self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor)   # the lineage root
+        if meta is None: self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self._async_state())   # the root
 
 # %% ../nbs/26_trainer.ipynb #0d4e503b
 @patch
@@ -289,87 +458,173 @@ def _resume_log(self: Trainer, meta: dict) -> None:
     keep = [r for r in read_jsonl(logf, warn=False).records if r["step"] < self.step]
     atomic_write(logf, "".join(canonical_json(r) + "\n" for r in keep))
 
+def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
+    "(n prompts, next cursor): consecutive slices of one permutation per data epoch, from (seed, 'data', domain, epoch)."
+    out, (epoch, pos) = [], cursor
+    while len(out) < n:
+        perm = Domain(seed, ("data", domain, epoch)).numpy().permutation(len(tasks))
+        take = perm[pos: pos + n - len(out)]
+        out += [tasks[i] for i in take]
+        pos += len(take)
+        if pos >= len(tasks): epoch, pos = epoch + 1, 0
+    return out, [epoch, pos]
+
 @patch
 def _next_tasks(self: Trainer) -> list:
-    "The step's prompts: consecutive slices of one permutation per data epoch, from (seed, 'data', domain, epoch)."
-    n, out = len(self.tasks), []
-    epoch, pos = self.cursor
-    while len(out) < self.cfg.prompts_per_step:
-        perm = Domain(self.cfg.seed, ("data", self.cfg.domain, epoch)).numpy().permutation(n)
-        take = perm[pos: pos + self.cfg.prompts_per_step - len(out)]
-        out += [self.tasks[i] for i in take]
-        pos += len(take)
-        if pos >= n: epoch, pos = epoch + 1, 0
-    self.cursor = [epoch, pos]
+    "The step's prompts (`next_tasks` at the run's data cursor)."
+    out, self.cursor = next_tasks(self.tasks, self.cursor, self.cfg.prompts_per_step, self.cfg.seed, self.cfg.domain)
     return out
 
+# %% ../nbs/26_trainer.ipynb #6a0b1c05
+@patch
+def _flat(self: Trainer) -> torch.Tensor:
+    "The trainable (LoRA) tensors as one float64 vector."
+    return torch.cat([p.detach().reshape(-1) for p in self.params]).double()
+
+@patch
+def _async_state(self: Trainer) -> dict | None:
+    "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
+    if not self.async_on: return None
+    st = {f"trace.{k}": v for k, v in self.trace.items()}
+    if self.behaviour is not None: st.update(self.behaviour.state())
+    return st
+
+@patch
+def _async_start(self: Trainer, meta) -> None:
+    "Fresh run: snapshot theta_0; resumed run: reload the state its checkpoint saved."
+    if not self.async_on: return
+    if meta is None:
+        self.trace = {"theta0": self._flat()}
+        if self.behaviour is not None: self.behaviour.record(0)
+        return
+    t = load_file(str(self.lineage.restored / ASYNC_STATE))
+    self.trace = {k[6:]: v for k, v in t.items() if k.startswith("trace.")}
+    if self.behaviour is not None: self.behaviour.load_state(t)
+
 # %% ../nbs/26_trainer.ipynb #b8175436
+def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str):
+    "K responses per prompt of `batch` from the model's weights (hash `ph`); each group from (seed, 'rollout', ph, purpose, id)."
+    K = sc.group_size
+    dom = rollout_domain(seed, ph, purpose)
+    u = torch.cat([group_uniforms(dom.child(t.id), K, sc.max_new_tokens) for t in batch])
+    pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc)
+    return pids, comps
+
+def step_rewards(tok, batch, comps, K: int, reward_fn=None) -> torch.Tensor:
+    "Verifier rewards of the completions, [P, K] float64."
+    texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
+    return torch.tensor([r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn)],
+                        dtype=torch.float64).view(-1, K)
+
 @patch
 def _generate(self: Trainer, batch, ph: str):
-    "Sample K responses per prompt of `batch` with the current policy: (prompt ids, completions)."
-    K, sc = self.cfg.sampling.group_size, self.cfg.sampling
-    dom = rollout_domain(self.cfg.seed, ph, f"train/{self.step}")
-    u = torch.cat([group_uniforms(dom.child(t.id), K, sc.max_new_tokens) for t in batch])
-    pids, comps, _ = hf_sample(self.model, self.tok, [t.prompt for t in batch for _ in range(K)], u, sc)
-    return pids, comps
+    "Sample K responses per prompt of `batch` with the policy on the model: (prompt ids, completions)."
+    return sample_step(self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}")
 
 @patch
 def _reward(self: Trainer, batch, comps) -> torch.Tensor:
-    "Verifier rewards of the completions, [P, K] float64."
-    K = self.cfg.sampling.group_size
-    texts = [self.tok.decode(c, skip_special_tokens=True) for c in comps]
-    return torch.tensor([r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, self.reward_fn)],
-                        dtype=torch.float64).view(-1, K)
+    return step_rewards(self.tok, batch, comps, self.cfg.sampling.group_size, self.reward_fn)
+
+@patch
+def _behaviour_logprobs(self: Trainer, pids, comps):
+    "Teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
+    with torch.no_grad(): return completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id)
 
 # %% ../nbs/26_trainer.ipynb #a8e927f7
 @patch
-def _loss(self: Trainer, pids, comps, R):
-    "Behaviour (and reference) log-probs without gradients, then the log-probs with gradients and the step's loss."
-    cfg, pad = self.cfg, self.tok.pad_token_id
-    with torch.no_grad():
-        old, mask = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
-        ref = None
-        if cfg.objective == "grpo" and cfg.kl_beta > 0:
-            with self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
+def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
+    "The reference's log-probs (KL term), the log-probs with gradients and the loss against behaviour log-probs `old`."
+    cfg, pad, a = self.cfg, self.tok.pad_token_id, self.cfg.async_training
+    ref = None
+    if cfg.objective == "grpo" and cfg.kl_beta > 0:
+        with torch.no_grad(), self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
     self.model.train()
     logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
-    if cfg.objective == "sft": return (*sft_loss(logp, R.view(-1).to(logp.device), mask, cfg.loss_agg), mask)
+    if cfg.objective == "sft": return sft_loss(logp, R.view(-1).to(logp.device), mask, cfg.loss_agg)
     adv = group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(logp.device)
-    loss, st = grpo_loss(logp, old, adv, mask, cfg.clip_epsilon, cfg.loss_agg, ref, cfg.kl_beta)
-    if not st["ratio_max_dev"] < cfg.ratio_tol:
-        raise StalebookError(f"step {self.step}: PPO ratio deviates from 1 by {st['ratio_max_dev']:.2e} "
-                             f"(> {cfg.ratio_tol}); the policy that sampled is not the policy being updated")
-    return loss, st, mask
+    loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, clip_epsilon=cfg.clip_epsilon,
+                                   clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, ref_logp=ref, kl_beta=cfg.kl_beta)
+    if self.async_on: st.update(offpolicy_stats(logp, old, adv, mask, a.correction, a.level, a.is_threshold,
+                                                cfg.clip_epsilon, a.clip_epsilon_high))
+    dev = (st["logr_max_abs"] if self.async_on else st["ratio_max_dev"])
+    dev = float("inf") if dev is None else dev
+    if lag == 0 and not dev < cfg.ratio_tol:
+        raise StalebookError(f"step {self.step}: PPO ratio deviates from 1 by {dev:.2e} (> {cfg.ratio_tol}); "
+                             "the policy that sampled is not the policy being updated")
+    return loss, st
 
 # %% ../nbs/26_trainer.ipynb #968ca564
 @patch
 def train_step(self: Trainer) -> dict:
-    "sample -> reward -> log-probs -> loss -> step -> record (one optimizer step)."
-    cfg, t0 = self.cfg, time.perf_counter()
-    ph = policy_hash(self.model)
+    "behaviour policy -> sample -> behaviour log-probs -> reward -> loss -> step -> record (one optimizer step)."
+    t0 = time.perf_counter()
     batch = self._next_tasks()
-    pids, comps = self._generate(batch, ph)
-    t_gen = time.perf_counter() - t0
+    with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
+        ph = policy_hash(self.model)                       # the weights that sample: phi_t (theta when synchronous)
+        pids, comps = self._generate(batch, ph)
+        t_gen = time.perf_counter() - t0
+        old, mask = self._behaviour_logprobs(pids, comps)
+        phi = self._flat() if self.async_on else None
     R = self._reward(batch, comps)
-    loss, st, mask = self._loss(pids, comps, R)
+    rec = self._learn(pids, comps, R, old, mask, ph, src, phi)
+    rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
+    return rec
+
+@patch
+def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
+    """Loss, optimizer step and record for groups sampled by the weights of learner step `src` (hash `ph`, flat
+    tensors `phi`) with behaviour log-probs `old` [B, L]. The pipelined learner calls it too."""
+    cfg = self.cfg
+    theta = self._flat() if self.async_on else None
+    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)
     self.opt.zero_grad(set_to_none=True)
     loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    if not (torch.isfinite(loss) and torch.isfinite(gn)):
+        raise StalebookError(f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); the run diverged")
+    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]).double() if self.async_on else None
     self.opt.step(); self.sched.step()
     r = R.numpy()
     rec = dict(step=self.step, policy_hash=ph, objective=cfg.objective, reward_mean=float(r.mean()),
                reward_se=float(r.mean(-1).std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else 0.0,
                zero_adv_groups=int(homogeneous_groups(r).sum()), n_groups=len(r), loss=float(loss.detach()),
                grad_norm=float(gn), n_tokens=int(mask.sum()), lr=float(self.sched.get_last_lr()[0]),
-               clip_epsilon=cfg.clip_epsilon, loss_agg=cfg.loss_agg, t_gen=round(t_gen, 4),
-               t_step=round(time.perf_counter() - t0, 4), **st)
+               clip_epsilon=cfg.clip_epsilon, loss_agg=cfg.loss_agg, **st)
+    if self.async_on: rec.update(self._async_record(theta, grad, src, phi))
     self.step += 1
+    if self.behaviour is not None: self.behaviour.record(self.step)
     return rec
+
+# %% ../nbs/26_trainer.ipynb #6a0b1c07
+def _cos(a, b) -> float | None:
+    "Cosine of two vectors; None when either is missing or zero."
+    if a is None or b is None: return None
+    d = float(a.norm() * b.norm())
+    return float(a @ b) / d if d > 0 else None
+
+@patch
+def _async_record(self: Trainer, theta, grad, src: int, phi=None) -> dict:
+    "Lag, distances, and the update's norm and direction (theta: the flat weights before the step)."
+    upd = self._flat() - theta
+    rec = dict(lag=self.step - src, behaviour_step=src, lag_dist=_num((theta - phi).norm()) if phi is not None else None,
+               drift=_num((theta - self.trace["theta0"]).norm()), update_norm=_num(upd.norm()),
+               update_cos=_cos(upd, self.trace.get("prev_update")), grad_cos=_cos(grad, self.trace.get("prev_grad")))
+    self.trace.update(prev_update=upd, prev_grad=grad)
+    return rec
+
+def lag_histogram(records) -> dict:
+    "Realised lag -> number of steps, from a run's step records."
+    out = {}
+    for r in records: out[r["lag"]] = out.get(r["lag"], 0) + 1
+    return dict(sorted(out.items()))
 
 # %% ../nbs/26_trainer.ipynb #c3407379
 @patch
 def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Trainer:
     "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
+    if self.cfg.async_training.mode == "pipelined":
+        raise StalebookError(f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
+                             "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)")
     end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
     bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
     while self.step < end:
@@ -377,7 +632,7 @@ def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Train
         fault_point("step", rec["step"])
         self.log.append(rec)
         if self.step % self.cfg.checkpoint_every == 0 or self.step in self.cfg.lineage_steps or self.step == self.cfg.steps:
-            self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor)
+            self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self._async_state())
         bar.update(1, reward=f"{rec['reward_mean']:.2f}")
     bar.close()
     return self
@@ -398,6 +653,9 @@ def cmd_train(argv) -> int:
         first, last = recs[0], recs[-1]
         print(f"{cfg.out}: step {t.step}/{cfg.steps}  reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
               f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}")
+        if cfg.async_training.enabled:
+            print(f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, lags {lag_histogram(recs)}, "
+                  f"max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, correction {cfg.async_training.correction}")
     probs = check_lineage(cfg.out)
     for pr in probs: print(f"lineage: {pr}")
     return 1 if probs else 0

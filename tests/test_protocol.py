@@ -1,12 +1,24 @@
-"""Tests of stalebook.protocol: Gram-space bootstrap vs explicit resampling, tie streams, gate/verdict, calibration."""
+"""Tests of stalebook.protocol: Gram-space bootstrap vs explicit resampling, tie streams, gate/verdict, bound methods,
+controls, calibration of the default bound, the design function and `stalebook design`.
+
+Default-run times (shared 2-core machine): the whole file about 1-2 min; the reduced-grid coverage test is the
+largest part (see its docstring)."""
+import contextlib, io, json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
+from scipy import stats
 
-from stalebook.core import Domain, group_advantages, homogeneous_groups
-from stalebook.protocol import (SPLITS, Rollouts, cosine_scores, admissible, analyse_point, bootstrap_gram, bootstrap_naive, calibrate,
-                                point_scores, pool_cell, prompt_gradients, reliability, synthetic_point, synthetic_pool,
-                                synthetic_split, tie_keys, topk_mask, truth_mc, validation_gradient, verdict)
+from stalebook.core import Domain, StalebookError, group_advantages, homogeneous_groups
+from stalebook.protocol import (BOUNDS, DEFAULT_BOUND, SPLITS, GramHalf, PointResult, Rollouts, admissible, analyse_point,
+                                bca_bounds, bias_z0, bootstrap_gram, bootstrap_naive, calibrate_cell, calibration_grid,
+                                cell_pool, cmd_design, control_sd, cosine_scores, design_power, gaussian_rel_bounds,
+                                jackknife_moments, percentile_bounds, pilot_model, point_scores, pool_cell, positive_control,
+                                predict_design, prompt_gradients, reliability, selection_gain, smallest_design, summarise_cell,
+                                synthetic_point, synthetic_pool, synthetic_split, tie_keys, topk_mask, truth_mc,
+                                validation_gradient, verdict)
+from stalebook.theory.reliability import overlap_limit, overlap_slope, rho_from_rel
 
 
 def _inputs(seed, n, n_val, d, K, K_val, frac_homog, k):
@@ -26,17 +38,19 @@ def _inputs(seed, n, n_val, d, K, K_val, frac_homog, k):
 def test_gram_bootstrap_equals_naive(seed, n, n_val, d, K, K_val, frac_homog, std, chunk):
     k = max(1, n // 3)
     D, cand, val, keys, masks = _inputs(seed, n, n_val, d, K, K_val, frac_homog, k)
-    a = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std, keep_scores=True)
-    b = bootstrap_naive(cand, val, masks, keys["A"], keys["B"], k, D, 60, chunk=chunk, std=std, keep_scores=True)
-    assert a.keys() == b.keys() == {"rel", "gain/fresh", "gain/rand", "sA", "sB", "u"} and all(len(a[s]) == 60 for s in a)
+    kw = dict(chunk=chunk, std=std, keep_scores=True, control=D.child("control"))
+    a = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], k, D, 60, **kw)
+    b = bootstrap_naive(cand, val, masks, keys["A"], keys["B"], k, D, 60, **kw)
+    assert a.keys() == b.keys() == {"rel", "gain/fresh", "gain/rand", "gain/control", "sA", "sB", "u", "mask/control"}
+    assert all(len(a[s]) == 60 for s in a)
     for s in a:
-        np.testing.assert_allclose(a[s], b[s], rtol=0, atol=1e-9, err_msg=s)
+        np.testing.assert_allclose(a[s].astype(float), b[s].astype(float), rtol=0, atol=1e-9, err_msg=s)
 
 
 def test_gram_bootstrap_chunk_invariant():
     D, cand, val, keys, masks = _inputs(3, 12, 3, 5, 4, 3, 0.2, 4)
-    runs = [bootstrap_gram(cand, val, masks, keys["A"], keys["B"], 4, D, 100, chunk=c) for c in (1, 7, 100, None)]
-    assert np.ptp(runs[0]["gain/fresh"]) > 0 and np.ptp(runs[0]["rel"]) > 0       # the replicates vary
+    runs = [bootstrap_gram(cand, val, masks, keys["A"], keys["B"], 4, D, 100, chunk=c, control=D.child("c")) for c in (1, 7, 100, None)]
+    assert np.ptp(runs[0]["gain/fresh"]) > 0 and np.ptp(runs[0]["rel"]) > 0 and np.ptp(runs[0]["gain/control"]) > 0
     for r in runs[1:]:
         for s in r: np.testing.assert_allclose(r[s], runs[0][s], rtol=0, atol=1e-12)
 
@@ -45,9 +59,8 @@ def test_observed_statistics_direct():
     D, cand, val, keys, masks = _inputs(5, 20, 4, 6, 5, 4, 0.4, 5)
     stale_g = Domain(5, ("stale",)).numpy().standard_normal((20, 6))
     r = analyse_point(cand, val, 5, D, stale={"g": stale_g, "s": np.arange(20.0)}, n_boot=50)
-    # by hand: gradients, cosines, u, gains
     def cos(G, g): return np.array([x @ g / (np.linalg.norm(x) * np.linalg.norm(g)) if np.linalg.norm(x) > 0 else 0.0 for x in G])
-    s = {h: cos(np.stack([(group_advantages(cand[h].rewards[i]) [:, None] * cand[h].vectors[i]).sum(0) for i in range(20)]),
+    s = {h: cos(np.stack([(group_advantages(cand[h].rewards[i])[:, None] * cand[h].vectors[i]).sum(0) for i in range(20)]),
                 np.mean([(group_advantages(val[h].rewards[j])[:, None] * val[h].vectors[j]).sum(0) for j in range(4)], 0))
          for h in SPLITS}
     u = (s["A"] + s["B"]) / 2
@@ -57,9 +70,13 @@ def test_observed_statistics_direct():
     sel = lambda x, key: set(np.lexsort((-key, -x))[:5])
     assert set(np.flatnonzero(r.selected["fresh"])) == sel(s["R"], tie_keys(D, "R", 20))
     assert set(np.flatnonzero(r.selected["s"])) == set(range(15, 20))
+    assert set(np.flatnonzero(r.selected["control"])) == sel(np.zeros(20), tie_keys(D, "control", 20))   # its own tie stream
     S = sorted(sel(s["R"], tie_keys(D, "R", 20)))
     assert abs(r.gain_fresh - (u[S].mean() - u.mean())) < 1e-12
     assert r.rel == len(sel(s["A"], tie_keys(D, "A", 20)) & sel(s["B"], tie_keys(D, "B", 20))) / 5
+    assert r.K == 5 and r.bound == DEFAULT_BOUND and r.summary()["bound"] == DEFAULT_BOUND
+    with pytest.raises(ValueError, match="reserved"):
+        analyse_point(cand, val, 5, D, stale={"control": stale_g}, n_boot=10)
 
 
 # ---------- gate and verdict boundaries ----------
@@ -99,12 +116,163 @@ def test_tie_streams_remove_inflation():
         sc = point_scores(cand, val)
         idx = -np.arange(float(n))
         r_idx.append(reliability(topk_mask(sc["A"][0], k, idx), topk_mask(sc["B"][0], k, idx)))
-        r_str.append(analyse_point(cand, val, k, D.child(s), n_boot=10).rel)
+        r_str.append(analyse_point(cand, val, k, D.child(s), n_boot=10, gauss_reps=50).rel)
     tr = truth_mc(pool, D.child("truth"), k, T=2000)
     se = np.hypot(np.std(r_str) / np.sqrt(60), tr["rel_se"])
     assert abs(np.mean(r_str) - tr["rel"]) < 4 * se                 # streams: unbiased for the truth
     assert np.mean(r_idx) - tr["rel"] > 10 * se                     # index order: inflated
     assert np.mean(r_idx) >= 2 * k / n > tr["rel"]                  # ... enough to pass the 2k/n gate spuriously
+
+
+# ---------- bound methods ----------
+def test_bc_reduces_to_percentile_without_bias():
+    r = Domain(0, ("test", "bc")).numpy().standard_normal(4999)
+    sym = np.concatenate([r, -r, [0.0]]) + 1.5                      # replicates centred exactly on the estimate 1.5
+    assert bias_z0(1.5, sym) == 0.0
+    np.testing.assert_allclose(bca_bounds(1.5, sym), percentile_bounds(sym), rtol=0, atol=1e-12)
+    # an unbiased statistic with a real bootstrap: the mean of a symmetric sample, 20,000 replicates
+    g = Domain(1, ("test", "bc")).numpy()
+    x = g.standard_normal(200)
+    reps = x[g.integers(0, 200, (20000, 200))].mean(1)
+    sd = reps.std()
+    assert abs(bias_z0(x.mean(), reps)) < 0.03
+    np.testing.assert_allclose(bca_bounds(x.mean(), reps), percentile_bounds(reps), rtol=0, atol=0.05 * sd)
+    assert bca_bounds(x.mean() + sd, reps)[0] > percentile_bounds(reps)[0] + 0.5 * sd   # an estimate above the replicates: BC moves
+
+
+@settings(max_examples=25, deadline=None)
+@given(rel=st.floats(0.15, 0.9), sd=st.floats(0.005, 0.1), nk=st.sampled_from([(64, 8), (256, 32), (64, 16), (200, 10)]))
+def test_gaussian_bound_inverts_overlap_limit(rel, sd, nk):
+    n, k = nk
+    q = k / n
+    lo, hi = gaussian_rel_bounds(rel, n, k, sd)
+    rho = rho_from_rel(rel, q)
+    if rel > q:
+        assert abs(float(overlap_limit(rho, q)) - rel) < 1e-9                       # rho_hat = O^{-1}(Rel_k)
+    se = sd / overlap_slope(float(np.clip(rho, -1 + 1e-6, 1 - 1e-6)), q)
+    z = stats.norm.ppf(0.95)
+    assert abs(lo - float(overlap_limit(np.clip(rho - z * se, -1, 1), q))) < 1e-12
+    assert abs(hi - float(overlap_limit(np.clip(rho + z * se, -1, 1), q))) < 1e-12
+    assert lo <= max(rel, q) + 1e-12 and hi >= max(rel, q) - 1e-12
+    assert gaussian_rel_bounds(rel, n, k, 2 * sd)[0] <= lo + 1e-12                  # wider SD, lower bound
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(5, 12), K=st.integers(2, 5), Kv=st.integers(2, 4), nv=st.integers(1, 3))
+def test_jackknife_moments_equal_direct_deletion(seed, n, K, Kv, nv):
+    k = max(1, n // 3)
+    D, cand, val, keys, masks = _inputs(seed, n, nv, 4, K, Kv, 0.3, k)
+    sc = {h: point_scores(cand, val)[h][0] for h in SPLITS}
+    jm = jackknife_moments(cand, val, {h: GramHalf.build(cand[h], val[h]) for h in "AB"}, sc, keys, k, masks)
+    def mom(theta):
+        m = theta.shape[1]; l = (m - 1) * (theta.mean(1, keepdims=True) - theta)
+        return np.array([(l ** 2).sum() / m ** 2, (l ** 3).sum() / m ** 3])
+    want = {s: np.zeros(2) for s in jm}
+    for h, o in (("A", "B"), ("B", "A")):
+        mo, gv = topk_mask(sc[o], k, keys[o]), validation_gradient(val[h])
+        G = prompt_gradients(val[h])
+        def stats_of(s):
+            return {"rel": reliability(topk_mask(s, k, keys[h]), mo), **{nm: selection_gain((s + sc[o]) / 2, m) for nm, m in masks.items()}}
+        cand_rows = []
+        for i in range(n):
+            for y in range(K):
+                gi = prompt_gradients(Rollouts(np.delete(cand[h].rewards[i:i+1], y, 1), np.delete(cand[h].vectors[i:i+1], y, 1)))
+                s = sc[h].copy(); s[i] = cosine_scores(gi, gv)[0][0]; cand_rows.append(stats_of(s))
+        val_rows = []
+        for j in range(nv):
+            for y in range(Kv):
+                gj = prompt_gradients(Rollouts(np.delete(val[h].rewards[j:j+1], y, 1), np.delete(val[h].vectors[j:j+1], y, 1)))[0]
+                gvj = (G.sum(0) - G[j] + gj) / nv
+                val_rows.append(stats_of(cosine_scores(prompt_gradients(cand[h]), gvj)[0]))
+        for s in want:
+            want[s] += mom(np.array([r[s] for r in cand_rows]).reshape(n, K)) + mom(np.array([r[s] for r in val_rows]).reshape(nv, Kv))
+    for s in jm: np.testing.assert_allclose(jm[s], want[s], rtol=1e-9, atol=1e-12, err_msg=s)
+
+
+def test_point_result_roundtrip_and_old_loader():
+    D, cand, val, keys, masks = _inputs(9, 16, 3, 5, 4, 3, 0.3, 4)
+    r = analyse_point(cand, val, 4, D, stale={"g00": np.arange(16.0), "g11": -np.arange(16.0)}, n_boot=300)
+    buf = io.BytesIO(); np.savez(buf, **{k.replace("/", "__"): v for k, v in r.to_arrays().items()}); buf.seek(0)
+    summary = json.loads(json.dumps(r.summary()))
+    with np.load(buf) as z: arrays = dict(z)
+    back = PointResult.from_saved(summary, arrays)
+    for m in BOUNDS:
+        for s in r.stats: assert back.bounds(s, m) == pytest.approx(r.bounds(s, m), abs=1e-12)
+    assert positive_control(back, D)["estimators"] == positive_control(r, D)["estimators"]
+    # the loader of today's point notebook (boot dict only, old constructor fields) keeps working
+    boot = {k.replace("__", "/"): v for k, v in arrays.items() if not k.startswith(("scores__", "keys__")) and k != "u"}
+    old = PointResult(n=summary["n"], k=summary["k"], n_boot=summary["n_boot"], level=summary["level"], rel=summary["rel"],
+                      gain_fresh=summary["gain_fresh"], gain_stale=summary["gain_stale"], u=None, scores={}, selected={},
+                      zero_grad=summary["zero_grad"], boot=boot)
+    for s in ("rel", "gain_fresh", "gain_stale/g00", "gain_stale/g11"):
+        assert old.bounds(s) == pytest.approx(r.bounds(s), abs=1e-12)
+    assert summary["rel_bounds"] == pytest.approx(list(r.bounds("rel"))) and summary["bound"] == DEFAULT_BOUND
+
+
+# ---------- controls ----------
+def test_negative_control_gain_mean_zero():
+    "Over 60 independent points (n=64, k=8) the random control's gain averages 0 within 3 SE; its LB95 > 0 rarely."
+    D = Domain(3, ("test", "negative"))
+    pool = synthetic_pool(D, 64, 16, 16, sigma_v=0.3, frac_homog=0.3, signal=1.5)
+    g, lb, ov = [], [], []
+    for t in range(60):
+        cand, val = synthetic_point(pool, D.child(t), 8, 8)
+        r = analyse_point(cand, val, 8, D.child(t), n_boot=100, gauss_reps=50)
+        g.append(r.gain_control); lb.append(r.bounds("gain_control")[0])
+        ov.append((r.selected["control"] & r.selected["fresh"]).sum() / 8)
+    g = np.array(g)
+    assert abs(g.mean()) < 3 * g.std(ddof=1) / np.sqrt(len(g))
+    assert np.std(g) > 0.01                                          # the control does move
+    assert np.mean(np.array(lb) > 0) <= 0.10
+    assert abs(np.mean(ov) - 8 / 64) < 3 * np.std(ov) / np.sqrt(len(ov)) + 1e-9     # independent of the fresh scores
+
+
+def test_positive_control():
+    D = Domain(4, ("test", "positive"))
+    pool = synthetic_pool(D, 64, 16, 16, sigma_v=0.3, frac_homog=0.3, signal=1.5)
+    rej, harm = [], []
+    for t in range(40):
+        dt = D.child(t)
+        cand, val = synthetic_point(pool, dt, 8, 8)
+        gs = prompt_gradients(synthetic_split(pool, dt.child("split", "S"), 8, 8)[0])
+        r = analyse_point(cand, val, 8, dt, stale={"g00": gs, "g10": gs.copy(), "bad": -gs}, n_boot=20, gauss_reps=50)
+        pc = positive_control(r, dt, ("g00", "g10"), n_perm=300)
+        assert pc["coincide"] and pc["max_score_diff"] == 0.0
+        rej.append(pc["estimators"]["g00"]["p_value"] < 0.05)
+        harm.append(positive_control(r, dt, ("bad",), n_perm=300)["estimators"]["bad"]["p_value"] < 0.05)
+    assert np.mean(rej) <= 0.15 and np.mean(harm) >= 0.9           # an exact 5% test, 40 points; a reversed selector: caught
+    r2 = analyse_point(cand, val, 8, dt, stale={"g00": gs, "g10": gs + 1e-3 * dt.numpy().standard_normal(gs.shape)}, n_boot=20, gauss_reps=50)
+    assert not positive_control(r2, dt, n_perm=50)["coincide"]
+
+
+# ---------- calibration of the default bound ----------
+def test_bound_coverage_reduced_grid():
+    """Coverage of the one-sided 95% lower bounds on a reduced grid: the four regimes at n=64, K in {4, 8},
+    2 pools x 13 points per cell = 208 points, 300 replicates each (about 20 s of CPU; 40-80 s of wall time on
+    the loaded shared machine).
+
+    The study's rule found no method inside [93%, 97%] everywhere and kept the conservative percentile bound
+    as the default, so the test checks two things: the default stays conservative (coverage >= 99%, as in the
+    study), and the calibrated candidate, `model`, lies in [90%, 99%]. That band is wider than the study's: at
+    208 points the binomial SE of a 95% coverage is 1.5 points, so [93, 97] would fail a calibrated method with
+    some seeds, while [90, 99] (about -3.3 / +2.7 SE) still fails the raw percentile bound (about 100%) and
+    the reflected or bias-corrected ones (50-80%)."""
+    cells = [c for c in calibration_grid(Ks=(4, 8), ns=(64,))]
+    rows = []
+    for c in cells:
+        rows += calibrate_cell(c, Domain(1, ("test", "coverage", c.regime, c.K)), pools=2, seeds=13, n_boot=300, T=800,
+                               gauss_reps=100, n_perm=20)
+    assert len(rows) >= 200
+    cover = lambda m, s: np.mean([r["bounds"][m][s][0] <= r["truth"][s] for r in rows])
+    stats_ = ("rel", "gain_fresh", "gain_stale/same", "gain_stale/weak")
+    got = {s: cover("model", s) for s in stats_}
+    print(f"{len(rows)} points, model coverage:", {s: round(v, 3) for s, v in got.items()},
+          f"{DEFAULT_BOUND}:", {s: round(cover(DEFAULT_BOUND, s), 3) for s in stats_}, "bc:", round(cover("bc", "gain_fresh"), 3))
+    for s, v in got.items(): assert 0.90 <= v <= 0.99, (s, v)
+    for s in stats_: assert cover(DEFAULT_BOUND, s) >= 0.99, s                                # the default: conservative
+    assert cover("bc", "gain_fresh") < 0.9                                                   # the band can tell methods apart
+    for m in (DEFAULT_BOUND, "model"):
+        assert np.mean([r["bounds"][m]["gain_control"][0] > 0 for r in rows]) <= 0.08, m     # negative control: few false positives
 
 
 # ---------- synthetic stale selectors -> verdicts ----------
@@ -128,25 +296,62 @@ def test_selector_verdicts():
     assert all(admissible(p.rel_lb, p.gain_fresh_lb, p.k, p.n) for p in pts)
     assert pool_cell(pts, "good")["verdict"] == "Effective"                 # (a) as good as fresh
     assert pool_cell(pts, "harmful")["verdict"] == "Ineffective"            # (c) harmful: UB <= 0
-    rnd = pool_cell(pts, "random")
-    assert rnd["verdict"] != "Effective"
+    assert pool_cell(pts, "random")["verdict"] != "Effective"
+    assert pool_cell(pts, "control")["verdict"] != "Effective"              # the negative control
     assert pool_cell(pts, "random", futility=0.5)["verdict"] == "Ineffective"   # (b) useless, with futility
-    noisy = _cell(1.0)                                                       # (d) reference too noisy to tell
+    noisy = _cell(3.0)                                                       # (d) reference too noisy to tell
     assert sum(admissible(p.rel_lb, p.gain_fresh_lb, p.k, p.n) for p in noisy) < 4
     for e in ("good", "random", "harmful"):
         assert pool_cell(noisy, e)["verdict"] == "Inconclusive"
     assert pool_cell(pts[:4] + [None], "good")["verdict"] == "Effective"     # a missing seed: 4/5 = 80%
     assert pool_cell(pts[:3] + [None, None], "good")["verdict"] == "Inconclusive"
+    for m in BOUNDS: assert pool_cell(pts, "good", bound=m)["bound"] == m
 
 
-# ---------- calibration ----------
-def test_calibration_fast():
-    c = calibrate(Domain(1, ("test", "calibration")), n_pools=2, seeds=40, sigma_v=0.7)
-    print(f"fast calibration ({c['points']} points): cover Rel {c['cover_rel']:.3f}, gain {c['cover_gain']:.3f}")
-    assert c["cover_rel"] >= 0.88 and c["cover_gain"] >= 0.88      # 80 points: 3 binomial SE below 95%
+# ---------- power and design ----------
+def test_design_power_and_smallest_design():
+    kw = dict(pools=20, draws=40, bound="model")
+    a = design_power(0.5, 64, 8, seeds=5, **kw)
+    assert a["p_effective"] + a["p_ineffective"] + a["p_inconclusive"] == pytest.approx(1.0)
+    b = design_power(0.5, 512, 64, seeds=5, **kw)
+    assert b["p_gate"] > a["p_gate"] and b["p_effective"] >= a["p_effective"]
+    assert design_power(0.8, 256, 32, stale_ratio=-1.0, **kw)["p_ineffective"] > 0.5   # a harmful selector
+    p = design_power(0.5, 128, 16, bound="percentile", pools=10, draws=20, boot_reps=40)
+    assert p["p_gate"] < design_power(0.5, 128, 16, **kw)["p_gate"]                    # the raw percentile reading: less power
+    m = pilot_model(dict(n=64, k=8, K=8, rel=0.4, gain_fresh=0.1, gain_stale={"g00": 0.05}))
+    assert m["stale_ratio"]["g00"] == pytest.approx(0.5) and m["rho"] == pytest.approx(rho_from_rel(0.4, 1 / 8))
+    best, tried = smallest_design(m, 0.9, ns=(64, 128, 256), Ks=(8, 16, 32), pools=10, draws=30, bound="model")
+    costs = [t["n"] * t["K"] for t in tried]
+    assert costs == sorted(costs)
+    if best is not None: assert best["p_gate"] >= 0.9 and all(t["p_gate"] < 0.9 for t in tried[:-1])
+    assert predict_design(m, 64, 16, 8, pools=5, draws=5, bound="model")["rho"] > predict_design(m, 64, 8, 8, pools=5, draws=5, bound="model")["rho"]
+
+
+def test_cmd_design(tmp_path):
+    D, cand, val, keys, masks = _inputs(2, 32, 4, 6, 6, 4, 0.2, 4)
+    r = analyse_point(cand, val, 4, D, stale={"g00": np.arange(32.0)}, n_boot=100)
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps(dict(point={}, result=r.summary(), manifest={})))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out): assert cmd_design([str(f), "--seeds", "3", "--target", "0.5", "--bound", "model"]) == 0
+    text = out.getvalue()
+    assert "pilot: n=32 k=4 K=6" in text and "P(gate)=" in text and "smallest design with P(gate) >= 0.5 (bound model)" in text
+    with pytest.raises(StalebookError, match="no such file"): cmd_design([str(tmp_path / "missing.json")])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(StalebookError, match="not JSON"): cmd_design([str(tmp_path / "bad.json")])
+    (tmp_path / "partial.json").write_text(json.dumps({"result": {"n": 3}}))
+    with pytest.raises(StalebookError, match="lacks"): cmd_design([str(tmp_path / "partial.json")])
+    with pytest.raises(StalebookError, match="--rho with --n"): cmd_design(["--rho", "0.4"])
+    with pytest.raises(StalebookError): cmd_design(["--rho", "x"])
+
 
 @pytest.mark.slow
-def test_calibration_500():
-    c = calibrate(Domain(2, ("test", "calibration")), n_pools=10, seeds=50, sigma_v=0.7)
-    print(f"calibration ({c['points']} points): cover Rel {c['cover_rel']:.3f}, gain {c['cover_gain']:.3f}")
-    assert c["points"] >= 500 and c["cover_rel"] >= 0.93 and c["cover_gain"] >= 0.93
+def test_default_bound_coverage_larger_grid():
+    "All 24 cells of the study's grid, 1 pool x 12 points each (288 points, 1,000 replicates; about 4 CPU-minutes): model in [90%, 99%], the default >= 99%."
+    rows = []
+    for c in calibration_grid():
+        rows += calibrate_cell(c, Domain(2, ("test", "coverage", c.regime, c.n, c.K)), pools=1, seeds=12, n_boot=1000)
+    for s in ("rel", "gain_fresh", "gain_stale/same"):
+        v = np.mean([r["bounds"]["model"][s][0] <= r["truth"][s] for r in rows])
+        assert 0.90 <= v <= 0.99, (s, v)
+        assert np.mean([r["bounds"][DEFAULT_BOUND][s][0] <= r["truth"][s] for r in rows]) >= 0.99

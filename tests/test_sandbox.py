@@ -1,11 +1,20 @@
-"""Hostile-code corpus for the code verifier (stalebook.sandbox via stalebook.tasks.reward).
+"""Hostile-code corpus for the code verifier (stalebook.sandbox via stalebook.tasks).
 
 Every hostile program targets the MBPP fixture task `smaller(a, b)` and tries to obtain reward 1
 without solving it, to hurt the parent, or to leave something behind. Each must get reward 0, the parent
 (and an unrelated sentinel process) must survive, nothing may be left running or written, and the whole
 corpus must finish in bounded time. Correct programs run in the same parallel batch must still get 1.
+The corpus runs on both verifier paths (fork server, fresh sandbox per program) in both isolation modes.
+
+Fork-server isolation between programs is tested separately: state one program leaves (files, FIFOs,
+shared memory, System V IPC, keyrings, environment, module state, processes, exhausted descriptors /
+processes / disk, a chmod-ed work dir) must be invisible to the next program of the same template, with a
+positive control (the same state *is* visible inside one program, where the channel exists at all); a
+program verified concurrently on the other template must not be able to see, signal, ptrace or read the
+other (with a positive control of the attack code outside the sandbox); a program that kills or stops its
+template costs only its own reward; and a template that cannot start makes the pool fall back, said once.
 """
-import json, os, socket, subprocess, sys, threading, time
+import json, os, socket, subprocess, sys, textwrap, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +22,7 @@ import pytest
 
 from stalebook import sandbox
 from stalebook.core import hash_file
-from stalebook.tasks import Task, load_tasks_jsonl, reward, code_reward
+from stalebook.tasks import Task, load_tasks_jsonl, reward, rewards, code_reward
 
 FIX = Path(__file__).parent / "fixtures"
 ORACLE = FIX / "mbpp_sample.jsonl"
@@ -95,7 +104,28 @@ def hostile_corpus(port: int, canary: Path) -> dict[str, str]:
                                   "def smaller(a, b): return min(a, b)\n"),
         "lying_eq_object": "class A:\n    def __eq__(self, o): return True\n    __hash__ = None\ndef smaller(a, b): return A()\n",
         "lying_int_subclass": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\ndef smaller(a, b): return I(0)\n",
+        # against the parent process (on the fork-server path: the template); each returns the right answer iff the attack worked
+        "ptrace_parent": ("import ctypes, os\nlibc, pp = ctypes.CDLL(None), os.getppid()\nok = libc.ptrace(16, pp, 0, 0) == 0\n"   # attach,
+                          "if ok: os.waitpid(pp, 0x40000000); libc.ptrace(17, pp, 0, 0)\n"                                # wait, detach
+                          "def smaller(a, b): return min(a, b) if ok else None\n"),
+        "read_parent_proc": ("import os\nok = False\nfor q in ('environ', 'mem', 'maps', 'fd'):\n    try:\n"
+                             "        p = f'/proc/{os.getppid()}/{q}'\n        ok |= bool(os.listdir(p) if q == 'fd' else open(p, 'rb').read(1))\n"
+                             "    except Exception: pass\ndef smaller(a, b): return min(a, b) if ok else None\n"),
+        "stop_parent": ("import os, signal\ntry: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGSTOP)\n"
+                        "except OSError: pass\ndef smaller(a, b): return None\n"),
+        "exhaust_processes_and_fds": ("import os, time\nfds = []\ntry:\n    while True: fds.append(os.open('/dev/null', 0))\n"
+                                      "except OSError: pass\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n"
+                                      "            os.setsid(); time.sleep(60); os._exit(0)\n    except OSError: break\n"
+                                      "def smaller(a, b): return None\n"),
     }
+
+
+CORRECT = {
+    "correct_min": "def smaller(a, b):\n    return min(a, b)\n",
+    "correct_uses_workdir_and_prints": ("import os\nwith open('scratch.txt', 'w') as f: f.write('ok')\nprint('hello ' * 100)\n"
+                                        "def smaller(a, b):\n    return a if a < b else b\n"),
+    "correct_with_recursion": "def smaller(a, b):\n    return b if a > b else (a if a == b or a < b else smaller(b, a))\n",
+}
 
 
 CORRECT = {
@@ -117,42 +147,63 @@ def _sandbox_uid_procs(uids):
     return left
 
 
-@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
-def test_hostile_corpus(mode, tmp_path, monkeypatch):
+def _gone(uids, within=3.0):
+    "No process of `uids` is left (polled: SIGKILLed processes take a moment to disappear)."
+    end = time.monotonic() + within
+    while _sandbox_uid_procs(uids) and time.monotonic() < end: time.sleep(0.05)
+    return _sandbox_uid_procs(uids) == []
+
+
+def _pool(mode, server, workers, limits=LIM):
     if mode == "namespaces" and sandbox.isolation() != "namespaces":
-        pytest.skip("namespaces not permitted here (the rlimits run still covers the corpus)")
+        pytest.skip("namespaces not permitted here (the rlimits runs still cover the corpus)")
+    p = sandbox.Pool(workers=workers, limits=limits, mode=mode, fork_server=server == "fork")
+    if server == "fork" and not p.fork_server: pytest.skip("no fork server here (needs a throwaway uid: root)")
+    return p
+
+
+@pytest.mark.parametrize("server", ["fork", "per-program"])
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_hostile_corpus(mode, server, tmp_path, monkeypatch):
+    "≈ 10 s per (mode, path) here (the 4 s wall-clock cases run side by side)."
     canary = tmp_path / "canary"; canary.mkdir(); canary.chmod(0o777)
     uids = []
     real_uid = sandbox._uid
     monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
-    real_run = sandbox._run
-    monkeypatch.setattr(sandbox, "_run", lambda c, ca, r, lim, m: real_run(c, ca, r, LIM, mode))
+    pool = _pool(mode, server, workers=8)
     port, received, stop = _listener()
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     before = {p: hash_file(p) for p in (ORACLE, SANDBOX_PY)}
     task = _task()
     cases = {**hostile_corpus(port, canary), **CORRECT}
     assert len(hostile_corpus(port, canary)) >= 15
+    timings = []
     t0 = time.monotonic()
-    with ThreadPoolExecutor(4) as ex:
-        res = dict(zip(cases, ex.map(lambda c: reward(task, c), cases.values())))
-    total = time.monotonic() - t0
-    stop()
     try:
-        print(f"\n[{mode}] corpus of {len(cases)} programs in {total:.1f}s")
-        for name, (r, d) in res.items():
-            print(f"  {name:32s} reward={r:.0f} wall={d.get('wall_s', 0):5.2f}s  {d.get('reason')}")
+        res = dict(zip(cases, rewards([task] * len(cases), list(cases.values()), workers=8, timings=timings, pool=pool)))
+        total = time.monotonic() - t0
+        live = {u: _sandbox_uid_procs({u}) for u in uids}
+    finally:
+        stop(); pool.close()
+    try:
+        print(f"\n[{mode}, {server}] corpus of {len(cases)} programs in {total:.1f}s; pool {pool.stats}")
+        for (name, (r, d)), tm in zip(res.items(), timings):
+            print(f"  {name:32s} reward={r:.0f} wall={tm['wall_s']:5.2f}s [{tm['server']}]  {d.get('reason')}")
         bad = {n: d.get("reason") for n, (r, d) in res.items() if (r != 0.0) != (n in CORRECT)}
         assert not bad, bad
         assert all(d["isolation"] == mode for _, d in res.values())
-        assert all(d["wall_s"] <= LIM.wall_s + 2 for _, d in res.values())
+        assert all(tm["server"] == server for tm in timings)
+        assert all(tm["wall_s"] <= LIM.wall_s + sandbox._GRACE_S + 1 for tm in timings)
+        assert not any("wall_s" in d for _, d in res.values())          # timing is a sidecar, never a detail
         assert total < BOUND_S
         assert sentinel.poll() is None, "an unrelated process was killed"
         assert received == [], f"network reached the parent's listener: {received}"
         assert {p: hash_file(p) for p in before} == before, "a host file was modified"
         assert list(canary.iterdir()) == [], "a file was written outside the work dir"
-        time.sleep(0.5)
-        assert _sandbox_uid_procs(set(uids)) == [], "sandbox processes survived"
+        if server == "fork":   # between programs nothing but the templates themselves ran under the throwaway uids
+            assert all(len(v) <= 1 for v in live.values()), live
+            assert pool.stats["fork"] == len(cases) and pool.stats["per_program"] == 0
+        assert _gone(set(uids)), "sandbox processes survived"
     finally:
         sentinel.kill(); sentinel.wait()
     # specific mechanisms, not just "0 for some reason"
@@ -164,6 +215,213 @@ def test_hostile_corpus(mode, tmp_path, monkeypatch):
     assert "SystemExit" in why["sys_exit_before_tests"]
     # a forger that found the nonce gets its message accepted, and then fails on the values it had to guess
     assert "tests failed" in why["forge_result_channel"]
+    if server == "fork":
+        if mode == "namespaces":                             # same uid as its template: it can kill it, and loses
+            assert "template died" in why["kill_parent"] and "template died" in why["kill_everything"]
+        assert "stopped answering" in why["stop_parent"] and pool.stats["replaced"] >= 1
+
+
+# ---------------------------------------------------------------- isolation between programs (fork server)
+# name: (leaver body, finder body, modes in which the state is visible *within* one program)
+LEAKS = {
+    "work_dir_file": ("open('leak.txt', 'w').write('x')", "FOUND = os.path.exists('leak.txt')", {"namespaces", "rlimits"}),
+    "tmp_file": ("open('/tmp/stalebook-leak', 'w').write('x')", "FOUND = os.path.exists('/tmp/stalebook-leak')", {"namespaces"}),
+    "tmp_fifo": ("os.mkfifo('/tmp/stalebook-fifo')", "FOUND = os.path.exists('/tmp/stalebook-fifo')", {"namespaces", "rlimits"}),
+    "tmp_dir": ("os.mkdir('/tmp/stalebook-dir')", "FOUND = os.path.exists('/tmp/stalebook-dir')", {"namespaces"}),
+    "posix_shm": ("import _posixshmem\nfd = _posixshmem.shm_open('/stalebook-leak', os.O_CREAT | os.O_RDWR, 0o666); os.write(fd, b'x')",
+                  "import _posixshmem\nfd = _posixshmem.shm_open('/stalebook-leak', os.O_RDWR, 0)\nFOUND = os.pread(fd, 1, 0) == b'x'", set()),
+    "sysv_shm": ("import ctypes\nctypes.CDLL(None).shmget(0x5b5b, 4096, 0o1666)",
+                 "import ctypes\nFOUND = ctypes.CDLL(None).shmget(0x5b5b, 0, 0) >= 0", {"namespaces"}),
+    "sysv_msg": ("import ctypes\nctypes.CDLL(None).msgget(0x5b5c, 0o1666)",
+                 "import ctypes\nFOUND = ctypes.CDLL(None).msgget(0x5b5c, 0) >= 0", {"namespaces"}),
+    "keyring": ("import ctypes\nctypes.CDLL(None).syscall(248, b'user', b'stalebook-leak', b'x', 1, -4)",
+                "import ctypes\nFOUND = ctypes.CDLL(None).syscall(250, 10, -4, b'user', b'stalebook-leak', 0) > 0", {"namespaces"}),
+    "environment": ("os.environ['STALEBOOK_LEAK'] = '1'; os.putenv('STALEBOOK_LEAK2', '1')",
+                    "FOUND = 'STALEBOOK_LEAK' in os.environ or os.environ.get('STALEBOOK_LEAK2') == '1'", {"namespaces", "rlimits"}),
+    "module_state": ("import json, builtins\njson.STALEBOOK_LEAK = 1; builtins.STALEBOOK_LEAK = 1; sys.modules['stalebook_leak'] = json",
+                     "import json, builtins\nFOUND = hasattr(json, 'STALEBOOK_LEAK') or hasattr(builtins, 'STALEBOOK_LEAK') or 'stalebook_leak' in sys.modules",
+                     {"namespaces", "rlimits"}),
+    "daemon_process": ("import time\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        open('alive', 'w').close(); time.sleep(0.01)",
+                       "import time\nend = time.monotonic() + 1\nwhile not FOUND and time.monotonic() < end:\n"
+                       "    FOUND = os.path.exists('alive'); time.sleep(0.01)", {"namespaces"}),
+    "processes_exhausted": ("import time\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n            os.setsid(); time.sleep(60); os._exit(0)\n"
+                            "    except OSError: break",
+                            "import threading\ntry: threading.Thread(target=lambda: None).start()\nexcept RuntimeError: FOUND = True", {"namespaces"}),
+    "descriptors_exhausted": ("fds = [os.open('/dev/null', 0) for _ in range(40)]",
+                              "try: [os.open('/dev/null', 0) for _ in range(8)]\nexcept OSError: FOUND = True", {"namespaces", "rlimits"}),
+    "disk_full": ("for i in range(40):\n    with open(f'fill{i}', 'wb') as f: f.write(b'0' * ((1 << 20) - 1))",
+                  "try:\n    with open('probe', 'wb') as f: f.write(b'1' * 100000)\nexcept OSError: FOUND = True", {"namespaces"}),
+    "work_dir_chmod": ("os.chmod('.', 0o500)", "try: open('probe2', 'w').close()\nexcept OSError: FOUND = True", {"namespaces", "rlimits"}),
+}
+
+if os.uname().machine != "x86_64": del LEAKS["keyring"]          # its syscall numbers are x86_64's
+
+def _leaver(body): return f"import os, sys\ntry:\n{textwrap.indent(body, '    ')}\nexcept Exception: pass\ndef smaller(a, b): return None\n"
+
+def _finder(body, pre=""):
+    return (f"import os, sys\nFOUND = False\n{pre}try:\n{textwrap.indent(body, '    ')}\nexcept Exception: pass\n"
+            "def smaller(a, b): return min(a, b) if FOUND else None\n")
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_no_state_survives_to_the_next_program(mode, monkeypatch):
+    "Leaver, then finder, on one template: the finder must find nothing. Positive control: both in one program. ≈ 3 s."
+    uids = []
+    real_uid = sandbox._uid
+    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
+    task = _task()
+    with _pool(mode, "fork", workers=1) as pool:
+        run = lambda code: pool.run(code, task.tests)
+        for name, (leave, find, open_in) in LEAKS.items():
+            ctl = run(_finder(find, pre=_leaver(leave).replace("def smaller(a, b): return None\n", "")))
+            assert ctl.ok == (mode in open_in), (name, "positive control", ctl.reason)
+            assert not run(_leaver(leave)).ok
+            found = run(_finder(find))
+            assert not found.ok, (name, "state survived to the next program", found.reason)
+            assert run(CORRECT["correct_uses_workdir_and_prints"]).ok, name     # and the next correct program still passes
+        # the child holds exactly /dev/null, stderr and the result pipe (it closed the payload pipe), none of the template's
+        fds = pool.run("import os\ndef fds():\n    out = []\n    for f in range(1024):\n        try: os.fstat(f); out.append(f)\n"
+                       "        except OSError: pass\n    return out\n", ["assert fds() == [1, 2, 3]"])
+        assert fds.ok, fds.reason
+        assert pool.stats["started"] == 1 and pool.stats["replaced"] == 0       # it really was one template throughout
+        assert len(pool.uids) == 1 and len(_sandbox_uid_procs(set(pool.uids))) == 1   # ... and only the template is running
+    assert _gone(set(uids))
+
+
+STATUS_FINDER = ("import gc\nf, seen = sys._getframe(1), []\nwhile f:\n    seen += list(f.f_locals.values()); f = f.f_back\n"
+                 "seen += [o for o in gc.get_objects() if type(o) is dict]\nFOUND = any(type(v) is dict and v.get('rc') == 42 for v in seen)")
+
+def test_template_holds_nothing_of_the_previous_program(monkeypatch):
+    """No live object of the template (frames, gc-tracked objects) tells a program anything about the one before, here
+    its exit status. Positive control: the same finder sees it when the template keeps its last status. ≈ 1 s."""
+    task = _task()
+    for keep in (False, True):
+        if keep: monkeypatch.setattr(sandbox, "_SERVER", sandbox._SERVER.replace("del st, msg, fds; gc.collect()", "pass"))
+        with _pool(sandbox.isolation(), "fork", workers=1) as pool:
+            assert not pool.run("import os\nos._exit(42)", task.tests).ok
+            assert pool.run(_finder(STATUS_FINDER), task.tests).ok == keep
+
+
+VICTIM = ("import os, time\nMARK = 'stalebook-' + 'victim-marker'\nopen('marker', 'w').write(MARK)\n"
+          "try:\n    import ctypes\n    ctypes.CDLL(None).shmget(0x5b5d, 4096, 0o1666)\nexcept Exception: pass\n"
+          "time.sleep(1.5)\ndef smaller(a, b): return min(a, b)\n")
+# tries for 1.2 s to find, signal, ptrace or read any process that is neither itself, its parent nor init; or the
+# victim's work-dir file or System V segment. TARGETS = None: every pid it can see.
+ATTACK = '''
+import os, time, glob
+TARGETS = {targets}
+FOUND = []
+def attack():
+    me, up = os.getpid(), os.getppid()
+    try: pids = TARGETS or [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (me, up, 1)]
+    except OSError: pids = []
+    for pid in pids:
+        for how, f in (("signal", lambda: os.kill(pid, 0)), ("read", lambda: open(f'/proc/{{pid}}/environ', 'rb').read(1)),
+                       ("mem", lambda: open(f'/proc/{{pid}}/maps').read(1))):
+            try: f(); FOUND.append(how)
+            except Exception: pass
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.ptrace(16, pid, 0, 0) == 0: FOUND.append("ptrace"); libc.ptrace(17, pid, 0, 0)
+        except Exception: pass
+    for p in glob.glob('/tmp/stalebook-*/marker') + glob.glob('/tmp/*/marker'):
+        try: FOUND.append("file:" + open(p).read())
+        except Exception: pass
+    try:
+        import ctypes
+        if ctypes.CDLL(None).shmget(0x5b5d, 0, 0) >= 0: FOUND.append("sysv")
+    except Exception: pass
+end = time.monotonic() + 1.2
+while time.monotonic() < end and not FOUND:
+    attack(); time.sleep(0.05)
+'''
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_concurrent_neighbour_is_out_of_reach(mode, tmp_path, monkeypatch):
+    "Victim and attacker verified at the same time on the two templates of a pool. ≈ 2 s."
+    uids = []
+    real_uid = sandbox._uid
+    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
+    task = _task()
+    attacker = ATTACK.format(targets=None) + "def smaller(a, b): return min(a, b) if FOUND else None\n"
+    with _pool(mode, "fork", workers=2) as pool:
+        with ThreadPoolExecutor(2) as ex:                                         # both templates up first
+            list(ex.map(lambda _: pool.run("def smaller(a, b): return a\nimport time; time.sleep(0.3)", task.tests), range(2)))
+        span = {}
+        def go(name, code):
+            t0 = time.monotonic(); r = pool.run(code, task.tests); span[name] = (t0, time.monotonic()); return r
+        with ThreadPoolExecutor(2) as ex:
+            fv, fa = ex.submit(go, "victim", VICTIM), ex.submit(go, "attacker", attacker)
+            victim, attack = fv.result(), fa.result()
+        assert pool.stats["started"] == 2
+    assert victim.ok, ("the victim was disturbed", victim.reason)
+    assert not attack.ok, ("the attacker reached its neighbour", attack.reason)
+    (v0, v1), (a0, a1) = span["victim"], span["attacker"]
+    assert min(v1, a1) - max(v0, a0) > 1.0, "the two programs did not run concurrently"
+    assert _gone(set(uids))
+    # positive control: the same attack code, outside any sandbox, against a plain process doing what the victim does
+    d = tmp_path / "stalebook-ctl"; d.mkdir()
+    victim_p = subprocess.Popen([sys.executable, "-c", VICTIM.replace("def smaller(a, b): return min(a, b)\n", "")], cwd=d)
+    try:
+        time.sleep(0.3)
+        out = subprocess.run([sys.executable, "-c", ATTACK.format(targets=[victim_p.pid]) + "print(sorted(set(FOUND)))"],
+                             capture_output=True, text=True, timeout=20).stdout
+    finally:
+        victim_p.kill(); victim_p.wait()
+    assert {"signal", "read", "mem", "ptrace"} <= set(eval(out)), out
+
+
+def test_template_killed_or_stopped_costs_only_that_program(monkeypatch):
+    "A program that kills or stops its template gets 0; the template is replaced; the next program gets 1. ≈ 4 s."
+    uids = []
+    real_uid = sandbox._uid
+    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
+    task, lim = _task(), sandbox.Limits(cpu_s=1, wall_s=1.0)
+    mode = sandbox.isolation()
+    with _pool(mode, "fork", workers=1, limits=lim) as pool:
+        kill = "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\ndef smaller(a, b): return min(a, b)\n"
+        stop = kill.replace("SIGKILL", "SIGSTOP")
+        for code, why in ((kill, "template died"), (stop, "stopped answering")):
+            r = pool.run(code, task.tests)
+            assert not r.ok and why in r.reason, r.reason
+            assert pool.run(CORRECT["correct_min"], task.tests).ok
+        assert pool.stats["replaced"] == 2 and pool.stats["started"] == 3
+    assert _gone(set(uids))
+
+
+def test_fallback_when_the_template_cannot_start(monkeypatch, capsys):
+    "A template that exits at once: the pool says so once and verifies with a fresh sandbox per program. ≈ 1 s."
+    monkeypatch.setattr(sandbox, "_SERVER", "import os\nos._exit(3)\n")
+    monkeypatch.setattr(sandbox, "_SAID", set())
+    task = _task()
+    for _ in range(2):
+        with sandbox.Pool(workers=2, limits=LIM) as pool:
+            if not pool.fork_server: pytest.skip("no fork server here (needs a throwaway uid: root)")
+            got = [pool.run(c, task.tests) for c in (CORRECT["correct_min"], "def smaller(a, b): return a")]
+            assert [r.ok for r in got] == [True, False] and {r.server for r in got} == {"per-program"}
+            assert pool.fallback and "exit status 3" in pool.fallback
+    err = capsys.readouterr().err
+    assert err.count("fork server unavailable") == 1, err
+
+
+BENIGN = {"correct": "def smaller(a, b): return min(a, b)", "wrong": "def smaller(a, b): return a",
+          "raises": "def smaller(a, b): return 1 / 0", "syntax_at_runtime": "def smaller(a, b): return eval('1 +')",
+          "sigkill_self": "import os\nos.kill(os.getpid(), 9)", "exit_0": "import os\nos._exit(0)",
+          "sys_exit_3": "import sys\nsys.exit(3)", "unsupported_value": "def smaller(a, b): return object()",
+          "huge_result": "def smaller(a, b): return 'x' * (5 * 10**6)", "prints": "print('x' * 10000)\ndef smaller(a, b): return min(a, b)",
+          "memory_error": "x = bytearray(1 << 36)"}
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_both_paths_give_the_same_details(mode):
+    "`detail()` depends on the program, not on the path that verified it. ≈ 2 s."
+    task = _task()
+    with _pool(mode, "fork", workers=2) as fork, _pool(mode, "per-program", workers=2) as fresh:
+        for name, code in BENIGN.items():
+            a, b = fork.run(code, task.tests), fresh.run(code, task.tests)
+            assert (a.server, b.server) == ("fork", "per-program")
+            assert a.detail() == b.detail(), (name, a.detail(), b.detail())
+            if name == "huge_result": assert a.reason == "result channel overflow", a.reason
 
 
 def test_pass_fail_agree_with_python_semantics():
@@ -197,21 +455,20 @@ def test_raw_tests_run_in_child_and_are_flagged():
     assert r.ok and r.oracle == "parent"
 
 
-def test_fork_bomb_small_nproc_reaped_quickly():
+@pytest.mark.parametrize("server", ["fork", "per-program"])
+def test_fork_bomb_small_nproc_reaped_quickly(server, monkeypatch):
     "With a tiny RLIMIT_NPROC the fork bomb is bounded and everything is gone right after the wall timeout."
     uids = []
     real = sandbox._uid
-    sandbox._uid = lambda: uids.append(real()) or uids[-1]
-    try:
+    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real()) or uids[-1])
+    with _pool(sandbox.isolation(), server, workers=1, limits=sandbox.Limits(cpu_s=1, wall_s=2, nproc=4)) as pool:
+        pool.run("def f(x): return x", ["assert f(1) == 1"])                   # the template (if any) is up
         t0 = time.monotonic()
-        r = sandbox.run_tests("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", ["assert f(1) == 1"],
-                              sandbox.Limits(cpu_s=1, wall_s=2, nproc=4))
+        r = pool.run("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", ["assert f(1) == 1"])
         dt = time.monotonic() - t0
-    finally:
-        sandbox._uid = real
+        assert pool.run("def f(x): return x", ["assert f(1) == 1"]).ok          # and the next program has its processes
     assert not r.ok and dt < 4
-    time.sleep(0.3)
-    assert _sandbox_uid_procs(set(uids)) == []
+    assert _gone(set(uids), within=0.3)
 
 
 def test_code_reward_rejects_without_spawning():

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
+from stalebook import sandbox
 from stalebook.core import Domain, StalebookError
 from stalebook.tasks import (ALPHABET, CODE_LEVELS, MATH_LEVELS, SCHEMA_VERSION, Task, call_with_timeout, extract_answer,
-                             load_tasks_jsonl, parse_number, reward, run_self_test, self_test_cases, synthetic_tasks)
+                             load_tasks_jsonl, parse_number, reward, rewards, run_self_test, self_test_cases, synthetic_tasks)
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -43,6 +44,46 @@ def test_synthetic_code_reward_in_sandbox_per_level():
             assert reward(t, t.answer)[0] == 1.0
             assert reward(t, t.answer + "+1")[0] == 0.0
             assert reward(t, "(" + t.answer + ")\nimport os; os._exit(0)")[0] == 1.0  # only the first line is used
+
+
+def _batch():
+    "A GRPO-like batch: 4 code prompts x 6 samples (repeats, programs equal up to a trailing line, rejects) + 2 math rows."
+    ts = synthetic_tasks("code", 4, Domain(9, ("batch",)), 1)
+    comps = lambda t: [t.answer, t.answer, t.answer + "\nignored", "x", "", t.answer + "+1"]
+    tm = synthetic_tasks("math", 1, Domain(9, ("m",)), 0)[0]
+    tasks = [t for t in ts for _ in range(6)] + [tm, tm]
+    return tasks, [c for t in ts for c in comps(t)] + [tm.answer, "no"]
+
+
+def test_rewards_batch_keeps_order_verifies_each_program_once_and_times_separately():
+    "≈ 1 s."
+    tasks, comps = _batch()
+    with sandbox.Pool(workers=2) as pool:
+        timings = []
+        got = rewards(tasks, comps, workers=2, timings=timings, pool=pool)
+        assert pool.stats["fork"] + pool.stats["per_program"] == 4 * 3        # 3 distinct programs per prompt ("" never runs)
+    assert got == [reward(t, c) for t, c in zip(tasks, comps)]                # what each row gets alone, in order
+    assert [r for r, _ in got] == [1, 1, 1, 0, 0, 0] * 4 + [1, 0]
+    assert len(timings) == len(tasks) and [t["reused"] for t in timings[:6]] == [False, True, True, False, False, False]
+    assert all(t["wall_s"] == 0 for t in timings if t["reused"]) and all(t["server"] in ("fork", "per-program") for t in timings[:4])
+    assert not any(k in d for _, d in got for k in ("wall_s", "server", "stderr_tail"))
+    assert rewards([], []) == []
+    with pytest.raises(ValueError): rewards(tasks, comps[:-1])
+
+
+def test_reward_details_are_a_function_of_task_and_completion():
+    "The same batch twice, and once on each verifier path: byte-identical JSON of all rewards and details. ≈ 2 s."
+    tasks, comps = _batch()
+    hostile = synthetic_tasks("code", 1, Domain(9, ("h",)), 0)[0]
+    tasks, comps = tasks + [hostile] * 3, comps + ["__import__('os').getpid()", "__import__('os').getcwd()", "1/0"]
+    runs = []
+    for fork_server in (True, True, False):
+        with sandbox.Pool(workers=2, fork_server=fork_server) as pool:
+            runs.append(json.dumps(rewards(tasks, comps, workers=2, pool=pool), sort_keys=True))
+    assert runs[0] == runs[1] == runs[2]
+    keys = {"domain", "task", "ok", "reason", "n_tests", "n_passed", "exit_status", "timed_out", "isolation", "oracle",
+            "extracted", "method", "reference", "exact", "math_verify"}
+    assert all(set(d) <= keys for _, d in json.loads(runs[0])), "a detail carries a field that is not reproducible"
 
 
 def test_synthetic_deterministic_and_domain_sensitive():

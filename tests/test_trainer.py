@@ -166,3 +166,219 @@ def test_grpo_raises_math_reward(tmp_path):
           f"zero-advantage groups {s['zero_adv_total']}/{s['groups_total']}")
     assert s["diff"] > 2 * s["diff_se"], s
     assert 0 < s["zero_adv_total"] < s["groups_total"]               # counted, and not every group is homogeneous
+
+
+# ---------------------------------------------------------------- asynchronous GRPO
+SYNC_KEYS = {"step", "policy_hash", "objective", "reward_mean", "reward_se", "zero_adv_groups", "n_groups", "loss", "grad_norm",
+             "n_tokens", "lr", "clip_epsilon", "loss_agg", "t_gen", "t_step", "ratio_max_dev"}
+
+
+def _files(run):
+    "Every file of a run directory (relative path -> bytes), the run's own absolute path removed from config.yaml."
+    out = {}
+    for p in sorted(run.rglob("*")):
+        if p.is_file(): out[str(p.relative_to(run))] = p.read_bytes().replace(str(run).encode(), b"<run>")
+    return out
+
+
+def test_staleness_zero_is_the_synchronous_trainer(tmp_path, tiny_snapshot):
+    """S = 0 byte for byte: a run whose config has no async_training / optimizer fields (what the synchronous trainer
+    was configured with) and one that spells them out at S = 0 write the same files — steps.jsonl (timing keys aside),
+    config.yaml (run path aside), every checkpoint byte, lineage.json — with no async state and no new step keys."""
+    a = _train_cfg(tmp_path / "absent", tiny_snapshot, steps=6, lineage_steps=[0, 5])
+    b = _train_cfg(tmp_path / "explicit", tiny_snapshot, steps=6, lineage_steps=[0, 5], optimizer="adamw",
+                   async_training=dict(staleness=0, mode="fixed-lag", correction="none", level="token", clip_epsilon_high=None))
+    for c in (a, b):
+        r = _run("train", c, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
+    ra, rb = tmp_path / "absent" / "run", tmp_path / "explicit" / "run"
+    fa, fb = _files(ra), _files(rb)
+    fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
+    assert fa == fb and len(fa) > 10
+    assert _steps(ra) == _steps(rb) and len(_steps(ra)) == 6
+    assert all(set(r) == SYNC_KEYS for r in read_jsonl(rb / "steps.jsonl").records)
+    assert not any("async" in f for f in fb) and "async_training" not in fb["config.yaml"].decode()
+
+
+def _recs(cfg):
+    from stalebook.trainer import Trainer
+    return Trainer(cfg).run(progress=False).log.records
+
+
+def test_async_lags_and_ratios(tmp_path, tiny_snapshot):
+    "fixed-lag: lag exactly S after warm-up; sync-every: lags cycle 1..S; ratios differ from 1 once the lag is positive."
+    from stalebook.rollouts import SamplingConfig
+    from stalebook.trainer import AsyncConfig, TrainConfig, lag_histogram
+    mk = lambda name, **a: TrainConfig(out=str(tmp_path / name), snapshot=str(tiny_snapshot), n_tasks=16, steps=10, prompts_per_step=3,
+                                       sampling=SamplingConfig(group_size=4, max_new_tokens=8), lineage_steps=(0,), lr=0.01,
+                                       async_training=AsyncConfig(**a))
+    fl = _recs(mk("fl", staleness=3, mode="fixed-lag"))
+    assert [r["lag"] for r in fl] == [0, 1, 2, 3, 3, 3, 3, 3, 3, 3] and [r["behaviour_step"] for r in fl[3:]] == list(range(7))
+    se = _recs(mk("se", staleness=4))
+    assert [r["lag"] for r in se] == [0, 1, 2, 3, 1, 2, 3, 4, 1, 2] and lag_histogram(se) == {0: 1, 1: 3, 2: 3, 3: 2, 4: 1}
+    for recs in (fl, se):
+        assert recs[0]["logr_max_abs"] < 1e-5 and recs[0]["lag_dist"] == 0.0
+        moved = [r for r in recs if r["lag"] > 0 and r["lag_dist"] > 1e-3]             # the learner moved away from phi
+        assert len(moved) >= 5 and all(r["logr_max_abs"] > 1e-5 and r["ratio_max_dev"] > 1e-5 for r in moved)
+        assert all(r["kl_behav_k3"] >= 0 and 0 < r["is_ess_frac"] <= 1 + 1e-12 for r in recs)
+        # a step's behaviour policy hash is the hash the learner had at its source step
+        assert all(r["policy_hash"] == recs[r["behaviour_step"]]["policy_hash"] for r in recs if r["lag"] == r["step"] - r["behaviour_step"]
+                   and recs[r["behaviour_step"]]["lag"] == 0)
+    tr = _recs(mk("tr", staleness=2, mode="fixed-lag", correction="truncate", level="sequence", is_threshold=1.5))
+    assert all(r["ratio_max_dev"] == 0.0 and r["clip_frac"] == 0.0 for r in tr)        # decoupled: the PPO ratio is 1
+
+
+def test_async_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot):
+    """A fixed-lag S = 3 run killed 7 times — after steps and inside checkpoint writes — ends bit-identical. (On the
+    reduced snapshot the first rewards, hence the first non-zero updates, come at step 6: the resumes from the step-10
+    and step-15 checkpoints need behaviour snapshots that differ from theta_0 and from each other.)"""
+    kw = dict(async_training=dict(staleness=3, mode="fixed-lag"), steps=16, lineage_steps=[0, 5, 10, 15])
+    ref = _train_cfg(tmp_path / "ref", tiny_snapshot, **kw)
+    r = _run("train", ref, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
+    flt = _train_cfg(tmp_path / "flt", tiny_snapshot, **kw)
+    faults = ["step:3", "ckpt:5", "step:8", "ckpt:10", "step:12", "ckpt:15", "step:15"]
+    kills = 0
+    for f in faults:
+        r = _run("train", flt, "--quiet", fault=f)
+        if r.returncode == -9: kills += 1
+        else: assert r.returncode == 0, r.stderr[-2000:]
+    assert kills >= 5, f"only {kills} kills landed ({faults})"
+    r = _run("train", flt, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
+    a, b = tmp_path / "ref" / "run", tmp_path / "flt" / "run"
+    for rel in ["ckpt/step-000016/adapter/adapter_model.safetensors", "ckpt/step-000016/state.safetensors",
+                "ckpt/step-000016/async.safetensors", "lineage/step-000015/async.safetensors", "lineage.json"]:
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    from safetensors.torch import load_file
+    st = load_file(str(a / "lineage/step-000015/async.safetensors"))
+    snaps = sorted({int(k.split(".")[1]) for k in st if k.startswith("snap.")})
+    assert snaps == [12, 13, 14, 15]                                                  # theta_{t-3} .. theta_t
+    flat = {s: torch.cat([v.reshape(-1) for k, v in sorted(st.items()) if k.startswith(f"snap.{s}.")]) for s in snaps}
+    assert all(not torch.equal(flat[s], flat[s + 1]) for s in snaps[:-1])            # a non-trivial behaviour state
+    ref_steps = _steps(a)
+    assert _steps(a) == _steps(b) and len(ref_steps) == 16 and [r["lag"] for r in ref_steps][3:] == [3] * 13
+    assert all(r["update_norm"] > 0 for r in ref_steps[10:]) and all(r["logr_max_abs"] > 1e-5 for r in ref_steps[10:])
+
+
+def _offpolicy_inputs(seed=0, B=6, L=7):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.arange(L)[None, :] < torch.randint(1, L + 1, (B,), generator=g)[:, None]
+    theta = -torch.rand(B, L, generator=g) * 3                                     # log pi_theta (the trainer's, "old" in TRL)
+    phi = theta + torch.randn(B, L, generator=g) * 0.4                             # log pi_phi (the sampler's)
+    return theta * mask, phi * mask, mask
+
+
+def test_trl_importance_sampling_matches():
+    """TRL's vLLM importance-sampling correction on identical inputs (TRL is not installed: its expression is quoted from
+    huggingface/trl @ f2cd57710ae345ea6428ae95363267fcf38a3dc8, trl/trainer/grpo_trainer.py, lines 2581-2619):
+
+        2581  per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask
+        2583  sequence_level_is = self.vllm_importance_sampling_mode in ["sequence_mask", "sequence_truncate"]
+        2585      per_sequence_logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+        2590  vllm_importance_sampling_ratio = torch.exp(logps_diff)
+        2596  if self.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:
+        2597      vllm_importance_sampling_ratio = torch.clamp(vllm_importance_sampling_ratio,
+        2599          min=self.vllm_importance_sampling_clip_min, max=self.vllm_importance_sampling_clip_max)
+        2602  elif self.vllm_importance_sampling_mode in ["sequence_mask", "token_mask"]:   (min_val = -inf, max_val = clip_max)
+        2614      invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (vllm_importance_sampling_ratio > max_val)
+        2617      vllm_importance_sampling_ratio = vllm_importance_sampling_ratio.masked_fill(invalid_mis_mask, value=0.0)
+
+    and applied as `per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]` (line 3118) before the masked
+    aggregation, so TRL's effective per-token weight is that ratio times the mask. GSPO's sequence ratio (line 3058):
+    `log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)`."""
+    import math
+    from stalebook.trainer import is_weights, level_log_ratio
+    for seed in range(5):
+        old, sampling, mask = _offpolicy_inputs(seed)
+        cap = 1.0
+        diff = (old - sampling) * mask
+        for mode in ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate"):
+            lr = diff.sum(dim=-1, keepdim=True) if mode.startswith("sequence") else diff
+            ratio = torch.exp(lr)
+            if mode.endswith("truncate"): ratio = torch.clamp(ratio, min=None, max=cap)
+            else: ratio = ratio.masked_fill((ratio < -math.inf) | (ratio > cap), value=0.0)
+            trl = ratio * mask
+            level, corr = mode.split("_")
+            ours = is_weights(old - sampling, mask, "mask" if corr == "mask" else "truncate", level, cap)
+            torch.testing.assert_close(ours, trl.expand_as(ours), rtol=0, atol=1e-6)
+        z = is_weights(old - sampling, mask, "mask", "sequence", cap)[:, 0] == 0
+        if seed == 0: assert 0 < z.sum() < len(z)                                  # the example masks some responses, not all
+        gspo = ((old - sampling) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        torch.testing.assert_close(level_log_ratio(old - sampling, mask, "geometric")[:, 0], gspo)
+
+
+def test_verl_rollout_is_matches():
+    """verl's `rollout_is` weights on identical inputs (volcengine/verl @ b178a3cd56f58b2d502255daba591e92833930a7,
+    verl/trainer/ppo/rollout_corr_helper.py, compute_rollout_correction_weights, lines 533-562):
+
+        533  log_ratio_safe = torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND)        # token; SAFETY_BOUND = 20
+        534  rollout_is_weights = torch.exp(log_ratio_safe)
+        538  log_ratio_sum = verl_F.masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)    # sequence
+        543  log_ratio_sum_safe = torch.clamp(log_ratio_sum, min=-SAFETY_BOUND, max=SAFETY_BOUND)
+        544  rollout_is_weights = torch.exp(log_ratio_sum_safe).expand_as(log_ratio)
+        550  rollout_is_weights = rollout_is_weights * response_mask
+        562  rollout_is_weights = rollout_is_weights.clamp(max=rollout_is_threshold)
+
+    (log_ratio = log pi_train - log pi_rollout). Inside the safety bound stalebook's `truncate` weights are the same."""
+    from stalebook.trainer import is_weights
+    for seed in range(5):
+        train, rollout, mask = _offpolicy_inputs(seed)
+        lr = train - rollout
+        for level in ("token", "sequence"):
+            if level == "token": w = torch.exp(torch.clamp(lr, min=-20, max=20))
+            else: w = torch.exp(torch.clamp((lr * mask).sum(-1).unsqueeze(-1), min=-20, max=20)).expand_as(lr)
+            verl = (w * mask).clamp(max=2.0)
+            torch.testing.assert_close(is_weights(lr, mask, "truncate", level, 2.0), verl, rtol=0, atol=1e-6)
+
+
+def test_offpolicy_loss_gradients_against_autograd_of_the_definition():
+    "Each correction's gradient equals -agg(w A grad log pi) (decoupled) or PPO-clip's (none), computed independently."
+    from stalebook.trainer import is_weights, offpolicy_grpo_loss
+    theta, phi, mask = _offpolicy_inputs(3)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.3, 0.0])
+    n = mask.sum()
+    for corr in ("truncate", "mask"):
+        for level in ("token", "sequence", "geometric"):
+            t = theta.clone().requires_grad_(True)
+            offpolicy_grpo_loss(t, phi, adv, mask, corr, level, 1.5)[0].backward()
+            w = is_weights(theta - phi, mask, corr, level, 1.5)
+            torch.testing.assert_close(t.grad, -(w * adv[:, None]) * mask / n)
+    t = theta.clone().requires_grad_(True)
+    offpolicy_grpo_loss(t, phi, adv, mask, "none", "token", clip_epsilon=0.2, clip_epsilon_high=0.28)[0].backward()
+    r = torch.exp(theta - phi)
+    active = torch.where(adv[:, None] > 0, r < 1.28, r > 0.8)                      # PPO: the clip zeroes the gradient outside
+    torch.testing.assert_close(t.grad, -(r * adv[:, None] * active) * mask / n)
+
+
+def test_bad_async_config_one_line_error(tmp_path):
+    p = _write(tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 2, "mode": "lagged"}})
+    r = _run("train", p)
+    assert r.returncode == 2 and "async_training.mode" in r.stderr and r.stderr.count("\n") == 1
+    p = _write(tmp_path / "bad2.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 0, "correction": "mask"}})
+    r = _run("train", p)
+    assert r.returncode == 2 and "correction must stay at the default" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
+    """S = 0 against the synchronous trainer as it was before asynchrony existed (commit a91f1ef's stalebook/trainer.py,
+    read from git; skipped when that history is not available): same step log and the same bytes in every file."""
+    base = "a91f1ef"
+    r = subprocess.run(["git", "show", f"{base}:stalebook/trainer.py"], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0: pytest.skip(f"git history with {base} not available")
+    import re
+    src = re.sub(r"^from \.(\w+) import", r"from stalebook.\1 import", r.stdout, flags=re.M)
+    (tmp_path / "trainer_base.py").write_text(src)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import trainer_base as old
+    finally: sys.path.pop(0)
+    import stalebook.trainer as new
+    from stalebook.rollouts import SamplingConfig
+    kw = dict(snapshot=str(tiny_snapshot), n_tasks=16, steps=12, prompts_per_step=3, sampling=SamplingConfig(group_size=4, max_new_tokens=8),
+              lineage_steps=(0, 5, 10), kl_beta=0.05, lr=0.01)
+    old.Trainer(old.TrainConfig(out=str(tmp_path / "old"), **kw)).run(progress=False)
+    new.Trainer(new.TrainConfig(out=str(tmp_path / "new"), **kw)).run(progress=False)
+    fa, fb = _files(tmp_path / "old"), _files(tmp_path / "new")
+    assert _steps(tmp_path / "old") == _steps(tmp_path / "new")
+    fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
+    assert fa == fb

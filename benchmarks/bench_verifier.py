@@ -1,0 +1,170 @@
+"""Code-verifier throughput: the fork server against a fresh sandbox per program, and what it buys a GRPO step.
+
+1. Verifier: the same 200 distinct programs (100 synthetic code tasks of level 1 with distinct reference
+   expressions, each with its reference completion and a wrong one: half correct) verified by `tasks.rewards` with 2 workers, once through a pool
+   of fork servers and once through fresh per-program sandboxes, side by side in one run and interleaved
+   (per-program, fork, per-program, fork, ...). Fork-server timings are *cold*: the pool is new, so they
+   include starting its templates; a second, warm pass on the same pool is reported too. Both paths must
+   give byte-identical rewards and details (checked).
+2. GRPO step: `Trainer.train_step` on the tiny snapshot, prompts_per_step = 16, group_size = 16
+   (256 completions per step), max_new_tokens = 12, lr 3e-3 (the learning configs), on the math domain
+   and on the code domain (fork server; and, for reference, per-program sandboxes), steps interleaved
+   after one warm-up step each. The time spent in `batch_rewards` is measured by wrapping it (not
+   re-implemented), and so is the code step without it: the floor any verifier leaves (longer prompts and
+   completions cost the model more on code). Goal: code step <= 2x math step.
+
+    PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
+                                                    [--json benchmarks/results/bench_verifier.json] [--append]
+
+The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
+"""
+import argparse, json, os, platform, statistics, sys, tempfile, time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from stalebook import sandbox, tasks as T, trainer as TR                       # noqa: E402
+from stalebook.core import Domain                                              # noqa: E402
+from stalebook.rollouts import SamplingConfig                                  # noqa: E402
+
+
+def programs(n_tasks: int = 100):
+    "n_tasks synthetic code tasks x (reference, wrong) = 2 n_tasks distinct programs, half correct."
+    seen, ts = set(), []
+    for t in T.synthetic_tasks("code", 8 * n_tasks, Domain(0, ("bench", "verifier")), level=1):
+        if t.answer not in seen and len(ts) < n_tasks: seen.add(t.answer); ts.append(t)
+    rows = [(t, c) for t in ts for c in (t.answer, t.answer + "+1")]
+    assert len({T.code_program(t, c) for t, c in rows}) == len(rows)
+    return [t for t, _ in rows], [c for _, c in rows]
+
+
+def verify(tasks, comps, workers: int, fork_server: bool) -> dict:
+    with sandbox.Pool(workers=workers, fork_server=fork_server) as pool:
+        t0 = time.perf_counter()
+        got = T.rewards(tasks, comps, workers=workers, pool=pool)
+        cold = time.perf_counter() - t0
+        warm = None
+        if fork_server:
+            t0 = time.perf_counter()
+            again = T.rewards(tasks, comps, workers=workers, pool=pool)
+            warm = time.perf_counter() - t0
+            assert again == got
+        stats, fallback = dict(pool.stats), pool.fallback
+    if fork_server and (fallback or stats["per_program"]): raise SystemExit(f"fork server did not run: {fallback}")
+    return dict(seconds=cold, warm_seconds=warm, rewards=got, stats=stats)
+
+
+def bench_verifier(repeat: int, workers: int) -> dict:
+    tasks, comps = programs()
+    runs, ref = [], None
+    for rep in range(repeat):
+        fresh = verify(tasks, comps, workers, fork_server=False)
+        fork = verify(tasks, comps, workers, fork_server=True)
+        for r in (fresh, fork):
+            if ref is None: ref = json.dumps(r["rewards"], sort_keys=True)
+            assert json.dumps(r["rewards"], sort_keys=True) == ref, "the two paths disagree"
+        n = len(tasks)
+        run = dict(per_program_s=round(fresh["seconds"], 3), fork_cold_s=round(fork["seconds"], 3),
+                   fork_warm_s=round(fork["warm_seconds"], 3), per_program_pps=round(n / fresh["seconds"], 1),
+                   fork_cold_pps=round(n / fork["seconds"], 1), fork_warm_pps=round(n / fork["warm_seconds"], 1),
+                   ratio_cold=round(fresh["seconds"] / fork["seconds"], 2), ratio_warm=round(fresh["seconds"] / fork["warm_seconds"], 2))
+        runs.append(run)
+        print(f"verifier rep {rep + 1}/{repeat}: per-program {run['per_program_pps']:.0f} programs/s | fork server "
+              f"{run['fork_cold_pps']:.0f}/s cold, {run['fork_warm_pps']:.0f}/s warm | ratio {run['ratio_cold']:.1f}x cold, "
+              f"{run['ratio_warm']:.1f}x warm", flush=True)
+    n_ok = sum(r for r, _ in json.loads(ref))
+    return dict(n_programs=len(tasks), n_correct=int(n_ok), workers=workers, isolation=sandbox.isolation(), runs=runs,
+                paths_agree=True)
+
+
+_SHARED = {}
+
+def shared_pool(fork_server: bool):
+    """Make the process-wide pool `tasks.rewards` uses by default (what the trainer calls) a fork-server or a
+    per-program one; both persist across steps, as the shared pool does in a training run."""
+    key = (sandbox.isolation(), sandbox.Limits())
+    if fork_server not in _SHARED: _SHARED[fork_server] = sandbox.Pool(limits=key[1], mode=key[0], fork_server=fork_server)
+    sandbox._POOLS[key] = _SHARED[fork_server]
+    return _SHARED[fork_server]
+
+
+def trainer(domain: str, snapshot: str, out: Path) -> TR.Trainer:
+    cfg = TR.TrainConfig(out=str(out / domain), snapshot=snapshot, domain=domain, task_level=0, n_tasks=256, seed=0, steps=100,
+                         prompts_per_step=16, sampling=SamplingConfig(group_size=16, max_new_tokens=12, groups_per_batch=16),
+                         lr=3e-3, lineage_steps=(0,), checkpoint_every=1000)
+    return TR.Trainer(cfg)
+
+
+def bench_step(steps: int, snapshot: str) -> dict:
+    spent = {"t": 0.0}
+    real = TR.batch_rewards
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try: return real(*a, **k)
+        finally: spent["t"] += time.perf_counter() - t0
+    TR.batch_rewards = timed
+    arms = [("math", "math", None), ("code", "code", True), ("code_per_program", "code", False)]
+    with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
+        trs = {name: trainer(dom, snapshot, Path(d) / name) for name, dom, _ in arms}
+        rows = {name: [] for name, _, _ in arms}
+        sandbox.pool_for()
+        for i in range(steps + 1):                                         # step 0 = warm-up (templates start there)
+            for name, _, fork in arms:
+                if fork is not None: shared_pool(fork)
+                spent["t"] = 0.0
+                pool = sandbox.pool_for()
+                before = pool.stats["fork"] + pool.stats["per_program"]
+                rec = trs[name].train_step()
+                if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
+                                             programs_run=pool.stats["fork"] + pool.stats["per_program"] - before,
+                                             completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
+            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s (rewards {rows[n][-1]['t_reward']:.2f}s)"
+                                                          for n, _, _ in arms), flush=True)
+    TR.batch_rewards = real
+    med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
+    rest = {n: statistics.median(r["t_step"] - r["t_reward"] for r in rs) for n, rs in rows.items()}
+    prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
+    return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
+                median_step_s={n: round(v, 3) for n, v in med.items()},
+                median_step_minus_rewards_s={n: round(v, 3) for n, v in rest.items()},
+                ratio_code_minus_rewards_to_math=round(rest["code"] / med["math"], 2),
+                ratio_code_to_math=round(med["code"] / med["math"], 2),
+                ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=2, help="verifier comparisons (each: per-program, then fork server)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3, help="timed GRPO steps per arm (after one warm-up step)")
+    p.add_argument("--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)")
+    p.add_argument("--no-step", action="store_true", help="skip the GRPO-step part")
+    p.add_argument("--json", default=str(HERE / "results" / "bench_verifier.json"))
+    p.add_argument("--append", action="store_true", help="add this invocation to the file's list instead of replacing it")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    inv = dict(cores=sandbox.cores(), cpu=platform.processor() or platform.machine(), shared_machine=True,
+               verifier=bench_verifier(a.repeat, a.workers))
+    if not a.no_step: inv["step"] = bench_step(a.steps, a.snapshot)
+    v = inv["verifier"]["runs"]
+    print(f"verifier: fork server / per-program = {', '.join(str(r['ratio_cold']) for r in v)}x (cold), "
+          f"{', '.join(str(r['ratio_warm']) for r in v)}x (warm)")
+    if "step" in inv:
+        s = inv["step"]
+        print(f"GRPO 16x16 step (median): math {s['median_step_s']['math']:.2f}s, code {s['median_step_s']['code']:.2f}s "
+              f"(fork server; {s['ratio_code_to_math']:.2f}x math), code with per-program sandboxes "
+              f"{s['median_step_s']['code_per_program']:.2f}s ({s['ratio_code_per_program_to_math']:.2f}x); code step without its "
+              f"rewards {s['median_step_minus_rewards_s']['code']:.2f}s = {s['ratio_code_minus_rewards_to_math']:.2f}x the math step "
+              f"(mean prompt {s['mean_prompt_chars']['code']} vs {s['mean_prompt_chars']['math']} characters)")
+    path = Path(a.json)
+    old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}
+    old["invocations"].append(inv)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(old, indent=1) + "\n")
+    return inv
+
+
+if __name__ == "__main__":
+    main()
