@@ -1,6 +1,6 @@
 """Time and peak memory of BOLT's training against online GRPO's, measured side by side in one run.
 
-Both arms train the study's math budget (configs/studies/bolt-tiny.yaml, section `math`: 100 updates of 16 prompts x
+Both arms train the study's math budget (registry configs/registries/bolt-tiny.yaml, section `study.math`: 100 updates of 16 prompts x
 16 completions, same LoRA, same prompt schedule; GRPO with the k3 KL at the same beta). Each measurement is a fresh
 subprocess (`stalebook.bolt.train_arm` with a `Meter`) with its own store root, so BOLT samples its reference
 dataset every time; repeats alternate the order (BOLT first, then GRPO first) so a drifting machine load hits both.
@@ -8,7 +8,7 @@ Reported per arm: the training phase's wall time and CPU time (process + finishe
 RSS (Linux VmHWM, reset at the phase start) and its own allocation (peak minus the RSS at the phase start); on CUDA
 also torch's peak allocated bytes. The ratios are medians over repeats of BOLT / GRPO.
 
-    PYTHONPATH=. python benchmarks/bench_bolt.py [--repeats 2] [--steps 100] [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
+    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--repeats 2] [--steps 100] [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
 
 The paper reports BOLT at about 0.15-0.25x GRPO's training time and 0.69-0.82x its peak memory (7B models, GPU).
 """
@@ -22,11 +22,10 @@ ROOT = HERE.parent
 
 CHILD = r"""
 import json, sys, dataclasses
-from stalebook.bolt import BoltStudy, Meter, train_arm
-from stalebook.core import load_config
-cfgf, arm, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-s = load_config(BoltStudy, cfgf)
-base = s.math
+from stalebook.bolt import Meter, train_arm
+from stalebook.registry import load_registry
+reg, arm, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+base = load_registry(reg).spec.math
 at = base.eval.at if steps % base.eval.at == 0 else 1
 cfg = dataclasses.replace(base, arm=arm, rounds=1, stores=out + "/stores", train=dataclasses.replace(base.train, steps=steps),
                           eval=dataclasses.replace(base.eval, at=at))
@@ -50,7 +49,7 @@ def measure(cfgf, arm, steps, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs/studies/bolt-tiny.yaml"))
+    ap.add_argument("--registry", default="bolt-tiny", help="a bolt registry (name or YAML file); its study.math section is the budget")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "runs/bench_bolt"))
@@ -59,7 +58,7 @@ def main():
     runs = []
     for rep in range(a.repeats):
         for arm in (("bolt", "grpo") if rep % 2 == 0 else ("grpo", "bolt")):
-            r = measure(a.config, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
+            r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
             ph = r["phases"]
             print(f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s ({ph['train']['cpu_seconds']:6.1f} CPU s)"
                   + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
@@ -83,7 +82,7 @@ def main():
     summary = {arm: dict(train_seconds=pick(arm, train), total_seconds=pick(arm, total), train_cpu_seconds=pick(arm, cpu),
                          total_cpu_seconds=pick(arm, cpu_total), peak_rss_mib=pick(arm, peak_train),
                          own_alloc_mib=pick(arm, alloc)) for arm in ("bolt", "grpo")}
-    out = dict(config=str(Path(a.config).resolve().relative_to(ROOT)) if Path(a.config).resolve().is_relative_to(ROOT) else a.config, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
+    out = dict(registry=a.registry, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
                machine="2 CPU cores shared with other jobs (load average ~10), torch 1 thread, CPU float32")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -1,17 +1,18 @@
-"""The BOLT comparison on the embedded tiny model: every unit of a `BoltStudy` (configs/studies/bolt-tiny.yaml), then
-the aggregate table, the claim table and the three figures.
+"""The BOLT comparison's figures and claim table, read through the registry (configs/registries/bolt-tiny.yaml, kind
+`bolt` of nbs/37_bolt_study): the units are run by `stalebook run bolt-tiny` (idempotent, resumable; `--run` here
+does the same), checked by `stalebook status bolt-tiny`, frozen by `stalebook freeze bolt-tiny`. This script reads
+the results of the units that pass every contract, aggregates them (stalebook.bolt.aggregate_study, with the
+training seconds of the units' timings.json sidecars), adds the time and memory rows of bench_bolt.py's ratios to
+the claim table and draws figures/bolt_time.png, figures/bolt_rounds.png, figures/bolt_beta.png (titles say
+PARTIAL while any unit is missing or failing).
 
-Each unit is `stalebook.bolt.run_arm(config, <out>/<name>)` (or `run_sweep`): idempotent and resumable, so an
-interrupted study is continued by running this script again (finished units return their stored results). All units
-share one store root, so the arms of a seed share their reference dataset and their step-0 measurement.
+    PYTHONPATH=. python benchmarks/study_bolt.py [--registry bolt-tiny] [--root DIR] [--run] [--only 'math-*']
+                                                 [--json benchmarks/results/study_bolt.json]
+    PYTHONPATH=. python benchmarks/study_bolt.py --legacy-root runs/bolt     # a run made before the registry existed
 
-    PYTHONPATH=. python benchmarks/study_bolt.py [--config configs/studies/bolt-tiny.yaml] [--domains math code]
-                                                 [--aggregate-only] [--json benchmarks/results/study_bolt.json]
-
-Writes the JSON (study config, per-unit results and timings, the aggregate, the beta sweeps, the claim rows, the
-Markdown tables) and figures/bolt_time.png, figures/bolt_rounds.png, figures/bolt_beta.png. Wall times are those of
-this shared 2-core machine (other jobs running); `unit_seconds` records each unit's wall time in the process that
-finished it.
+`--legacy-root` reads a results folder of the earlier layout <root>/<domain>/s<seed>/<label> (the same units, run by
+`run_arm`/`run_sweep` directly, without phase records): those results are aggregated as they are, and marked as not
+contract-checked. Wall times are those of the shared 2-core machine they ran on.
 """
 import argparse, json, sys, time
 from pathlib import Path
@@ -22,38 +23,34 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def run_units(study, units, log):
-    from stalebook.bolt import run_arm, run_sweep
-    from stalebook.core import atomic_write_json
-    tf = Path(study.out) / "unit-seconds.json"
-    secs = json.loads(tf.read_text()) if tf.exists() else {}
-    t_all = time.perf_counter()
-    for i, (name, kind, cfg) in enumerate(units):
-        out = Path(study.out) / name
-        done = (out / ("result.json" if kind == "arm" else "sweep.json")).exists()
-        t0 = time.perf_counter()
-        if kind == "arm": run_arm(cfg, out, progress=sys.stderr.isatty(), log=lambda *a: None)
-        else: run_sweep(cfg, out, (*study.betas, cfg.beta), progress=sys.stderr.isatty())
-        if not done:
-            secs[name] = round(time.perf_counter() - t0, 1)
-            atomic_write_json(tf, secs)
-        log(f"[{i + 1}/{len(units)}] {name}: {'stored' if done else f'{secs[name]:.0f} s'} "
-            f"(this run {time.perf_counter() - t_all:.0f} s)")
-    return secs
+def unit_folder(root: Path, uid: str, legacy: bool) -> Path:
+    from stalebook.bolt import unit_label
+    from stalebook.units import unit_dir
+    if not legacy: return unit_dir(root, uid)
+    d, s, label = unit_label(uid)
+    return root / d / f"s{s}" / label
 
 
-def collect(study, units):
+def collect(reg, root: Path, legacy: bool):
+    "Results and timings of the arm units, sweep rows, and which units were counted (passing, or present for a legacy root)."
+    from stalebook.contracts import registry_status
+    if legacy: ok, state = None, "legacy run (layout before the registry; contracts not checked)"
+    else:
+        st = registry_status(reg, root)
+        ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
     arms, sweeps = {}, {}
-    for name, kind, _ in units:
-        out = Path(study.out) / name
-        if kind == "arm" and (out / "result.json").exists():
-            arms[name] = dict(result=json.loads((out / "result.json").read_text()), timings=json.loads((out / "timings.json").read_text()))
-        elif kind == "sweep" and (out / "sweep.json").exists():
-            sweeps[name] = json.loads((out / "sweep.json").read_text())
-    return arms, sweeps
+    for uid, u in reg.units().items():
+        d = unit_folder(root, uid, legacy)
+        if ok is not None and uid not in ok: continue
+        if u.kind == "arm" and (d / "result.json").exists():
+            tf = d / "timings.json"
+            arms[uid] = dict(result=json.loads((d / "result.json").read_text()), timings=json.loads(tf.read_text()) if tf.exists() else None)
+        elif u.kind == "sweep" and (d / "sweep.json").exists():
+            sweeps[uid] = json.loads((d / "sweep.json").read_text())
+    return arms, sweeps, state
 
 
-def figures(agg, sweeps, study):
+def figures(agg, sweeps, study, tag=""):
     import matplotlib.pyplot as plt
     from stalebook.core import save_figure
     colors = dict(bolt="C0", refit="C1", positive="C2", grpo="C3", iterative="C4")
@@ -67,7 +64,7 @@ def figures(agg, sweeps, study):
             m, se = np.array([v[0] for v in cv["heldout pass"]]), np.array([v[1] for v in cv["heldout pass"]])
             a_.errorbar(cv["seconds"], m, se, marker="o", ms=3, capsize=2, color=c, label=arm)
         a_.set(xlabel="training wall time, s (mean over seeds; static arms include reference sampling)", ylabel="held-out pass rate",
-               title=f"{d}: held-out pass rate vs training time")
+               title=f"{tag}{d}: held-out pass rate vs training time")
         a_.legend(fontsize=7)
     fig.tight_layout(); save_figure(fig, "bolt_time", dpi=80); plt.close(fig)
     # 2. one-shot vs iterative BOLT over rounds (measured at every round boundary)
@@ -81,14 +78,14 @@ def figures(agg, sweeps, study):
                 a_.errorbar(cv["steps"], m, se, ls=ls, marker=mk, ms=3, capsize=2, color=colors[arm],
                             label=f"{'one-shot' if arm == 'bolt' else 'iterative'} BOLT, {pool.split()[0]} prompts")
         a_.set(xlabel=f"optimizer step (iterative: a new reference every {getattr(study, d).train.steps // study.rounds} steps)",
-               ylabel="pass rate", title=f"{d}: one-shot vs iterative BOLT")
+               ylabel="pass rate", title=f"{tag}{d}: one-shot vs iterative BOLT")
         a_.legend(fontsize=7)
     fig.tight_layout(); save_figure(fig, "bolt_rounds", dpi=80); plt.close(fig)
     # 3. the beta frontier on real data: ESS, relative variance of Z-hat, BOLT accuracy against beta
     sd = [d for d in study.sweep_domains if d in agg]
     if not sd or not sweeps: return
     d = sd[0]
-    S = [v for k, v in sweeps.items() if k.startswith(d + "/")]
+    S = [v for k, v in sweeps.items() if k.startswith(d + "-")]
     betas = [r["beta"] for r in S[0]["rows"]]
     o = np.argsort(betas); b = np.array(betas)[o]
     get = lambda key: np.array([[s["rows"][i][key] for i in o] for s in S])
@@ -97,7 +94,7 @@ def figures(agg, sweeps, study):
                    label=f"measured (Kish, datasets A, B; {len(S)} seeds)")
     ax[0].plot(b, get("ess_exact").mean(0), "-", label="binary closed form, exact N, at p̂ from C")
     ax[0].plot(b, get("ess_pop").mean(0), ":", label="binary closed form, population limit")
-    ax[0].set(xscale="log", xlabel="β", ylabel="mean ESS / N", title=f"{d}: ESS fraction of the BOLT weights")
+    ax[0].set(xscale="log", xlabel="β", ylabel="mean ESS / N", title=f"{tag}{d}: ESS fraction of the BOLT weights")
     ax[1].plot(b, get("relvar").mean(0), "ko", label="measured Σ(Ẑ_A−Ẑ_B)²/2 / ΣẐ_AẐ_B")
     ax[1].plot(b, get("relvar_closed").mean(0), "-", label="binary closed form at p̂ from C")
     ax[1].set(xscale="log", yscale="log", xlabel="β", ylabel="pooled Var(Ẑ)/Z²", title=f"{d}: relative variance of Ẑ (N={S[0]['n']})")
@@ -122,38 +119,43 @@ def figures(agg, sweeps, study):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs/studies/bolt-tiny.yaml"))
-    ap.add_argument("--domains", nargs="*", default=None, help="run only these domains' units (default: the config's)")
-    ap.add_argument("--aggregate-only", action="store_true", help="do not run units; aggregate what is finished")
+    ap.add_argument("--registry", default="bolt-tiny", help="a bolt registry: NAME, NAME:SLICE or a YAML file")
+    ap.add_argument("--root", default=None, help="the registry's results folder (default: its `out`)")
+    ap.add_argument("--legacy-root", default=None, help="read a results folder of the layout before the registry instead")
+    ap.add_argument("--run", action="store_true", help="first run (or resume) the units, as `stalebook run` does")
+    ap.add_argument("--only", default=None, help="with --run: unit ids or patterns")
     ap.add_argument("--json", default=str(HERE / "results/study_bolt.json"))
     ap.add_argument("--bench", default=str(HERE / "results/bench_bolt.json"), help="bench_bolt.py's JSON for the time/memory claims")
     a = ap.parse_args()
-    import torch
-    from stalebook.bolt import BoltStudy, aggregate_study, arm_table, claim_rows, claim_table, study_units
-    from stalebook.core import atomic_write_json, config_dict, load_config
-    study = load_config(BoltStudy, a.config)
-    units = study_units(study)
-    log = lambda s: print(s, flush=True)
-    if not a.aggregate_only:
-        run = [u for u in units if a.domains is None or u[0].split("/")[0] in a.domains]
-        log(f"{len(run)} units ({len(units)} in the study); torch threads {torch.get_num_threads()}")
-        run_units(study, run, log)
-    arms, sweeps = collect(study, units)
+    from stalebook.bolt import aggregate_study, arm_table, claim_rows, claim_table
+    from stalebook.core import atomic_write_json, config_dict
+    from stalebook.registry import load_registry, registry_hash, registry_root
+    from stalebook.units import run_registry
+    reg = load_registry(a.registry)
+    legacy = a.legacy_root is not None
+    root = Path(a.legacy_root) if legacy else registry_root(reg, a.root)
+    if a.run and not legacy: run_registry(reg, root, a.only, progress=sys.stderr.isatty())
+    arms, sweeps, state = collect(reg, root, legacy)
     agg = aggregate_study(arms)
     bench = json.loads(Path(a.bench).read_text())["ratios"] if Path(a.bench).exists() else None
     rows = claim_rows({d: {k: v for k, v in D.items() if not k.startswith("bolt-beta")} for d, D in agg.items()}, bench)
-    tf = Path(study.out) / "unit-seconds.json"
-    secs = json.loads(tf.read_text()) if tf.exists() else {}
     tables = {d: arm_table(agg, d) for d in agg}
-    out = dict(study=config_dict(study), n_units=len(units), n_finished=len(arms) + len(sweeps), unit_seconds=secs,
-               wall_seconds_total=round(sum(secs.values()), 1), aggregate=agg, sweeps=sweeps, claims=rows, tables=tables,
-               units={k: v for k, v in arms.items()}, machine="2 CPU cores shared with other jobs, torch 1 thread")
+    n_units, n_done = len(reg.units()), len(arms) + len(sweeps)
+    unit_s = {uid: u["timings"]["phases"] for uid, u in arms.items() if u["timings"]}
+    secs = {uid: round(sum(p["seconds"] for p in ph.values()), 1) for uid, ph in unit_s.items()}
+    out = dict(registry=reg.name, registry_hash=registry_hash(reg), study=config_dict(reg.spec), state=state, n_units=n_units,
+               n_finished=n_done, unit_seconds=secs, wall_seconds_arms=round(sum(secs.values()), 1), aggregate=agg, sweeps=sweeps,
+               claims=rows, tables=tables, units=arms, machine="2 CPU cores shared with other jobs, torch 2 threads")
+    if legacy and (root / "unit-seconds.json").exists():            # the earlier runner's wall seconds per unit (one process each)
+        out["unit_wall_seconds"] = w = json.loads((root / "unit-seconds.json").read_text())
+        out["wall_seconds_total"] = round(sum(w.values()), 1)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(a.json, out)
-    figures(agg, sweeps, study)
+    tag = "" if state in ("complete", "frozen") or (legacy and n_done == n_units) else f"PARTIAL ({n_done}/{n_units} units) - "
+    figures(agg, sweeps, reg.spec, tag)
     for d, t in tables.items(): print(f"\n## {d}\n{t}")
     print("\n" + claim_table(rows))
-    print(f"\n{len(arms) + len(sweeps)}/{len(units)} units finished; unit wall time total {sum(secs.values()) / 3600:.2f} h -> {a.json}")
+    print(f"\n{reg.name}: {n_done}/{n_units} units counted ({state}); arm units' measured phases {sum(secs.values()) / 3600:.2f} h -> {a.json}")
 
 
 if __name__ == "__main__":

@@ -36,12 +36,13 @@ from .theory.boltzmann import (binary_ess_fraction, binary_expected_ess, binary_
 from .trainer import Trainer, TrainConfig, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
 
 # %% auto #0
-__all__ = ['WEIGHTINGS', 'ARMS', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards', 'sample_log_weights',
-           'reference_stats', 'reference_summary', 'ReferenceTrainer', 'EvalConfig', 'BoltConfig', 'eval_steps',
-           'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
+__all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards',
+           'sample_log_weights', 'reference_stats', 'reference_summary', 'ReferenceTrainer', 'EvalConfig', 'BoltConfig',
+           'eval_steps', 'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
            'sequence_logprobs', 'pool_metrics', 'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm',
-           'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'run_arm', 'beta_sweep', 'run_sweep',
-           'BoltStudy', 'study_units', 'paired', 'aggregate_study', 'arm_table', 'claim_rows', 'claim_table']
+           'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'arm_result', 'arm_stage',
+           'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired', 'aggregate_study',
+           'arm_table', 'claim_rows', 'claim_table']
 
 # %% ../nbs/30_bolt.ipynb #2c34e1f8
 @contextlib.contextmanager
@@ -233,7 +234,7 @@ class BoltConfig:
     rounds: int = 1                       # iterative BOLT: reference rounds (steps split evenly); 1 for every other arm
     train: TrainConfig = field(default_factory=_bolt_train)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    stores: str = ""                      # root of the reference and evaluation stores ("" = <out>/stores)
+    stores: str = ""                      # root of the reference and evaluation stores, relative to the arm's folder ("" = <out>/stores)
     reference: str = ""                   # optional existing store as round 0's reference (must be sampled by pi_ref)
 
     def __post_init__(self):
@@ -256,8 +257,8 @@ def arm_train_config(cfg: BoltConfig, out_dir) -> TrainConfig:
                                kl_beta=cfg.beta if cfg.arm == "grpo" else 0.0, lineage_steps=tuple(sorted(marks)))
 
 def stores_root(cfg: BoltConfig, out_dir) -> Path:
-    "Where an arm's reference and evaluation stores live."
-    return Path(cfg.stores) if cfg.stores else Path(out_dir) / "stores"
+    "Where an arm's reference and evaluation stores live: `stores` (a relative path is taken from the arm's folder), else <out>/stores."
+    return Path(out_dir) / (cfg.stores or "stores")
 
 # %% ../nbs/30_bolt.ipynb #55bf81a9
 def _status_kib(key: str) -> int | None:
@@ -381,16 +382,21 @@ def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, 
     return res
 
 # %% ../nbs/30_bolt.ipynb #7d01e6f9
+def arm_trainer(cfg: BoltConfig, out_dir, reward_fn=None) -> Trainer:
+    "The arm's trainer, restored at its last checkpoint: the stock `Trainer` for grpo and positive, `ReferenceTrainer` for the weighted-SFT arms."
+    tcfg = arm_train_config(cfg, out_dir)
+    if cfg.arm in ("grpo", "positive"): return Trainer(tcfg, reward_fn=reward_fn)
+    return ReferenceTrainer(tcfg, "refit" if cfg.arm == "refit" else "bolt", cfg.beta, cfg.rounds, stores_root(cfg, out_dir),
+                            cfg.reference, reward_fn=reward_fn)
+
 def train_arm(cfg: BoltConfig, out_dir, progress: bool = False, reward_fn=None, meter: Meter | None = None) -> Trainer:
     "Train (or resume) an arm's lineage: 'reference' (static arms: sampling the round-0 dataset) and 'train' phases on `meter`."
-    meter, tcfg = meter or Meter(cfg.train.device), arm_train_config(cfg, out_dir)
-    if cfg.arm in ("grpo", "positive"): tr = Trainer(tcfg, reward_fn=reward_fn)
-    else:
-        tr = ReferenceTrainer(tcfg, "refit" if cfg.arm == "refit" else "bolt", cfg.beta, cfg.rounds, stores_root(cfg, out_dir),
-                              cfg.reference, reward_fn=reward_fn)
+    meter, tr = meter or Meter(cfg.train.device), arm_trainer(cfg, out_dir, reward_fn)
+    if isinstance(tr, ReferenceTrainer):
         with meter.phase("reference"): tr.reference(0)
-    tr.steps_here = cfg.train.steps - tr.step
+    n0 = tr.step
     with meter.phase("train"): tr.run(progress=progress)
+    meter.phases["train"]["steps"] = tr.step - n0                     # optimizer steps this process ran
     return tr
 
 def prompt_schedule(tcfg: TrainConfig, tasks) -> list[list[str]]:
@@ -416,40 +422,73 @@ def arm_budget(cfg: BoltConfig, tr: Trainer) -> dict:
                 lr=t.lr, lora=config_dict(t.lora), prompt_schedule_hash=hash_json(prompt_schedule(t, tr.tasks)), completions_sampled=n_gen,
                 epochs=t.steps * t.prompts_per_step / len(tr.tasks))
 
-def arm_timings(cfg: BoltConfig, tr: Trainer, meter: Meter) -> dict:
-    "Timing sidecar: phases of this process, reference-generation seconds per round, cumulative seconds at each measured step."
+def arm_timings(cfg: BoltConfig, tr: Trainer, phases: dict) -> dict:
+    "Timing sidecar: the measured phases, reference-generation seconds per round, cumulative seconds at each measured step."
     tf = tr.dir / "reference-timings.json"
     ref = json.loads(tf.read_text()) if tf.exists() else {}
     cum = np.cumsum([0.0] + [r["t_step"] for r in tr.log.records])
     t_ref0 = ref.get("0", 0.0)
-    return dict(phases=meter.phases, reference_seconds=ref, train_seconds=float(cum[-1]), steps_run_here=tr.steps_here,
+    return dict(phases=phases, reference_seconds=ref, train_seconds=float(cum[-1]),
                 train_seconds_excl_reference=float(cum[-1]) - sum(v for k, v in ref.items() if k != "0"),
                 cumulative_seconds={str(s): t_ref0 + float(cum[s]) for s in eval_steps(cfg)})
 
 # %% ../nbs/30_bolt.ipynb #d049342e
+ARM_STAGES = ("train", "eval", "result")
+
+def _meter_sidecar(out: Path, meter: Meter) -> dict:
+    "This process's measured phases merged into <out>/meter.json (stages may run in different processes)."
+    f = out / "meter.json"
+    have = (json.loads(f.read_text()) if f.exists() else {}) | meter.phases
+    atomic_write_json(f, have)
+    return have
+
+def _content_config(cfg: BoltConfig) -> BoltConfig:
+    "The config as the result records it: the snapshot is named by its revision (`snapshot_revision`), not by where it lies."
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=""))
+
+def arm_result(cfg: BoltConfig, tr: Trainer, ev: list[dict]) -> dict:
+    "The arm's result record (numbers only: a rerun reproduces it byte for byte)."
+    refs = [json.loads(f.read_text()) for f in sorted(tr.dir.glob("reference-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))]
+    recs, c = tr.log.records, _content_config(cfg)
+    return dict(kind="stalebook.bolt.arm", version=1, arm=cfg.arm, domain=cfg.train.domain, seed=cfg.train.seed, beta=cfg.beta,
+                rounds=cfg.rounds, config=config_dict(c), config_hash=config_hash(c),
+                snapshot_revision=tr.model.stalebook_base_revision, budget=arm_budget(cfg, tr),
+                train=dict(reward_first=float(np.mean([r["reward_mean"] for r in recs[:10]])), reward_last=float(np.mean([r["reward_mean"] for r in recs[-10:]])),
+                           zero_adv_groups=int(sum(r["zero_adv_groups"] for r in recs)), loss_last=float(recs[-1]["loss"])),
+                reference=[{k: v for k, v in r.items() if k != "per_prompt"} for r in refs], eval=ev)
+
+# %% ../nbs/30_bolt.ipynb #5e1a7b20
+def arm_stage(cfg: BoltConfig, out_dir, stage: str, progress: bool = False, reward_fn=None, log=print, trainer: Trainer | None = None) -> Trainer:
+    """One stage of an arm, idempotent and resumable, in this process or another: 'train' (the round-0 reference dataset and
+    the lineage), 'eval' (every measured step, cached per step), 'result' (<out>/result.json and the <out>/timings.json sidecar)."""
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    if stage not in ARM_STAGES: raise StalebookError(f"unknown arm stage {stage!r} (one of {', '.join(ARM_STAGES)})")
+    _bind_config(cfg, out / "bolt.yaml")
+    meter = Meter(cfg.train.device)
+    if stage == "train":
+        tr = train_arm(cfg, out, progress, reward_fn, meter)
+        if probs := check_lineage(tr.dir): raise StalebookError(f"{tr.dir}: lineage check failed: {probs[0]}")
+        _meter_sidecar(out, meter); return tr
+    tr = trainer or arm_trainer(cfg, out, reward_fn)
+    if tr.step != cfg.train.steps: raise StalebookError(f"{tr.dir}: the arm trained {tr.step} of {cfg.train.steps} steps; stage 'train' comes first")
+    if stage == "eval":
+        with meter.phase("eval"): evaluate_arm(cfg, tr, out, progress, reward_fn)
+        _meter_sidecar(out, meter); return tr
+    ev = evaluate_arm(cfg, tr, out, progress, reward_fn)                # every step cached by stage 'eval'
+    atomic_write_json(out / "timings.json", arm_timings(cfg, tr, _meter_sidecar(out, meter)))
+    atomic_write_json(out / "result.json", arm_result(cfg, tr, ev))
+    h, e0 = ev[-1]["heldout"], ev[0]["heldout"]
+    log(f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> {h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}")
+    return tr
+
 def run_arm(cfg: BoltConfig, out_dir, progress: bool = False, log=print, reward_fn=None) -> dict:
-    """One arm as one idempotent, resumable unit: train through the Trainer, measure every evaluation step, write
-    <out>/result.json (numbers only) and <out>/timings.json. A finished arm returns its result untouched."""
+    """One arm as one idempotent, resumable unit: its stages in order (`arm_stage`). A finished arm returns its result untouched."""
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     _bind_config(cfg, out / "bolt.yaml")
     if (out / "result.json").exists(): return json.loads((out / "result.json").read_text())
-    meter = Meter(cfg.train.device)
-    tr = train_arm(cfg, out, progress, reward_fn, meter)
-    if probs := check_lineage(tr.dir): raise StalebookError(f"{tr.dir}: lineage check failed: {probs[0]}")
-    with meter.phase("eval"): ev = evaluate_arm(cfg, tr, out, progress, reward_fn)
-    refs = [json.loads(f.read_text()) for f in sorted(tr.dir.glob("reference-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))]
-    recs = tr.log.records
-    result = dict(kind="stalebook.bolt.arm", version=1, arm=cfg.arm, domain=cfg.train.domain, seed=cfg.train.seed, beta=cfg.beta,
-                  rounds=cfg.rounds, config=config_dict(cfg), config_hash=config_hash(cfg),
-                  snapshot_revision=tr.model.stalebook_base_revision, budget=arm_budget(cfg, tr),
-                  train=dict(reward_first=float(np.mean([r["reward_mean"] for r in recs[:10]])), reward_last=float(np.mean([r["reward_mean"] for r in recs[-10:]])),
-                             zero_adv_groups=int(sum(r["zero_adv_groups"] for r in recs)), loss_last=float(recs[-1]["loss"])),
-                  reference=[{k: v for k, v in r.items() if k != "per_prompt"} for r in refs], eval=ev)
-    atomic_write_json(out / "timings.json", arm_timings(cfg, tr, meter))
-    atomic_write_json(out / "result.json", result)
-    h, e0 = ev[-1]["heldout"], ev[0]["heldout"]
-    log(f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> {h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}")
-    return result
+    tr = None
+    for s in ARM_STAGES: tr = arm_stage(cfg, out, s, progress, reward_fn, log, trainer=tr)
+    return json.loads((out / "result.json").read_text())
 
 # %% ../nbs/30_bolt.ipynb #b31936ea
 def beta_sweep(R_a, R_b, R_c, betas) -> dict:
@@ -492,7 +531,7 @@ def _code_arm() -> BoltConfig:
 @dataclass
 class BoltStudy:
     "The comparison: every (domain, seed, arm) at its section's matched budget, and BOLT at each beta of the sweep."
-    out: str = "runs/bolt"
+    model: str = "tiny"                               # the model (a registry's `models` entry) every arm starts from
     domains: tuple[str, ...] = ("math",)
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ARMS
@@ -502,19 +541,25 @@ class BoltStudy:
     math: BoltConfig = field(default_factory=BoltConfig)
     code: BoltConfig = field(default_factory=_code_arm)
 
-def study_units(s: BoltStudy) -> list[tuple[str, str, BoltConfig]]:
-    "(name, kind 'arm' | 'sweep', config) of every unit; a unit writes under <out>/<name>."
+def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, str, BoltConfig]]:
+    """(id, kind 'arm' | 'sweep', config) of every unit, id `<domain>-s<seed>-<label>` (label: the arm, `bolt-beta<b>`, or
+    `sweep`); all units share the store root `stores` (relative to a unit's folder: <root>/units/<id> -> <root>/stores)."""
     units = []
     for d in s.domains:
         base = getattr(s, d)
         if base.train.domain != d: raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
         for seed in s.seeds:
-            mk = lambda **kw: dataclasses.replace(base, train=dataclasses.replace(base.train, seed=seed), stores=str(Path(s.out) / "stores"), **kw)
-            units += [(f"{d}/s{seed}/{a}", "arm", mk(arm=a, rounds=s.rounds if a == "iterative" else 1)) for a in s.arms]
+            mk = lambda **kw: dataclasses.replace(base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw)
+            units += [(f"{d}-s{seed}-{a}", "arm", mk(arm=a, rounds=s.rounds if a == "iterative" else 1)) for a in s.arms]
             if d in s.sweep_domains:
-                units += [(f"{d}/s{seed}/bolt-beta{b:g}", "arm", mk(arm="bolt", beta=b, rounds=1)) for b in s.betas if b != base.beta]
-                units.append((f"{d}/s{seed}/sweep", "sweep", mk(arm="bolt", rounds=1)))
+                units += [(f"{d}-s{seed}-bolt-beta{b:g}", "arm", mk(arm="bolt", beta=b, rounds=1)) for b in s.betas if b != base.beta]
+                units.append((f"{d}-s{seed}-sweep", "sweep", mk(arm="bolt", rounds=1)))
     return units
+
+def unit_label(uid: str) -> tuple[str, int, str]:
+    "(domain, seed, label) of a unit id `<domain>-s<seed>-<label>`."
+    d, s, label = uid.split("-", 2)
+    return d, int(s[1:]), label
 
 # %% ../nbs/30_bolt.ipynb #f19acd19
 METRICS = {"heldout pass": ("heldout", "pass_rate"), "heldout KL": ("heldout", "kl"), "heldout E[r]-bKL": ("heldout", "objective"),
@@ -539,23 +584,25 @@ def paired(D: dict, a: str, b: str, m: str) -> list:
 
 # %% ../nbs/30_bolt.ipynb #039c1e83
 def aggregate_study(units: dict) -> dict:
-    "{name: {'result', 'timings'}} of a study's arm units -> per domain and arm: final-step metrics over seeds, per-seed values, seconds, curves."
+    """{unit id: {'result', 'timings' (or None)}} of a study's arm units -> per domain and arm: final-step metrics over seeds,
+    per-seed values, seconds (NaN without timings) and curves."""
     by, out = {}, {}
     for name, u in units.items():
-        d, s, label = name.split("/"); by.setdefault(d, {}).setdefault(label, {})[int(s[1:])] = u
+        d, s, label = unit_label(name); by.setdefault(d, {}).setdefault(label, {})[s] = u
     for d, arms in by.items():
         names = list(METRICS) + sorted({f"dNLL {k}" for a in arms.values() for u in a.values() for k in u["result"]["eval"][-1]["retention"]})
         D = out[d] = {}
         for a, seeds in arms.items():
             ev = {s: u["result"]["eval"] for s, u in seeds.items()}
-            tm = {s: u["timings"] for s, u in seeds.items()}
+            tm = {s: u.get("timings") or {} for s, u in seeds.items()}
+            tget = lambda t, k: t.get(k, float("nan"))
             steps = [e["step"] for e in next(iter(ev.values()))]
             D[a] = dict(n_seeds=len(seeds), per_seed={m: {s: _metric(e[-1], m) for s, e in ev.items()} for m in names},
                         metrics={m: _ms([_metric(e[-1], m) for e in ev.values()]) for m in names},
                         base={m: _ms([_metric(e[0], m) for e in ev.values()]) for m in names},
-                        seconds={k: _ms([t[k] for t in tm.values()]) for k in ("train_seconds", "train_seconds_excl_reference")}
-                                | {"reference": _ms([sum(t["reference_seconds"].values()) for t in tm.values()])},
-                        curve=dict(steps=steps, seconds=[_ms([t["cumulative_seconds"][str(st)] for t in tm.values()])[0] for st in steps],
+                        seconds={k: _ms([tget(t, k) for t in tm.values()]) for k in ("train_seconds", "train_seconds_excl_reference")}
+                                | {"reference": _ms([sum(t["reference_seconds"].values()) if t else float("nan") for t in tm.values()])},
+                        curve=dict(steps=steps, seconds=[_ms([t["cumulative_seconds"][str(st)] if t else float("nan") for t in tm.values()])[0] for st in steps],
                                    **{m: [_ms([_metric(e[i], m) for e in ev.values()]) for i in range(len(steps))] for m in ("heldout pass", "train pass")}))
     return out
 

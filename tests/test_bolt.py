@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from stalebook.bolt import (ARMS, BoltConfig, BoltStudy, EvalConfig, ReferenceTrainer, arm_train_config, open_reference,
-                            reference_rewards, reference_store, run_arm, sample_log_weights, study_units, _bolt_train)
+from stalebook.bolt import (ARMS, BoltConfig, EvalConfig, ReferenceTrainer, arm_train_config, open_reference, reference_rewards,
+                            reference_store, run_arm, sample_log_weights, _bolt_train)
 from stalebook.core import ConfigError, Domain, StalebookError, atomic_write_json, hash_file, load_config
 from stalebook.model import policy_hash
 from stalebook.rollouts import SamplingConfig, completion_logprobs, load_run_policy
@@ -183,12 +183,3 @@ def test_reduced_comparison_all_arms_matched_idempotent_resumable(tmp_path, tiny
     assert cut == full and full["eval"] == res["iterative"]["eval"]
     f = "train/lineage/step-000004/adapter/adapter_model.safetensors"
     assert (tmp_path / "it-cut" / f).read_bytes() == (tmp_path / "it-full" / f).read_bytes()
-
-
-def test_the_study_config_loads_and_lists_its_units():
-    s = load_config(BoltStudy, ROOT / "configs/studies/bolt-tiny.yaml")
-    u = study_units(s)
-    assert len(u) == 3 * (5 + 4 + 1) + 3 * 5
-    c = {n: cfg for n, _, cfg in u}
-    assert c["code/s2/grpo"].train.sampling.max_new_tokens == 12 and c["math/s0/iterative"].rounds == 4
-    assert all(cfg.stores == str(Path(s.out) / "stores") for cfg in c.values())
