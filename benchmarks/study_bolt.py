@@ -63,7 +63,7 @@ def figures(agg, sweeps, study, tag=""):
             cv = agg[d][arm]["curve"]
             m, se = np.array([v[0] for v in cv["heldout pass"]]), np.array([v[1] for v in cv["heldout pass"]])
             a_.errorbar(cv["seconds"], m, se, marker="o", ms=3, capsize=2, color=c, label=arm)
-        a_.set(xlabel="training wall time, s (mean over seeds; static arms include reference sampling)", ylabel="held-out pass rate",
+        a_.set(xlabel="training wall time, s (seed mean; static arms: + reference sampling)", ylabel="held-out pass rate",
                title=f"{tag}{d}: held-out pass rate vs training time")
         a_.legend(fontsize=7)
     fig.tight_layout(); save_figure(fig, "bolt_time", dpi=80); plt.close(fig)
