@@ -21,7 +21,7 @@ from typing import Literal
 from .bolt import (ARM_STAGES, BoltConfig, BoltStudy, _content_config, aggregate_study, arm_stage, arm_train_config,
                             claim_rows, eval_steps, run_sweep, stores_root, study_units, unit_label)
 from .contracts import aggregator, contract, register_checks, unit_phase_problems
-from .core import ConfigError, config_hash, hash_file, hash_json, load_config, read_jsonl
+from .core import ConfigError, config_hash, hash_file, load_config, read_jsonl
 from .registry import Registry, UnitKind, register_kind
 from .trainer import TrainConfig, check_lineage, checkpoint_name, lineage_checkpoint
 from .units import Phase, Unit, record_path, unit_dir

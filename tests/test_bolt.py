@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from stalebook.bolt import (ARMS, BoltConfig, EvalConfig, ReferenceTrainer, arm_train_config, open_reference, reference_rewards,
+from stalebook.bolt import (ARMS, BoltConfig, EvalConfig, ReferenceTrainer, arm_train_config, open_reference,
                             reference_store, run_arm, sample_log_weights, _bolt_train)
 from stalebook.core import ConfigError, Domain, StalebookError, atomic_write_json, hash_file, load_config
 from stalebook.model import policy_hash

@@ -2,13 +2,13 @@
 slice of it (the `smoke` slice of configs/registries/bolt-tiny.yaml plus one swept beta and the sweep unit, on the
 session's reduced snapshot) runs through `run_unit`, is skipped when run again, passes every contract, freezes, and
 refuses tampered inputs by unit and contract with nothing frozen (~1.5 min on the shared 2-core machine)."""
-import json, shutil
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from stalebook.bolt_study import STORES, bolt_phases
+from stalebook.bolt_study import STORES
 from stalebook.contracts import FreezeRefused, cmd_status, freeze, problem_lines, registry_status
 from stalebook.core import ConfigError
 from stalebook.registry import load_registry
