@@ -38,9 +38,9 @@ from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group
 from .theory.async_sim import behaviour_source
 
 # %% auto #0
-__all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss', 'is_weights',
-           'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict', 'run_identity',
-           'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state',
+__all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss', 'weighted_sft_loss',
+           'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict',
+           'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state',
            'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer',
            'next_tasks', 'sample_step', 'step_rewards', 'lag_histogram', 'cmd_train']
 
@@ -95,6 +95,16 @@ def sft_loss(logp, rewards, mask, agg="token-mean"):
     pos = (rewards > 0.5)[:, None] & mask
     if not pos.any(): return (logp * 0).sum(), {"n_positive": 0}
     return -aggregate(logp, pos, agg), {"n_positive": int((rewards > 0.5).sum())}
+
+# %% ../nbs/26_trainer.ipynb #b3f1a7c2
+def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
+    """Weighted response cross-entropy -agg(w_i log pi(A_t|H_t)) (BOLT, Refit); returns (loss, stats).
+    logp, mask: [B, L]; weights: [B] >= 0, one per response. With token-mean the normaliser counts every
+    response token whatever its weight, so the batch objective is sum_i w_i log pi(y_i) up to a constant."""
+    w = weights.to(logp.device, logp.dtype)[:, None]
+    loss = -aggregate(logp * w, mask, agg)
+    return loss, {"sft/weight_mean": float(weights.mean()), "sft/weight_max": float(weights.max()),
+                  "sft/n_weighted": int((weights > 0).sum())}
 
 # %% ../nbs/26_trainer.ipynb #5c1d2e02
 def is_weights(log_ratio, mask, correction: str = "truncate", level: str = "token", threshold: float = 2.0):

@@ -1,0 +1,100 @@
+"""Time and peak memory of BOLT's training against online GRPO's, measured side by side in one run.
+
+Both arms train the study's math budget (registry configs/registries/bolt-tiny.yaml, section `study.math`: 100 updates of 16 prompts x
+16 completions, same LoRA, same prompt schedule; GRPO with the k3 KL at the same beta). Each measurement is a fresh
+subprocess (`stalebook.bolt.train_arm` with a `Meter`) with its own store root, so BOLT samples its reference
+dataset every time; repeats alternate the order (BOLT first, then GRPO first) so a drifting machine load hits both.
+Reported per arm: the training phase's wall time and CPU time (process + finished children), BOLT's reference-sampling phase, and the training phase's peak
+RSS (Linux VmHWM, reset at the phase start) and its own allocation (peak minus the RSS at the phase start); on CUDA
+also torch's peak allocated bytes. The ratios are medians over repeats of BOLT / GRPO.
+
+    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--repeats 2] [--steps 100] [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
+
+The paper reports BOLT at about 0.15-0.25x GRPO's training time and 0.69-0.82x its peak memory (7B models, GPU).
+"""
+import argparse, dataclasses, json, os, shutil, subprocess, sys, time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+CHILD = r"""
+import json, sys, dataclasses
+from stalebook.bolt import Meter, train_arm
+from stalebook.registry import load_registry
+reg, arm, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+base = load_registry(reg).spec.math
+at = base.eval.at if steps % base.eval.at == 0 else 1
+cfg = dataclasses.replace(base, arm=arm, rounds=1, stores=out + "/stores", train=dataclasses.replace(base.train, steps=steps),
+                          eval=dataclasses.replace(base.eval, at=at))
+m = Meter(cfg.train.device)
+tr = train_arm(cfg, out + "/arm", meter=m)
+print("RESULT " + json.dumps(dict(arm=arm, phases=m.phases, steps=len(tr.log.records),
+                                  t_step_sum=sum(r["t_step"] for r in tr.log.records))))
+"""
+
+
+def measure(cfgf, arm, steps, out):
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", CHILD, cfgf, arm, str(steps), str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0: raise SystemExit(f"{arm} failed:\n{r.stderr[-3000:]}")
+    res = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("RESULT "))[7:])
+    res["process_seconds"] = time.perf_counter() - t0
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--registry", default="bolt-tiny", help="a bolt registry (name or YAML file); its study.math section is the budget")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--out", default=str(ROOT / "runs/bench_bolt"))
+    ap.add_argument("--json", default=str(HERE / "results/bench_bolt.json"))
+    a = ap.parse_args()
+    runs = []
+    for rep in range(a.repeats):
+        for arm in (("bolt", "grpo") if rep % 2 == 0 else ("grpo", "bolt")):
+            r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
+            ph = r["phases"]
+            print(f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s ({ph['train']['cpu_seconds']:6.1f} CPU s)"
+                  + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
+                  + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB (phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)", flush=True)
+            runs.append(dict(repeat=rep, **r))
+    pick = lambda arm, f: [f(r["phases"]) for r in runs if r["arm"] == arm]
+    med = lambda arm, f: float(np.median(pick(arm, f)))
+    train = lambda p: p["train"]["seconds"]
+    total = lambda p: p["train"]["seconds"] + p.get("reference", {}).get("seconds", 0.0)
+    cpu = lambda p: p["train"]["cpu_seconds"]
+    cpu_total = lambda p: p["train"]["cpu_seconds"] + p.get("reference", {}).get("cpu_seconds", 0.0)
+    peak = lambda p: max(p["train"]["peak_rss_mib"], p.get("reference", {}).get("peak_rss_mib", 0.0))
+    peak_train = lambda p: p["train"]["peak_rss_mib"]
+    alloc = lambda p: p["train"]["peak_rss_mib"] - p["train"]["start_rss_mib"]
+    ratios = dict(time_ratio_train=med("bolt", train) / med("grpo", train), time_ratio_total=med("bolt", total) / med("grpo", total),
+                  cpu_ratio_train=med("bolt", cpu) / med("grpo", cpu), cpu_ratio_total=med("bolt", cpu_total) / med("grpo", cpu_total),
+                  peak_ratio=med("bolt", peak_train) / med("grpo", peak_train), peak_ratio_incl_reference=med("bolt", peak) / med("grpo", peak),
+                  alloc_ratio=med("bolt", alloc) / med("grpo", alloc))
+    if all("cuda_peak_mib" in r["phases"]["train"] for r in runs):
+        ratios["cuda_peak_ratio"] = med("bolt", lambda p: p["train"]["cuda_peak_mib"]) / med("grpo", lambda p: p["train"]["cuda_peak_mib"])
+    summary = {arm: dict(train_seconds=pick(arm, train), total_seconds=pick(arm, total), train_cpu_seconds=pick(arm, cpu),
+                         total_cpu_seconds=pick(arm, cpu_total), peak_rss_mib=pick(arm, peak_train),
+                         own_alloc_mib=pick(arm, alloc)) for arm in ("bolt", "grpo")}
+    out = dict(registry=a.registry, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
+               machine="2 CPU cores shared with other jobs (load average ~10), torch 1 thread, CPU float32")
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    print("\nBOLT / GRPO (median of %d repeats, measured side by side):" % a.repeats)
+    print(f"  training time        {ratios['time_ratio_train']:.3f}x   (paper: 0.15-0.25x)")
+    print(f"  incl. reference      {ratios['time_ratio_total']:.3f}x")
+    print(f"  training CPU time    {ratios['cpu_ratio_train']:.3f}x   (incl. reference {ratios['cpu_ratio_total']:.3f}x)")
+    print(f"  peak RSS (training)  {ratios['peak_ratio']:.3f}x   (paper: 0.69-0.82x peak GPU memory)")
+    print(f"  phase's own alloc.   {ratios['alloc_ratio']:.3f}x")
+    if "cuda_peak_ratio" in ratios: print(f"  CUDA peak allocated  {ratios['cuda_peak_ratio']:.3f}x")
+    print(f"-> {a.json}")
+
+
+if __name__ == "__main__":
+    main()
