@@ -28,7 +28,7 @@ from fastcore.basics import patch
 from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
                             experiment_notebook, hash_file, hash_json, load_config, run_notebook)
 from .model import default_snapshot, load_adapter_state, load_policy, policy_hash
-from .protocol import SPLITS, PointResult, Rollouts, admissible, analyse_point
+from .protocol import BOUNDS, DEFAULT_BOUND, SPLITS, PointResult, Rollouts, admissible, analyse_point, positive_control
 from .rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of, rollout_domain
 from .scoring import CountSketch, fresh_features, lora_dim, stale_features, store_rows
 from .tasks import synthetic_tasks
@@ -36,9 +36,9 @@ from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
 
 # %% auto #0
-__all__ = ['BOUND', 'PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'run_stale',
-           'npz_bytes', 'cached_npz', 'point_markdown', 'save_boot', 'load_point', 'run_point', 'execute_point',
-           'resolve_point', 'cmd_point']
+__all__ = ['PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'run_stale', 'npz_bytes',
+           'cached_npz', 'negative_control', 'point_positive_control', 'point_markdown', 'save_boot', 'load_point',
+           'run_point', 'execute_point', 'resolve_point', 'cmd_point']
 
 # %% ../nbs/28_point.ipynb #1eabcc05
 @dataclass
@@ -58,6 +58,7 @@ class PointConfig:
     k_sketch: int = 1024
     n_boot: int = 10_000
     level: float = 0.95
+    bound: str = DEFAULT_BOUND                 # how bounds are read off the bootstrap (protocol.BOUNDS)
     seed: int = 0
     task_level: int = 0
     cap_c: float | None = None                 # token-ratio cap (None = exact ratios, the only certified case)
@@ -72,6 +73,7 @@ class PointConfig:
         if not 0 < self.k < self.n_candidates: raise ValueError("need 0 < k < n_candidates")
         if self.group_size < 2: raise ValueError("group_size must be >= 2 (GRPO)")
         if self.n_boot < 1: raise ValueError("n_boot must be >= 1")
+        if self.bound not in BOUNDS: raise ValueError(f"bound: unknown method {self.bound!r}; choose one of {', '.join(BOUNDS)}")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -207,17 +209,29 @@ def sequence_logratios(self: PointRun) -> dict:
     seq = [sum(lp) - float(lb[i].sum()) for i, lp in enumerate(logp)]
     return {"seq_logratio": np.array(seq, dtype=np.float64).reshape(n, K)}
 
+# %% ../nbs/28_point.ipynb #5c2d9e41
+def negative_control(res: PointResult) -> dict:
+    "The random k-set of a point: its gain, its bounds by the point's method, and whether its LB95 > 0 (a false positive)."
+    lb, ub = res.bounds("gain_control")
+    return dict(gain=float(res.gain_control), bounds=[float(lb), float(ub)], false_positive=bool(lb > 0))
+
+def point_positive_control(res: PointResult, cfg: PointConfig, same_policy: bool) -> dict | None:
+    "The positive control where pi = beta (`protocol.positive_control`, RNG domain (seed, 'point', 'positive', checkpoint)); else None."
+    return positive_control(res, Domain(cfg.seed, ("point", "positive", cfg.checkpoint))) if same_policy else None
+
 # %% ../nbs/28_point.ipynb #6c64e14e
 @patch
 def analysis(self: PointRun) -> dict:
-    "Stage 4: protocol statistics, bootstrap bounds and the gate; returns the JSON-able summary."
+    "Stage 4: protocol statistics, bootstrap bounds by `cfg.bound`, the gate and both controls; returns the JSON-able summary."
     cfg, fresh, stale = self.cfg, self.fresh, self.stale
     ro = lambda role, h: Rollouts(fresh[role, h]["rewards"], fresh[role, h]["vectors"])
     self.res = analyse_point({h: ro("candidates", h) for h in SPLITS}, {h: ro("validation", h) for h in SPLITS}, cfg.k,
                              Domain(cfg.seed, ("point", "analysis", cfg.checkpoint)), stale={ab: stale[f"g{ab}"] for ab in ESTIMATORS},
-                             n_boot=cfg.n_boot, level=cfg.level, std=cfg.std_normalize, eps=cfg.adv_eps)
+                             n_boot=cfg.n_boot, level=cfg.level, std=cfg.std_normalize, eps=cfg.adv_eps, bound=cfg.bound)
     summ = self.res.summary()
-    summ["admissible"] = bool(admissible(self.res.bounds("rel")[0], self.res.bounds("gain_fresh")[0], cfg.k, cfg.n_candidates))
+    summ["admissible"] = admissible(self.res.rel_lb, self.res.gain_fresh_lb, cfg.k, cfg.n_candidates)
+    summ["negative_control"] = negative_control(self.res)
+    summ["positive_control"] = point_positive_control(self.res, cfg, self.pi_hash == self.beta_hash)
     summ["stale_zero_grad"] = {ab: int((np.abs(stale[f"g{ab}"]).sum(-1) == 0).sum()) for ab in ESTIMATORS}
     summ["stale_max_abs_logratio"] = float(stale["max_abs_logratio"])
     lr = self.drift["seq_logratio"]
@@ -229,20 +243,18 @@ def analysis(self: PointRun) -> dict:
     return summ
 
 # %% ../nbs/28_point.ipynb #9338dfe4
-BOUND = "percentile"          # how the one-sided bounds are read off the replicates (protocol.quantile_bounds)
-
 @patch
 def manifest(self: PointRun) -> dict:
     "Stage 5a: what the point's numbers depend on (no paths: identities and content hashes)."
     cfg, tcfg, stores, st = self.cfg, self.tcfg, self.stores, self.stale_store
-    return dict(kind="stalebook.point", version=2, config=point_identity(cfg), config_hash=hash_json(point_identity(cfg)),
+    return dict(kind="stalebook.point", version=3, config=point_identity(cfg), config_hash=hash_json(point_identity(cfg)),
                 run_identity=run_identity(tcfg), objective=tcfg.objective, domain=self.domain,
                 snapshot_revision=getattr(self.model, "stalebook_base_revision", None),
                 policy_hash_pi=self.pi_hash, policy_hash_beta=self.beta_hash, rng_root=cfg.seed,
                 rollout_stores={f"{r}/{h}": s.path.name for (r, h), s in stores.items()} | {"stale": st.path.name},
                 rollout_store_hashes={f"{r}/{h}": hash_file(s.path / "groups.jsonl") for (r, h), s in stores.items()}
                                      | {"stale": hash_file(st.path / "groups.jsonl")},
-                lora_dim=self.D, sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex), replicates=cfg.n_boot, bound=BOUND,
+                lora_dim=self.D, sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex), replicates=cfg.n_boot, bound=self.res.bound,
                 estimators=list(ESTIMATORS), caps=dict(c=cfg.cap_c, C=cfg.cap_C), certified=cfg.cap_c is None and cfg.cap_C is None)
 
 @patch
@@ -259,33 +271,41 @@ def write(self: PointRun) -> dict:
     return result
 
 # %% ../nbs/28_point.ipynb #683cb7bd
+def _positive_line(pc: dict | None) -> str:
+    if pc is None: return "positive control: not applicable (π ≠ β)"
+    ps = " ".join(f"g{e} {v['p_value']:.3f}" for e, v in pc["estimators"].items())
+    return (f"positive control (π = β): estimators coincide {'yes' if pc['coincide'] else 'NO'} (max |Δscore| {pc['max_score_diff']:.1e}); "
+            f"exchangeable with fresh split R, p = {ps} → {'passed' if pc['passed'] else 'FAILED'}")
+
 def point_markdown(result: dict) -> str:
-    "A short Markdown table of one point: per estimator, stale gain with bounds, and the shared fresh numbers."
+    "A short Markdown table of one point: per estimator and for the negative control, gain with bounds; the shared fresh numbers; the positive control."
     r, p = result["result"], result["point"]
+    nc = r["negative_control"]
     lines = [f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']}) · run {p['run'][:12]}", "",
              f"Rel_k = {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}; gate needs >= {2 * r['k'] / r['n']:.3f}) · "
              f"fresh gain = {r['gain_fresh']:.4f} [{r['gain_fresh_bounds'][0]:.4f}, {r['gain_fresh_bounds'][1]:.4f}] · "
-             f"admissible: {'yes' if r['admissible'] else 'no'} · zero-gradient prompts R/A/B: "
+             f"admissible: {'yes' if r['admissible'] else 'no'} · bounds: {r['bound']} · zero-gradient prompts R/A/B: "
              f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}", "",
-             "| estimator | stale gain | LB95 | UB95 | zero-gradient prompts |", "|---|---|---|---|---|"]
+             "| selector | gain | LB95 | UB95 | zero-gradient prompts |", "|---|---|---|---|---|"]
     for ab in ESTIMATORS:
         lb, ub = r[f"gain_stale_{ab}_bounds"]
-        lines.append(f"| g{ab} | {r['gain_stale'][ab]:.4f} | {lb:.4f} | {ub:.4f} | {r['stale_zero_grad'][ab]} |")
+        lines.append(f"| stale g{ab} | {r['gain_stale'][ab]:.4f} | {lb:.4f} | {ub:.4f} | {r['stale_zero_grad'][ab]} |")
+    lines.append(f"| negative control (random k-set) | {nc['gain']:.4f} | {nc['bounds'][0]:.4f} | {nc['bounds'][1]:.4f} | - |")
+    lines += ["", f"negative control: {'FALSE POSITIVE (LB95 > 0)' if nc['false_positive'] else 'LB95 <= 0 (as it should)'} · "
+              + _positive_line(r["positive_control"])]
     if not result["manifest"]["certified"]: lines += ["", "Capped ratios: not certified by the theory."]
     return "\n".join(lines) + "\n"
 
-def save_boot(out: Path, res) -> None:
-    "The bootstrap replicates as `boot.npz` ('/' in a statistic's name becomes '__')."
-    atomic_write(Path(out) / "boot.npz", npz_bytes({k.replace("/", "__"): v for k, v in res.boot.items()}))
+def save_boot(out: Path, res: PointResult) -> None:
+    "Every array of `res.to_arrays()` as `boot.npz` ('/' in a name becomes '__')."
+    atomic_write(Path(out) / "boot.npz", npz_bytes({k.replace("/", "__"): v for k, v in res.to_arrays().items()}))
 
-def load_point(out):
-    "A `protocol.PointResult` rebuilt from `result.json` and `boot.npz` (None if the point is not finished)."
+def load_point(out) -> PointResult | None:
+    "A `protocol.PointResult` rebuilt from `result.json` and `boot.npz` (`PointResult.from_saved`; None if the point is not finished)."
     out = Path(out)
     if not (out / "result.json").exists() or not (out / "boot.npz").exists(): return None
     r = json.loads((out / "result.json").read_text())["result"]
-    with np.load(out / "boot.npz") as z: boot = {k.replace("__", "/"): z[k] for k in z.files}
-    return PointResult(n=r["n"], k=r["k"], n_boot=r["n_boot"], level=r["level"], rel=r["rel"], gain_fresh=r["gain_fresh"],
-                       gain_stale=r["gain_stale"], u=None, scores={}, selected={}, zero_grad=r["zero_grad"], boot=boot)
+    with np.load(out / "boot.npz", allow_pickle=False) as z: return PointResult.from_saved(r, {k: z[k] for k in z.files})
 
 # %% ../nbs/28_point.ipynb #f9f24ff6
 def run_point(cfg: PointConfig, progress: bool = True, log=print) -> dict:
@@ -294,7 +314,9 @@ def run_point(cfg: PointConfig, progress: bool = True, log=print) -> dict:
     p.stale_rollouts(); p.fresh_rollouts(); p.features(); p.analysis()
     result = p.write()
     s = result["result"]
-    log(f"{p.out}: admissible={s['admissible']}  Rel_k={s['rel']:.3f}  fresh gain={s['gain_fresh']:.4f}")
+    pc = "" if s["positive_control"] is None else f"  positive control {'passed' if s['positive_control']['passed'] else 'FAILED'}"
+    log(f"{p.out}: admissible={s['admissible']}  Rel_k={s['rel']:.3f}  fresh gain={s['gain_fresh']:.4f}  "
+        f"negative control LB95 {s['negative_control']['bounds'][0]:+.4f}{pc}  (bounds: {s['bound']})")
     return result
 
 # %% ../nbs/28_point.ipynb #91b3ace5

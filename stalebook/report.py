@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .contracts import cmd_freeze, cmd_status, frozen_content, registry_status, table_csv, table_markdown, watermark
+from .point import load_point
+from .protocol import pilot_model, pool_cell, predict_design
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
                             save_figure)
 from .registry import Registry, load_registry, registry_root
@@ -29,7 +31,8 @@ from .units import cmd_run, point_name, unit_dir
 
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'point_rows', 'study_view', 'report_name', 'report_title', 'save_report_figure', 'plot_reliability',
-           'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'cmd_demo']
+           'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'registry_cells',
+           'control_summary', 'gate_forecast', 'decision_lines', 'registry_decisions', 'cmd_demo']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -170,9 +173,81 @@ def cmd_report(argv) -> int:
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
     return 0
 
+# %% ../nbs/34_report.ipynb #d4f2e8b3
+def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
+    "{(model, domain, arm, checkpoint): [(PointResult | None, result summary | None) per registered seed]}; None = not passing."
+    ok, cells = {r["item"] for r in status["rows"] if r["state"] == "pass"}, {}
+    for uid, fam in reg.units().items():
+        for c in fam.checkpoints:
+            d = unit_dir(root, uid) / "points" / point_name(c)
+            got = f"{uid}/c{c}" in ok
+            cells.setdefault((fam.model, fam.domain, fam.tag, c), []).append(
+                (load_point(d), json.loads((d / "result.json").read_text())["result"]) if got else (None, None))
+    return cells
+
+def control_summary(pts: list) -> dict:
+    "A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the positive control's passes where it applies."
+    res = [r for _, r in pts if r is not None]
+    neg = pool_cell([p for p, _ in pts], "control")
+    pos = [r["positive_control"] for r in res if r.get("positive_control") is not None]
+    return dict(seeds=len(pts), points=len(res), negative_verdict=neg["verdict"], negative_gain=neg.get("stale_gain"),
+                negative_lb=neg.get("stale_lb"), negative_fp=sum(r["negative_control"]["false_positive"] for r in res),
+                positive_applicable=len(pos), positive_passed=sum(pc["passed"] for pc in pos))
+
+# %% ../nbs/34_report.ipynb #f6b4a0d5
+def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
+    "Predicted gate passes at the summaries' design (`predict_design` on their pooled pilot, and per seed) against the observed passes."
+    if not summaries: return None
+    s0, mean = summaries[0], lambda f: float(np.mean([f(s) for s in summaries]))
+    pooled = dict(s0, rel=mean(lambda s: s["rel"]), gain_fresh=mean(lambda s: s["gain_fresh"]),
+                  gain_stale={e: mean(lambda s: s["gain_stale"][e]) for e in s0["gain_stale"]})
+    m = pilot_model(pooled)
+    p = predict_design(m, s0["n"], s0["K"], s0["k"], registered, **kw)
+    per_seed = [predict_design(pilot_model(s), s["n"], s["K"], s["k"], 1, **kw)["p_gate"] for s in summaries]
+    return dict(n=s0["n"], K=s0["K"], k=s0["k"], bound=m["bound"], rho=m["rho"], p_gate=p["p_gate"], expected=p["p_gate"] * registered,
+                per_seed=per_seed, observed=int(sum(bool(s["admissible"]) for s in summaries)), registered=registered,
+                **{f"p_{v}": p[f"p_{v}"] for v in ("effective", "ineffective", "inconclusive")})
+
+# %% ../nbs/34_report.ipynb #b8d6c2f7
+def _g(v): return "-" if v is None else f"{v:+.4f}"
+
+def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
+    "The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at the behaviour checkpoint the gate forecast."
+    rows = view["table"]["rows"]
+    bound = next((r["bound"] for pts in by_cell.values() for _, r in pts if r is not None), "-")
+    out = [f"decisions ({view['watermark'] if view['partial'] else 'frozen'}; bounds: {bound}; gate: LB95(Rel_k) >= 2k/n and LB95(fresh gain) > 0; "
+           "a cell pools its seeds)",
+           f"{'cell':24s} {'selector':17s} {'gate':>5s}  {'verdict':13s} {'gain':>8s} {'LB95':>8s} {'UB95':>8s}"]
+    for key, pts in by_cell.items():
+        m, d, tag, c = key
+        name = f"{m} {d}{' ' + tag if tag else ''} c={c}"
+        for r in (r for r in rows if (r["model"], r["domain"], r["tag"], r["checkpoint"]) == key):
+            out.append(f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  {r['verdict']:13s} "
+                       f"{_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}")
+        cs = control_summary(pts)
+        out.append(f"{name:24s} {'negative control':17s} {'':5s}  {cs['negative_verdict']:13s} {_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
+                   f"   LB95 > 0 in {cs['negative_fp']}/{cs['points']} seeds")
+        out.append(f"{name:24s} {'positive control':17s} " + (f"passed in {cs['positive_passed']}/{cs['positive_applicable']} seeds (π = β)"
+                                                              if cs["positive_applicable"] else "n/a (π ≠ β)"))
+        if c == behaviour.get(key[:3]):
+            f = gate_forecast([r for _, r in pts if r is not None], len(pts), **kw)
+            if f: out.append(f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): predicted P(gate) {f['p_gate']:.2f} per seed "
+                             f"(rho {f['rho']:.3f} from the points' mean Rel_k; per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+                             f"{f['expected']:.1f} of {f['registered']} expected; observed {f['observed']} of {f['registered']}; predicted cell verdict "
+                             f"P(Effective) {f['p_effective']:.2f}, P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}")
+    return out
+
+def registry_decisions(registry, root=None, **kw) -> list[str]:
+    "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
+    view = study_view(registry, root)
+    reg = load_registry(registry)
+    cells = registry_cells(reg, view["root"], registry_status(reg, view["root"]))
+    behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
+    return decision_lines(view, cells, behaviour, **kw)
+
 # %% ../nbs/34_report.ipynb #49f134aa
 def cmd_demo(argv) -> int:
-    "status -> run -> freeze -> report on a registry (default: tiny:demo)."
+    "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
     p = CommandParser(prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine.")
     p.add_argument("registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)")
     p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
@@ -182,5 +257,7 @@ def cmd_demo(argv) -> int:
         print(f"\n[demo] stalebook {stage} {a.registry} ({time.perf_counter() - t0:.0f} s)", flush=True)
         rc = fn([a.registry, *extra])
         if rc != 0 and stage != "status": return rc
+    print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print("\n".join(registry_decisions(a.registry, a.root)))
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -58,6 +58,9 @@ def test_point_bad_config_one_line_error(tmp_path):
     cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"))))
     r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr
+    cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"), bound="student")))      # an unknown bound method: refused when read
+    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bound: unknown method 'student'" in r.stderr and "percentile" in r.stderr
 
 
 ROOT = Path(__file__).resolve().parents[1]

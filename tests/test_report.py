@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from stalebook.contracts import freeze
-from stalebook.report import run_report
+from stalebook.report import registry_decisions, run_report
+from stalebook.theory.estimators import ESTIMATORS
 from stalebook.units import run_registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ def test_report_notebook_parameters():
 
 def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "figures"))     # the kernel inherits it: figures stay out of the project
-    reg = ranking_registry(tmp_path, tiny_snapshot, name="rep", checkpoints=(2,), seeds=(0, 1))
+    reg = ranking_registry(tmp_path, tiny_snapshot, name="rep", checkpoints=(0, 2), seeds=(0, 1))
     root = tmp_path / "root"
     run_registry(reg, root, only="tiny-math-s0", progress=False, log=lambda *a: None)
     nb = run_report(reg, root)
@@ -33,7 +34,7 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == figs
     assert (root / "report/table-PARTIAL.md").read_text().startswith("# PARTIAL - Tiny-model demonstration")
     text = nb.read_text()
-    assert "PARTIAL - registry rep: 1 of 2 points pass every contract" in text
+    assert "PARTIAL - registry rep: 2 of 4 points pass every contract" in text
     run_registry(reg, root, progress=False, log=lambda *a: None)
     freeze(reg, root)
     nb = run_report(reg, root)
@@ -41,3 +42,18 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     assert sorted(p.name for p in (root / "report").glob("report-*[!L].png")) == [f"report-rep-{w}.png" for w in ("gain-ratio", "rel", "verdicts")]
     assert (root / "report/table.md").read_bytes() == (root / "frozen/table.md").read_bytes()
     assert json.loads((root / "report/table.json").read_text())["partial"] is False
+    # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the forecast
+    lines = registry_decisions(reg, root, pools=6, draws=10, boot_reps=20, cells=200)
+    assert lines[0].startswith("decisions (frozen; bounds: percentile")
+    rows = {(r["checkpoint"], r["estimator"]): r for r in json.loads((root / "frozen/table.json").read_text())["rows"]}
+    for c in (0, 2):
+        cell = [ln for ln in lines if ln.startswith(f"tiny math c={c} ")]
+        for ab in ESTIMATORS:
+            (ln,) = [x for x in cell if f"stale g{ab}" in x]
+            r = rows[c, f"g{ab}"]
+            assert f"{r['admissible']}/2" in ln and r["verdict"] in ln
+        assert any("negative control" in x and "seeds" in x for x in cell)
+        (pos,) = [x for x in cell if "positive control" in x]
+        assert ("passed in" in pos and "/2 seeds" in pos) if c == 0 else "n/a" in pos     # pi = beta only at the behaviour checkpoint
+    (fc,) = [ln for ln in lines if "predicted P(gate)" in ln]
+    assert fc.startswith("tiny math c=0 ") and f"observed {rows[0, 'g00']['admissible']} of 2" in fc
