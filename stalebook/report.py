@@ -24,7 +24,7 @@ from .contracts import cmd_freeze, cmd_status, frozen_content, registry_status, 
 from .point import load_point
 from .protocol import pilot_model, pool_cell, predict_design
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
-                            save_figure)
+                            figures_dir, save_figure)
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import cmd_run, point_name, unit_dir
@@ -138,12 +138,13 @@ def plot_verdicts(view: dict):
 
 # %% ../nbs/34_report.ipynb #ec6b1f27
 def write_tables(view: dict, out_dir) -> list[Path]:
-    "The aggregate table as Markdown, CSV and JSON in `out_dir` (PARTIAL in the names unless frozen)."
+    """The aggregate table as Markdown, CSV and JSON in `out_dir` (PARTIAL in the names unless frozen); the JSON also
+    goes to the project's figures/ next to the report's figures (`report-<registry>-table.json`), where the front page reads it."""
     sfx, t, ch = "-PARTIAL" if view["partial"] else "", view["table"], view["content_hash"]
-    out = Path(out_dir)
+    out, js = Path(out_dir), t | {"content_hash": ch, "partial": view["partial"]}
+    atomic_write_json(figures_dir() / f"{report_name(view['registry'], 'table', view['partial'])}.json", js)
     return [atomic_write(out / f"table{sfx}.md", table_markdown(t, ch, partial=view["partial"])),
-            atomic_write(out / f"table{sfx}.csv", table_csv(t)),
-            atomic_write_json(out / f"table{sfx}.json", t | {"content_hash": ch, "partial": view["partial"]})]
+            atomic_write(out / f"table{sfx}.csv", table_csv(t)), atomic_write_json(out / f"table{sfx}.json", js)]
 
 def run_report(registry, root=None) -> Path:
     "Execute the report notebook of a registry in its root; returns the executed notebook's path."
