@@ -38,7 +38,7 @@ from .units import (cmd_run as local_cmd_run, lease_gens, lease_path, queue_dir,
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive', 'Lease', 'is_stale',
            'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased', 'work', 'node_gpus',
            'worker_devices', 'spawn_workers', 'work_parser', 'shared_executor', 'cmd_work', 'registry_spec', 'ray_unit',
-           'connect_ray', 'run_ray', 'cmd_run']
+           'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run']
 
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
@@ -332,12 +332,15 @@ def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl
     return dict(unit=unit_id, state="failed" if "error" in res else "done", ran=True)
 
 # %% ../nbs/35_executors.ipynb #a23ff109
-def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> bool:
-    "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else, or start a private loopback head (True)."
+def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False):
+    "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (None), or start a private loopback head (returned)."
     import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
     if not address:
-        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1")
-        return True
+        from ray.cluster_utils import Cluster  # the same optional dependency: a head whose node address stays 127.0.0.1
+        head = Cluster(initialize_head=True, head_node_args=dict(num_cpus=num_cpus or os.cpu_count(), num_gpus=len(node_gpus()),
+                       node_ip_address="127.0.0.1", include_dashboard=dashboard, dashboard_host="127.0.0.1"))
+        ray.init(address=head.address)
+        return head
     if address != "auto":
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit(): raise StalebookError(f"--address {address}: expected auto or HOST:PORT")
@@ -348,33 +351,40 @@ def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: boo
     except Exception as e:                                   # Ray raises ConnectionError, RuntimeError or its own errors here
         raise StalebookError(f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                              "nothing was claimed") from None
-    return False
+    return None
 
 # %% ../nbs/35_executors.ipynb #ac0278a5
+def ray_tasks(reg: Registry, ids: list[str], root: Path, gpus_per_unit: float = 0, cpus_per_unit: float = 1, max_retries: int = 3,
+              ttl_s: float = DEFAULT_TTL, log=print) -> dict:
+    "Submit one task per unit to the connected cluster and wait for all; {unit: queue state}, read back from the volume."
+    import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
+    task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(ray_unit)
+    refs = {task.remote(registry_spec(reg), u, str(root), ttl_s): u for u in ids}
+    log(f"[ray] registry {reg.name}: {len(ids)} tasks ({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "
+        f"results under {root}")
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try: ray.get(ready[0]); why = ""
+        except ray.exceptions.RayError as e: why = f" (task lost after {max_retries} retries: {type(e).__name__})"
+        u = refs[ready[0]]
+        log(f"[ray] {len(refs) - len(pending)}/{len(refs)} {u}: {queue_state(root, u)['state']}{why}")
+    return {u: queue_state(root, u) for u in ids}
+
 def run_ray(registry, root=None, address: str | None = None, gpus_per_unit: float = 0, cpus_per_unit: float = 1, max_retries: int = 3,
             ttl_s: float = DEFAULT_TTL, only: str | None = None, num_cpus: int | None = None, dashboard: bool = False, log=print) -> dict:
-    "The Ray executor: one task per unit on the shared root; {unit: queue state}, read back from the volume."
+    "The Ray executor: check, connect (or start a private head), run every unit as a task, disconnect; {unit: queue state}."
     reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
     try: import ray  # optional dependency (the `ray` extra): only this executor needs it
     except ImportError: raise StalebookError("--executor ray needs Ray: pip install 'stalebook[ray]'") from None
-    started = connect_ray(address, num_cpus, dashboard)
-    try:
-        task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(ray_unit)
-        refs = {task.remote(registry_spec(reg), u, str(root), ttl_s): u for u in ids}
-        log(f"[ray] registry {reg.name}: {len(ids)} tasks ({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries) on "
-            f"{'a private head on 127.0.0.1' if started else address}; results under {root}")
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            try: ray.get(ready[0]); why = ""
-            except ray.exceptions.RayError as e: why = f" (task lost after {max_retries} retries: {type(e).__name__})"
-            u = refs[ready[0]]
-            log(f"[ray] {len(refs) - len(pending)}/{len(refs)} {u}: {queue_state(root, u)['state']}{why}")
+    head = connect_ray(address, num_cpus, dashboard)
+    log(f"[ray] {'a private head on 127.0.0.1' if head else address}")
+    try: return ray_tasks(reg, ids, root, gpus_per_unit, cpus_per_unit, max_retries, ttl_s, log)
     finally:
-        if started: ray.shutdown()
-    return {u: queue_state(root, u) for u in ids}
+        ray.shutdown()
+        if head: head.shutdown()
 
 # %% ../nbs/35_executors.ipynb #b6ce26df
 EXECUTORS = ("local", "shared", "ray")

@@ -226,3 +226,91 @@ def test_unreachable_ray_address_is_one_line_and_claims_nothing(tmp_path, capsys
     rc, err = cli(["run", reg, "--executor", "ray", "--address", "nohost", "--root", tmp_path / "r"], capsys)
     assert rc == 2 and "expected auto or HOST:PORT" in err
     assert not (tmp_path / "r" / "queue").exists()
+
+
+# ---------------------------------------------------------------- the Ray executor
+
+def _listening(pids) -> list[tuple[str, int, str]]:
+    "(address, port, process name) of every listening TCP socket of the processes `pids`."
+    import psutil
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out += [(c.laddr.ip, c.laddr.port, p.name()) for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error: pass
+    return out
+
+
+def _ray_processes() -> list[int]:
+    import psutil
+    return [p.pid for p in psutil.Process().children(recursive=True)]
+
+
+def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_path):
+    """The head stalebook starts listens on loopback only and serves no dashboard (checked from the sockets of every process
+    it started); one Ray task per synthetic unit leaves the local executor's bytes, read back from the volume."""
+    ray = pytest.importorskip("ray")
+    from stalebook.executors import check_can_start, connect_ray, ray_tasks
+    from stalebook.registry import load_registry
+    reg = synthetic_registry(tmp_path, units=4, phases=2, work_s=0.1)
+    assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
+    head = connect_ray(None, num_cpus=2)
+    try:
+        socks = _listening(_ray_processes())
+        assert socks and all(ip in ("127.0.0.1", "::1") for ip, _, _ in socks), socks
+        assert 8265 not in {port for _, port, _ in socks} and not head.webui_url
+        import psutil
+        assert not [p for p in psutil.Process().children(recursive=True) if "dashboard/dashboard.py" in " ".join(p.cmdline())]
+        r = load_registry(reg)
+        res = ray_tasks(r, list(r.units()), check_can_start(r, tmp_path / "r"), ttl_s=30, log=lambda *a: None)
+    finally:
+        ray.shutdown(); head.shutdown()
+    assert {s["state"] for s in res.values()} == {"done"} and all(s["owner"].split()[-1].startswith("ray-task-") for s in res.values())
+    assert content_files(tmp_path / "ref") == content_files(tmp_path / "r")
+
+
+def _ray_cluster_run(tmp_path, reg, remove_node: bool):
+    "A 2-node `ray.cluster_utils.Cluster` (1 CPU each) runs `reg`; with `remove_node`, the worker node is removed while a unit runs on it."
+    import threading, psutil
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+    from stalebook.executors import check_can_start, ray_tasks
+    from stalebook.registry import load_registry
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=False))
+    node = c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    ray.init(address=c.address)
+    r, root, out = load_registry(reg), tmp_path / "ray", {}
+    try:
+        t = threading.Thread(target=lambda: out.update(ray_tasks(r, list(r.units()), check_can_start(r, root), ttl_s=30, log=print)))
+        t.start()
+        if remove_node:
+            raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+            on_node = lambda: [f for f in root.glob("queue/*/lease-*.json")
+                               if json.loads(f.read_text() or "{}").get("pid") in {p.pid for p in raylet.children(recursive=True)}]
+            _wait(lambda: any((root / "units" / f.parent.name / "attempts.jsonl").is_file() for f in on_node()), timeout=1800,
+                  what="a unit running on the worker node")
+            time.sleep(2)
+            c.remove_node(node, allow_graceful=False)
+        t.join()
+    finally:
+        ray.shutdown(); c.shutdown()
+    return out, root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remove_node", [False, True])
+def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapshot, remove_node):
+    """Two ranking families as Ray tasks on a 2-node cluster: the same files and frozen table as the local executor; a node
+    removed while its unit runs: the task is retried, resumes from the volume, and the frozen table is still the same."""
+    reg = ranking_registry(tmp_path, tiny_snapshot)
+    assert run(["run", reg, "--root", tmp_path / "local", "--quiet"]).returncode == 0
+    res, root = _ray_cluster_run(tmp_path, reg, remove_node)
+    assert {s["state"] for s in res.values()} == {"done"}, res
+    for d in (tmp_path / "local", root): assert run(["freeze", reg, "--root", d]).returncode == 0
+    a, b = content_files(tmp_path / "local"), content_files(root)
+    assert "frozen/table.json" in a and sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []
+    if remove_node:
+        takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
+        assert takeovers, "the removed node's unit was not retried"
+        print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
