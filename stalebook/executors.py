@@ -35,10 +35,10 @@ from .units import (cmd_run as local_cmd_run, lease_gens, lease_path, queue_dir,
                              select_units, UnitBusy)
 
 # %% auto #0
-__all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive', 'Lease', 'is_stale',
-           'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased', 'work', 'node_gpus',
-           'worker_devices', 'spawn_workers', 'work_parser', 'shared_executor', 'cmd_work', 'registry_spec', 'ray_unit',
-           'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run']
+__all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
+           'Lease', 'is_stale', 'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased',
+           'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'work_parser', 'shared_executor', 'cmd_work',
+           'registry_spec', 'ray_unit', 'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run']
 
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
@@ -332,15 +332,17 @@ def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl
     return dict(unit=unit_id, state="failed" if "error" in res else "done", ran=True)
 
 # %% ../nbs/35_executors.ipynb #a23ff109
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray resolves this host to 127.0.0.1 (a single-machine Ray)
+
 def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False):
-    "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (None), or start a private loopback head (returned)."
-    import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
+    "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (False), or start a private loopback head (True)."
     if not address:
-        from ray.cluster_utils import Cluster  # the same optional dependency: a head whose node address stays 127.0.0.1
-        head = Cluster(initialize_head=True, head_node_args=dict(num_cpus=num_cpus or os.cpu_count(), num_gpus=len(node_gpus()),
-                       node_ip_address="127.0.0.1", include_dashboard=dashboard, dashboard_host="127.0.0.1"))
-        ray.init(address=head.address)
-        return head
+        os.environ.setdefault(LOOPBACK_ENV, "0")            # before Ray is imported: its node address stays 127.0.0.1
+        import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                 _node_ip_address="127.0.0.1")                # "local": a new head, never a cluster found on this host
+        return True
+    import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
     if address != "auto":
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit(): raise StalebookError(f"--address {address}: expected auto or HOST:PORT")
@@ -351,7 +353,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: boo
     except Exception as e:                                   # Ray raises ConnectionError, RuntimeError or its own errors here
         raise StalebookError(f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                              "nothing was claimed") from None
-    return None
+    return False
 
 # %% ../nbs/35_executors.ipynb #ac0278a5
 def ray_tasks(reg: Registry, ids: list[str], root: Path, gpus_per_unit: float = 0, cpus_per_unit: float = 1, max_retries: int = 3,
@@ -382,9 +384,7 @@ def run_ray(registry, root=None, address: str | None = None, gpus_per_unit: floa
     head = connect_ray(address, num_cpus, dashboard)
     log(f"[ray] {'a private head on 127.0.0.1' if head else address}")
     try: return ray_tasks(reg, ids, root, gpus_per_unit, cpus_per_unit, max_retries, ttl_s, log)
-    finally:
-        ray.shutdown()
-        if head: head.shutdown()
+    finally: ray.shutdown()                                  # disconnects; a private head stops with it
 
 # %% ../nbs/35_executors.ipynb #b6ce26df
 EXECUTORS = ("local", "shared", "ray")
