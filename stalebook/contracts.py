@@ -22,6 +22,7 @@ import io
 import json
 import re
 import sys
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +38,15 @@ from .rollouts import rollout_domain
 from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
 from .units import (POINT_FILES, POINT_MANIFEST, REPLICATES, STORE_FILES, FamilyConfig, Unit, output_hash, phase_problems,
-                             point_name, point_phase, record_digest, record_path, unit_dir)
+                             point_name, point_phase, queue_state, record_digest, record_path, unit_dir)
 
 # %% auto #0
 __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'COLUMNS', 'KindChecks', 'register_checks', 'contract', 'aggregator',
-           'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'registry_status', 'PointCheck',
-           'point_missing', 'objective_contract', 'lineage_contract', 'expected_stores', 'store_problems',
-           'generation_contract', 'analysis_contract', 'manifest_contract', 'ranking_table', 'table_markdown',
-           'table_csv', 'FreezeRefused', 'problem_lines', 'frozen_content', 'freeze', 'watermark', 'format_status',
-           'cmd_status', 'cmd_freeze']
+           'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'unit_progress',
+           'registry_status', 'PointCheck', 'point_missing', 'objective_contract', 'lineage_contract',
+           'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract', 'manifest_contract',
+           'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused', 'problem_lines', 'frozen_content', 'freeze',
+           'watermark', 'progress_lines', 'format_status', 'cmd_status', 'cmd_freeze']
 
 # %% ../nbs/33_contracts.ipynb #55406f5c
 @dataclass
@@ -111,6 +112,24 @@ def item_row(reg: Registry, ck: KindChecks, u: Unit, item: str) -> dict:
     state = "missing" if miss else "fail" if any(res.values()) else "pass"
     return dict(item=item, unit=u.id, state=state, missing=miss, contracts=res, elapsed_s=round(elapsed(u.dir, ck.phases(ctx)), 1))
 
+# %% ../nbs/33_contracts.ipynb #1f17793f
+def unit_progress(reg: Registry, root: Path, rows: list[dict], now: float | None = None) -> tuple[dict, dict]:
+    "({unit: state, owner, heartbeat age, lease generation}, {units, done, running, units_per_hour, eta_s}) of a registry's root."
+    now, ok, units, starts, ends = now or time.time(), {}, {}, [], []
+    for r in rows: ok[r["unit"]] = ok.get(r["unit"], True) and r["state"] == "pass"
+    for uid in reg.units():
+        q = queue_state(root, uid, now)
+        recs = read_jsonl(unit_dir(root, uid) / "attempts.jsonl", warn=False).records if (unit_dir(root, uid) / "attempts.jsonl").is_file() else []
+        starts += [x["time"] for x in recs if x["event"] == "start"][:1]
+        if ok.get(uid) and recs: ends.append(max(x["time"] for x in recs))
+        state = "done" if ok.get(uid) else q["state"] if q["state"] in ("running", "stale", "failed") else "started" if recs else "queued"
+        units[uid] = dict(state=state, owner=q["owner"], heartbeat_age_s=q["age_s"], gen=q["gen"])
+    span = (max(ends) - min(starts)) if ends and starts else 0.0
+    rate = len(ends) / span * 3600 if span > 0 else None
+    left = len(units) - len(ends)
+    return units, dict(units=len(units), done=len(ends), running=sum(u["state"] == "running" for u in units.values()),
+                       units_per_hour=round(rate, 2) if rate else None, eta_s=round(left / rate * 3600) if rate and left else (0 if not left else None))
+
 # %% ../nbs/33_contracts.ipynb #8d6cb850
 def registry_status(registry, root=None) -> dict:
     "Every item of a registry against its contracts: {registry, hash, root, state, totals, rows}."
@@ -127,8 +146,9 @@ def registry_status(registry, root=None) -> dict:
         rows += [item_row(reg, ck, u, it) for it in items]
     tot = {s: sum(r["state"] == s for r in rows) for s in ("pass", "fail", "missing")}
     state = "partial" if tot["pass"] < len(rows) else "frozen" if (root / "frozen" / "table.json").is_file() else "complete"
+    units, prog = unit_progress(reg, root, rows)
     return dict(registry=reg.name, hash=h, root=str(root), state=state, contracts=list(ck.contracts), totals=tot | {"items": len(rows)},
-                rows=rows)
+                rows=rows, units=units, progress=prog)
 
 # %% ../nbs/33_contracts.ipynb #7b982c28
 @dataclass
@@ -411,8 +431,21 @@ def watermark(st: dict) -> str:
         return f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; table content hash {ch[:16]}"
     return f"COMPLETE - registry {st['registry']}: all {t['items']} points pass every contract; `stalebook freeze {st['registry']}` freezes the table"
 
+def _dur(s) -> str: return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+def progress_lines(st: dict) -> list[str]:
+    "The throughput line, then one line per unit: state, owner and heartbeat age."
+    pg, us = st["progress"], st["units"]
+    head = (f"units: {pg['done']} of {pg['units']} done, {pg['running']} running; "
+            + (f"{pg['units_per_hour']:.1f} units/hour, ETA {_dur(pg['eta_s'])}" if pg["units_per_hour"] else "throughput: -"))
+    w = max(map(len, us), default=0)
+    body = [f"  {u.ljust(w)}  {x['state']:<7}" + (f"  {x['owner']}" if x["owner"] else "")
+            + (f"  heartbeat {_dur(x['heartbeat_age_s'])} ago (lease {x['gen']})" if x["heartbeat_age_s"] is not None else "")
+            for u, x in us.items()]
+    return [head, *body]
+
 def format_status(st: dict) -> str:
-    "Watermark, one line per item, then the problems."
+    "Watermark, the units' progress, one line per item, then the problems."
     hdr = ("point", *st["contracts"], "missing", "elapsed")
     cell = lambda v: "·" if v is None else "ok" if not v else "FAIL"
     body = [(r["item"].replace("/c", " c="), *(cell(r["contracts"][c]) for c in st["contracts"]), r["missing"] or "",
@@ -420,7 +453,7 @@ def format_status(st: dict) -> str:
     w = [max(len(str(x[i])) for x in [hdr, *body]) for i in range(len(hdr))]
     line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
     probs = [p for p in problem_lines(st) if ": missing (" not in p]
-    return "\n".join([watermark(st), "", line(hdr), *map(line, body)] + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else []))
+    return "\n".join([watermark(st), "", *progress_lines(st), "", line(hdr), *map(line, body)] + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else []))
 
 # %% ../nbs/33_contracts.ipynb #0980067e
 def cmd_status(argv) -> int:

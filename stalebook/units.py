@@ -35,10 +35,11 @@ from .registry import (Registry, UnitKind, deep_merge, load_registry, register_k
                                 registry_root)
 
 # %% auto #0
-__all__ = ['TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'Phase', 'output_hash',
-           'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind', 'bind_root', 'bind_unit',
-           'attempt', 'Unit', 'unit_dir', 'run_unit', 'run_phases', 'SyntheticStudy', 'SyntheticUnit',
-           'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry', 'cmd_run', 'Block', 'RankingStudy',
+__all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'Phase',
+           'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind', 'bind_root',
+           'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_unit', 'run_phases', 'SyntheticStudy',
+           'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry', 'cmd_run',
+           'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
            'FamilyConfig', 'family_config', 'ranking_units', 'point_name', 'point_phase', 'train_family', 'stale_phase',
            'point_manifest', 'point_run', 'family_phases', 'family_points']
 
@@ -123,6 +124,9 @@ class Unit:
 
 def unit_dir(root: Path, unit_id: str) -> Path: return Path(root) / "units" / unit_id
 
+class UnitBusy(StalebookError):
+    "Another process holds the unit's lock."
+
 def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
     "Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any process sharing the root."
     reg = load_registry(registry)
@@ -135,7 +139,7 @@ def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print
     udir.mkdir(parents=True, exist_ok=True)
     bind_root(reg, root)
     try: lock = FileLock(str(udir / ".lock"), timeout=0).acquire()
-    except Timeout: raise StalebookError(f"unit {unit_id}: another process is running it ({udir / '.lock'} is held)") from None
+    except Timeout: raise UnitBusy(f"unit {unit_id}: another process is running it ({udir / '.lock'} is held)") from None
     with lock:
         bind_unit(udir, reg, unit_id, units[unit_id])
         return run_phases(Unit(reg, unit_id, units[unit_id], udir, progress, log))
@@ -230,6 +234,45 @@ def cmd_run(argv) -> int:
     print(f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "
           f"({time.perf_counter() - t0:.0f} s)")
     return 0
+
+# %% ../nbs/32_units.ipynb #a180d59c
+QUEUE = "queue"                     # the executors' sidecar folder under a registry's root: leases, done markers, worker logs
+
+def queue_dir(root, unit_id: str | None = None) -> Path:
+    "`<root>/queue`, or `<root>/queue/<unit>` (the unit's leases and markers)."
+    return Path(root) / QUEUE / unit_id if unit_id else Path(root) / QUEUE
+
+def lease_path(root, unit_id: str, gen: int) -> Path: return queue_dir(root, unit_id) / f"lease-{gen:06d}.json"
+
+def lease_gens(root, unit_id: str) -> list[int]:
+    "The generations of the unit's lease files that exist, ascending."
+    d = queue_dir(root, unit_id)
+    return sorted(int(f.name[6:12]) for f in d.glob("lease-[0-9][0-9][0-9][0-9][0-9][0-9].json")) if d.is_dir() else []
+
+def read_lease(root, unit_id: str, now: float | None = None) -> dict | None:
+    "The unit's current lease (its highest generation) with `age_s`, seconds since its heartbeat; None if it has none."
+    gens = lease_gens(root, unit_id)
+    if not gens: return None
+    f = lease_path(root, unit_id, gens[-1])
+    try: rec, mtime = f.read_text(), f.stat().st_mtime
+    except FileNotFoundError: return None                     # released while we looked
+    try: rec = json.loads(rec)
+    except ValueError: rec = {}                               # created, its content not yet written: its age is the file's
+    beat = rec.get("heartbeat", mtime)
+    return rec | dict(gen=gens[-1], age_s=round((time.time() if now is None else now) - beat, 1))
+
+def queue_state(root, unit_id: str, now: float | None = None) -> dict:
+    "Where a unit stands in the queue: state (done, failed, running, queued), owner and heartbeat age of a running one."
+    d = queue_dir(root, unit_id)
+    for state in ("done", "failed"):
+        if (d / f"{state}.json").is_file():
+            rec = json.loads((d / f"{state}.json").read_text())
+            return dict(state=state, owner=rec.get("owner"), gen=rec.get("gen"), age_s=None, error=rec.get("error"))
+    ls = read_lease(root, unit_id, now)
+    if ls is None: return dict(state="queued", owner=None, gen=None, age_s=None)
+    stale = ls["age_s"] > ls.get("ttl_s", float("inf"))
+    return dict(state="stale" if stale else "running", owner=ls.get("owner"), gen=ls["gen"], age_s=ls["age_s"])
+
 
 # %% ../nbs/32_units.ipynb #2e9b75cf
 @dataclass
