@@ -22,7 +22,7 @@ LAYERS = [
     ["rollouts"],
     ["trainer", "scoring", "pipeline"],
     ["point", "bolt"],
-    ["registry", "units", "contracts"],
+    ["registry", "units", "contracts", "staleness_study"],
     ["executors"],
     ["report"],
     ["cli"],
