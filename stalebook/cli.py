@@ -86,7 +86,7 @@ def cmd_version(argv) -> int:
     return 0
 
 # %% ../nbs/01_cli.ipynb #adf15fa8
-CHECK_MODULES = ["stalebook.protocol"]   # non-theory modules whose checks join the table (imported if present)
+CHECK_MODULES = ["stalebook.protocol", "stalebook.staleness_study"]   # non-theory modules whose checks join the table (imported if present)
 
 def load_check_modules() -> list[str]:
     "Import every `stalebook.theory.*` module and `CHECK_MODULES` (registering their checks); return their names."

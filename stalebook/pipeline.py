@@ -38,8 +38,8 @@ from .trainer import (Trainer, TrainConfig, identity_dict, lag_histogram, lineag
 
 # %% auto #0
 __all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
-           'CollapseCriterion', 'collapse_step', 'CellConfig', 'heldout_pass_rate', 'train_until_decided', 'run_cell',
-           'study_sweep', 'study_report']
+           'CollapseCriterion', 'collapse_step', 'CellConfig', 'cell_train_config', 'cell_identity',
+           'heldout_pass_rate', 'train_until_decided', 'run_cell', 'study_sweep', 'study_report']
 
 # %% ../nbs/29_pipeline.ipynb #7d000006
 def weights_file(d, version: int) -> Path: return Path(d) / f"v{version:08d}.safetensors"
@@ -205,6 +205,14 @@ class CellConfig:
     eval_n: int = 32                  # held-out prompts scored before and after training (0 = none)
     eval_k: int = 4                   # samples per held-out prompt
 
+def cell_train_config(cell: CellConfig, out_dir) -> TrainConfig:
+    "The cell's TrainConfig, its run stored in out_dir/run."
+    return from_dict(TrainConfig, {**cell.train, "out": str(Path(out_dir) / "run")}, src="study cell train")
+
+def cell_identity(cell: CellConfig, cfg: TrainConfig) -> str:
+    "A cell's identity: its run's identity (`trainer.identity_dict`: not where it is stored), the criterion, the evaluation."
+    return hash_json(dict(train=identity_dict(cfg), criterion=config_dict(cell.criterion), eval=[cell.eval_n, cell.eval_k]))
+
 SERIES = ("reward_mean", "kl_behav_k3", "logr_mean_abs", "lag", "lag_dist", "drift", "update_norm", "grad_norm", "grad_cos",
           "update_cos", "clip_frac", "is_ess_frac", "zero_adv_groups")
 
@@ -236,8 +244,8 @@ def run_cell(config, out_dir) -> dict:
     "Run (or resume, or read back) one study cell under out_dir; returns its results (also out_dir/results.json)."
     cell = config if isinstance(config, CellConfig) else from_dict(CellConfig, config, src="study cell")
     out, t0 = Path(out_dir), time.perf_counter()
-    cfg = from_dict(TrainConfig, {**cell.train, "out": str(out / "run")}, src="study cell train")
-    ident = hash_json(dict(train=identity_dict(cfg), criterion=config_dict(cell.criterion), eval=[cell.eval_n, cell.eval_k]))
+    cfg = cell_train_config(cell, out)
+    ident = cell_identity(cell, cfg)
     f = out / "results.json"
     if f.exists():
         res = json.loads(f.read_text())

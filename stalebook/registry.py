@@ -82,7 +82,7 @@ class UnitKind:
     doc: str = ""
 
 KINDS: dict[str, UnitKind] = {}
-KIND_MODULES = ["stalebook.units", "stalebook.contracts", "stalebook.bolt_study"]   # modules that register kinds (and their contracts)
+KIND_MODULES = ["stalebook.units", "stalebook.contracts", "stalebook.staleness_study", "stalebook.bolt_study"]   # modules that register kinds (and their contracts)
 
 def register_kind(kind: UnitKind) -> UnitKind:
     "Make `kind` available to registries under `kind.name` (registering the same name again replaces it)."

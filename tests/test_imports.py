@@ -22,7 +22,7 @@ LAYERS = [
     ["rollouts"],
     ["trainer", "scoring", "pipeline"],
     ["point", "bolt"],
-    ["registry", "units", "contracts", "bolt_study"],
+    ["registry", "units", "contracts", "staleness_study", "bolt_study"],
     ["executors"],
     ["report"],
     ["cli"],
