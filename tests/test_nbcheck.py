@@ -137,6 +137,18 @@ def test_failing_cell_fails_the_run(proj):
     assert "AssertionError" in r.stderr and "fx.ipynb" in r.stderr
 
 
+def test_module_registries_do_not_leak_between_notebooks(proj):
+    "One worker runs both notebooks in turn; what the first registers in a stalebook module is gone for the second."
+    def nb(src):
+        return json.dumps({"cells": [_code("bb000001", src)], "metadata": {"kernelspec": {"name": "python3",
+                           "display_name": "python3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"
+    (proj / "nbs" / "a1.ipynb").write_text(nb("import stalebook.core as c\nc.CHECKS['leak'] = print"))
+    (proj / "nbs" / "a2.ipynb").write_text(nb("import stalebook.core as c\nassert 'leak' not in c.CHECKS, 'leaked from a1'"))
+    r = subprocess.run([sys.executable, str(TOOL), "--n-workers", "1", "--file-re", "^a[12]"], cwd=proj,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_save_refuses_progress_noise_and_huge_text(proj):
     before = (proj / "nbs" / "fx.ipynb").read_text()
     edit(proj, lambda c: c["aa000007"].update(source="for i in range(3): print(f'\\r{i}/3', end='')\nprint('x' * 30000)"))

@@ -201,6 +201,14 @@ class RecordingShell(CaptureShell):
         return r
 
 
+def forget_package(name: str = "stalebook") -> None:
+    """Drop the package's modules from `sys.modules` after a notebook, so the next notebook that the same worker
+    process runs imports them afresh. Otherwise module-level registries leak between notebooks (a unit kind or a
+    check that one notebook re-defines in its own namespace stays registered for the next one); in JupyterLab
+    every notebook has its own kernel, and the test must see what a reader sees."""
+    for m in [m for m in sys.modules if m == name or m.startswith(name + ".")]: del sys.modules[m]
+
+
 def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
     "nbdev's `test_nb` (its own `save` is never used), then the committed-output comparison, or with `write`"
     " the `--save` of the outputs. Returns `(passed, seconds)` as `test_nb` does."
@@ -208,7 +216,9 @@ def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
     committed = json.loads(fn.read_text(encoding="utf-8"))
     _nbt.CaptureShell, RecordingShell.ran = RecordingShell, []
     try: ok, secs = _orig_test_nb(fn, *args, save=False, **kwargs)
-    finally: ran, RecordingShell.ran = RecordingShell.ran, None
+    finally:
+        ran, RecordingShell.ran = RecordingShell.ran, None
+        forget_package()
     if not ok: return ok, secs
     if write:
         ok, msgs = save_outputs(fn, committed, ran)
