@@ -215,6 +215,18 @@ def test_cells_tagged_measured_are_shown_but_not_compared():
     assert nbcheck.compare_cells("nb.ipynb", committed(["measured"]), ran) == ([], 0)
 
 
+def test_prose_numbers_must_be_shown_by_an_output():
+    md = lambda text: {"cell_type": "markdown", "id": "m1", "metadata": {}, "source": text}
+    out = lambda text, tags=(): {"cell_type": "code", "id": "c1", "metadata": {"tags": list(tags)},
+                                 "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
+    nb = lambda text, *cells: {"cells": [*cells, md(text)]}
+    assert nbcheck.prose_numbers(nb("the gain is 0.123 here", out("gain 0.123\n"))) == []
+    assert nbcheck.prose_numbers(nb("$x = 0.456$, `0.789`, 3 apples, 1.5 s", out("gain 0.123\n"))) == []   # math, code, < 2 decimals
+    msgs = nbcheck.prose_numbers(nb("the gain is 0.124 here", out("gain 0.123\n")))
+    assert msgs == ["cell 2 (id m1): prose quotes 0.124, which no output of the notebook shows"]
+    assert nbcheck.prose_numbers(nb("took 0.123", out("gain 0.123\n", ["measured"]))) != []           # a measured cell supports nothing
+
+
 def test_outputs_to_save_caps():
     img = {"output_type": "display_data", "metadata": {}, "data": {"image/png": "A" * (nbcheck.IMAGE_CAP + 1), "text/plain": "<Figure>"}}
     out = lambda t: {"output_type": "stream", "name": "stdout", "text": t}

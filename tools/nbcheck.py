@@ -18,6 +18,10 @@ its pixels are not). Not compared: stderr (warnings, progress lines), `text/html
 same object), errors (a raising cell fails the run anyway). Cells without committed text outputs are
 not checked; cells that did not run (`slow` without `--flags slow`, `eval: false`) keep their outputs.
 
+Prose is checked against the outputs: a number with two or more decimals that a Markdown cell quotes (outside
+`$math$` and `code` spans) must appear in some committed output of the same notebook (`prose_numbers`), so a
+result is never only retyped — it is shown by a cell whose output the comparison checks.
+
 A cell tagged `measured` (cell metadata `"tags": ["measured"]`) holds a wall-clock measurement (a throughput,
 a speed ratio) or a property of the machine (which isolation its sandbox gets): `--save` keeps its outputs so a reader sees what was measured, but they are never compared,
 because no normalisation makes a timing repeat on another machine. Only such cells carry the tag; everything else is compared.
@@ -115,6 +119,23 @@ def comparable(outputs) -> str | None:
             parts += [[m, None] for m in sorted(data) if m.startswith("image/")]
     if not has_text: return None
     return "\n".join(f"[{k}]" if v is None else f"[{k}]\n" + normalise(v) for k, v in parts)
+
+
+_math_code = re.compile(r"\$\$.*?\$\$|\$[^$\n]*\$|`[^`\n]*`", re.S)
+_quoted = re.compile(r"(?<![\w.])[+\u2212-]?(\d+\.\d{2,})(?![\w.])")
+
+def prose_numbers(nb: dict) -> list[str]:
+    """A message for every number with two or more decimals that a Markdown cell quotes (outside `$math$` and
+    `code`) and that no committed output of the same notebook contains: prose may quote a result only where an
+    output shows it, so the output comparison checks the quote too."""
+    out = "\n".join(comparable([o]) or "" for c in nb.get("cells", []) for o in c.get("outputs", [])
+                    if MEASURED_TAG not in c.get("metadata", {}).get("tags", []))     # shown, not compared: no support
+    msgs = []
+    for i, c in enumerate(nb.get("cells", [])):
+        if c.get("cell_type") != "markdown": continue
+        for x in _quoted.findall(_math_code.sub(" ", _join(c.get("source", "")))):
+            if x not in out: msgs.append(f"cell {i + 1} (id {c.get('id')}): prose quotes {x}, which no output of the notebook shows")
+    return msgs
 
 
 def compare_cells(name: str, committed: dict, ran: list) -> tuple[list[str], int]:
@@ -226,6 +247,7 @@ def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
         if ok: print(f"saved outputs of {len(ran)} executed cells: {fn.name}", flush=True)
         return ok, secs
     msgs, n = compare_cells(fn.name, committed, ran)
+    msgs += [f"notebook {fn.name} {m}" for m in prose_numbers(committed)]
     for m in msgs: print(m, file=sys.__stderr__, flush=True)
     if n: print(f"{fn.name}: {n - len(msgs)} of {n} cells with committed text outputs match", flush=True)
     return not msgs, secs
