@@ -33,6 +33,7 @@ from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, at
                             atomic_write_json, canonical_json, config_dict, config_hash, fault_point, group_advantages,
                             hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
 from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
+from .snapshot import LOCKFILE, read_lock
 from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample,
                                 load_run_policy, rollout_domain, task_pool)
 from .theory.async_sim import behaviour_source
@@ -40,9 +41,9 @@ from .theory.async_sim import behaviour_source
 # %% auto #0
 __all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss', 'weighted_sft_loss',
            'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict',
-           'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state',
-           'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer',
-           'next_tasks', 'sample_step', 'step_rewards', 'lag_histogram', 'cmd_train']
+           'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint',
+           'save_train_state', 'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer',
+           'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'lag_histogram', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -237,9 +238,15 @@ def identity_dict(cfg: TrainConfig) -> dict:
     if cfg.optimizer == "adamw": d.pop("optimizer")
     return d
 
+def snapshot_key(snapshot: str) -> str:
+    "How a run's identity names its model: the snapshot's lockfile revision (the same weights in any folder), else the folder."
+    if snapshot and (Path(snapshot) / LOCKFILE).is_file(): return "revision:" + read_lock(snapshot)["revision"]
+    return snapshot
+
 def run_identity(cfg: TrainConfig) -> str:
-    "Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored."
-    return hash_json(identity_dict(cfg))
+    """Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored, and not
+    the snapshot's folder but its revision — the same run on another machine, its snapshot elsewhere, has the same identity."""
+    return hash_json(identity_dict(cfg) | {"snapshot": snapshot_key(cfg.snapshot)})
 
 def save_run_config(cfg: TrainConfig, path) -> Path:
     "The run's `config.yaml`: `out` and the identity fields, sorted (loadable by `load_config`)."
