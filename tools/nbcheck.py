@@ -75,11 +75,12 @@ _time = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|seconds|secs|sec|
 def _path_subs() -> list[tuple[re.Pattern, str]]:
     "Absolute paths to replace, longest first: checkout root, temp dir, home."
     subs, seen = [], set()
+    for p, name in [(str(ROOT), "<root>"), (os.path.realpath(ROOT), "<root>")]:   # first: a checkout may lie in /tmp
+        if p not in seen and len(p) > 1: seen.add(p); subs.append((re.compile(re.escape(p)), name))
     tmp = {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir()), "/tmp"}
     for p in sorted(tmp, key=len, reverse=True):
         subs.append((re.compile(re.escape(p.rstrip("/")) + r"/[^\s'\"`)\],:;]*"), "<tmp>"))
-    for p, name in [(str(ROOT), "<root>"), (os.path.realpath(ROOT), "<root>"), (str(Path.home()), "~")]:
-        if p not in seen and len(p) > 1: seen.add(p); subs.append((re.compile(re.escape(p)), name))
+    if len(str(Path.home())) > 1: subs.append((re.compile(re.escape(str(Path.home()))), "~"))
     return subs
 
 
