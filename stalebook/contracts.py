@@ -45,8 +45,8 @@ __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'COLUMNS', 'KindChecks', 'regist
            'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'unit_progress',
            'registry_status', 'PointCheck', 'point_missing', 'objective_contract', 'lineage_contract',
            'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract', 'manifest_contract',
-           'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused', 'problem_lines', 'frozen_content', 'freeze',
-           'watermark', 'progress_lines', 'format_status', 'cmd_status', 'cmd_freeze']
+           'registry_cells', 'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused', 'problem_lines',
+           'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status', 'cmd_status', 'cmd_freeze']
 
 # %% ../nbs/33_contracts.ipynb #55406f5c
 @dataclass
@@ -326,16 +326,22 @@ COLUMNS = ("model", "domain", "tag", "checkpoint", "estimator", "seeds", "points
 
 def _mean(xs): return float(np.mean(xs)) if xs else None
 
-@aggregator("ranking")
-def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
-    "Regime cells pooled over seeds, from the points that pass every contract."
+def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
+    """{(model, domain, arm, checkpoint): [(PointResult, result summary, item) per registered seed]} of a ranking
+    registry; point and summary are None where the point does not pass every contract."""
     ok, cells = {r["item"] for r in status["rows"] if r["state"] == "pass"}, {}
     for uid, fam in reg.units().items():
         for c in fam.checkpoints:
-            d = unit_dir(root, uid) / "points" / point_name(c)
-            got = f"{uid}/c{c}" in ok
+            d, item = unit_dir(root, uid) / "points" / point_name(c), f"{uid}/c{c}"
+            got = item in ok
             cells.setdefault((fam.model, fam.domain, fam.tag, c), []).append(
-                (load_point(d) if got else None, _json(d / "result.json")["result"] if got else None, f"{uid}/c{c}"))
+                (load_point(d) if got else None, _json(d / "result.json")["result"] if got else None, item))
+    return cells
+
+@aggregator("ranking")
+def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
+    "Regime cells pooled over seeds, from the points that pass every contract."
+    ok, cells = {r["item"] for r in status["rows"] if r["state"] == "pass"}, registry_cells(reg, root, status)
     rows = []
     for (m, dom, tag, c), pts in cells.items():
         res = [r for _, r, _ in pts if r is not None]

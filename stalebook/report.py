@@ -20,7 +20,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .contracts import cmd_freeze, cmd_status, frozen_content, registry_status, table_csv, table_markdown, watermark
+from .contracts import cmd_freeze, cmd_status, frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
 from .point import load_point
 from .protocol import pilot_model, pool_cell, predict_design
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
@@ -31,8 +31,8 @@ from .units import cmd_run, point_name, unit_dir
 
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'point_rows', 'study_view', 'report_name', 'report_title', 'save_report_figure', 'plot_reliability',
-           'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'registry_cells',
-           'control_summary', 'gate_forecast', 'decision_lines', 'registry_decisions', 'cmd_demo']
+           'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'control_summary',
+           'gate_forecast', 'decision_lines', 'registry_decisions', 'cmd_demo']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -175,17 +175,6 @@ def cmd_report(argv) -> int:
     return 0
 
 # %% ../nbs/34_report.ipynb #d4f2e8b3
-def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
-    "{(model, domain, arm, checkpoint): [(PointResult | None, result summary | None) per registered seed]}; None = not passing."
-    ok, cells = {r["item"] for r in status["rows"] if r["state"] == "pass"}, {}
-    for uid, fam in reg.units().items():
-        for c in fam.checkpoints:
-            d = unit_dir(root, uid) / "points" / point_name(c)
-            got = f"{uid}/c{c}" in ok
-            cells.setdefault((fam.model, fam.domain, fam.tag, c), []).append(
-                (load_point(d), json.loads((d / "result.json").read_text())["result"]) if got else (None, None))
-    return cells
-
 def control_summary(pts: list) -> dict:
     "A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the positive control's passes where it applies."
     res = [r for _, r in pts if r is not None]
@@ -242,7 +231,7 @@ def registry_decisions(registry, root=None, **kw) -> list[str]:
     "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
     view = study_view(registry, root)
     reg = load_registry(registry)
-    cells = registry_cells(reg, view["root"], registry_status(reg, view["root"]))
+    cells = {k: [(p, r) for p, r, _ in v] for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()}
     behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
     return decision_lines(view, cells, behaviour, **kw)
 
