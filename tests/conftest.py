@@ -11,3 +11,19 @@ def tiny_snapshot(tmp_path_factory):
     d = tmp_path_factory.mktemp("snap") / "tiny"
     ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=lambda *a: None)
     return d
+
+
+@pytest.fixture
+def cli(capsys):
+    """`stalebook ARGS` run in this process: an object with returncode, stdout and stderr like subprocess.run's. For the CLI's
+    error paths (each subprocess would spend seconds importing torch); the console script itself is run in test_core."""
+    from types import SimpleNamespace
+    from stalebook.cli import main
+
+    def call(*args):
+        capsys.readouterr()
+        try: rc = main([str(a) for a in args])
+        except SystemExit as e: rc = e.code if isinstance(e.code, int) else 1
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+    return call

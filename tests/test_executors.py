@@ -2,7 +2,9 @@
 exactly once), workers SIGKILLed at >= 5 different moments (takeover after the TTL, bytes identical to an undisturbed
 run), a reduced ranking registry on 2 workers (the same files and frozen table as the local executor), the Ray
 executor (a private head on loopback without a dashboard; a 2-node `ray.cluster_utils.Cluster` losing a node), the
-status's owners and throughput, and bad input (one line, exit != 0, nothing claimed)."""
+status's owners and throughput, and bad input (one line, exit != 0, nothing claimed). Slow: the real tiny registry's
+demo slice on 6 workers and on the 2-node Ray cluster (with and without a node removed), and one of its code families
+as a Ray task — each against the local executor's bytes."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -179,15 +181,39 @@ def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_sna
     print(f"families ran in {len(owners)} worker(s)")
 
 
+@pytest.fixture(scope="module")
+def tiny_demo_local(tmp_path_factory) -> dict:
+    "The real tiny registry's demo slice (3 families, 9 points) run and frozen by the local executor: its content files."
+    root = tmp_path_factory.mktemp("tiny-demo") / "local"
+    r = run(["run", "tiny:demo", "--root", root, "--quiet"], timeout=7200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert run(["freeze", "tiny:demo", "--root", root]).returncode == 0
+    files = content_files(root)
+    assert "frozen/table.json" in files
+    return files
+
+
+def exactly_once(root: Path, units: list[str]) -> None:
+    "Every phase of every unit started and finished once (from the units' attempt logs); every unit claimed once, never taken over."
+    ev = attempts(root)
+    starts = sorted((e["unit"], e["phase"]) for e in ev if e["event"] == "start")
+    assert starts == sorted(set(starts)) and {u for u, _ in starts} == set(units), starts
+    assert sorted((e["unit"], e["phase"]) for e in ev if e["event"] == "done") == starts
+    claims = [e for e in worker_events(root) if e["event"] in ("claim", "takeover")]
+    assert sorted(e["unit"] for e in claims) == sorted(units) and {e["event"] for e in claims} == {"claim"}, claims
+
+
 @pytest.mark.slow
-def test_tiny_demo_on_two_workers_matches_local_executor(tmp_path):
-    "The real tiny registry's demo slice (3 families, 9 points) on 2 workers: the frozen table of the local executor, byte for byte."
-    assert run(["run", "tiny:demo", "--root", tmp_path / "local", "--quiet"], timeout=7200).returncode == 0
-    procs = [work("tiny:demo", tmp_path / "shared", "--ttl", 120) for _ in range(2)]
-    assert [p.wait(timeout=7200) for p in procs] == [0, 0]
-    for d in ("local", "shared"): assert run(["freeze", "tiny:demo", "--root", tmp_path / d]).returncode == 0
-    a, b = content_files(tmp_path / "local"), content_files(tmp_path / "shared")
-    assert sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []
+def test_tiny_demo_on_six_workers_runs_each_unit_once_and_matches_local(tmp_path, tiny_demo_local):
+    """6 `stalebook work` workers over the real tiny registry's demo slice: all exit 0, each family claimed once, each phase
+    run once, and the frozen table and every content file byte-identical to the local executor's."""
+    procs = [work("tiny:demo", tmp_path / "shared", "--ttl", 300) for _ in range(6)]
+    outs = [p.communicate(timeout=7200) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [o[1][-500:] for o in outs]
+    exactly_once(tmp_path / "shared", [f"tiny-math-s{s}" for s in range(3)])
+    assert run(["freeze", "tiny:demo", "--root", tmp_path / "shared"]).returncode == 0
+    b = content_files(tmp_path / "shared")
+    assert sorted(tiny_demo_local) == sorted(b) and [f for f in b if tiny_demo_local[f] != b[f]] == []
 
 
 # ---------------------------------------------------------------- bad input: one line, exit != 0, nothing claimed
@@ -280,19 +306,21 @@ def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_
     assert content_files(tmp_path / "ref") == content_files(tmp_path / "r")
 
 
-def _ray_cluster_run(tmp_path, reg, remove_node: bool):
-    "A 2-node `ray.cluster_utils.Cluster` (1 CPU each) runs `reg`; with `remove_node`, the worker node is removed while a unit runs on it."
+def _ray_cluster_run(tmp_path, reg, remove_node: bool, only: str | None = None):
+    """A 2-node `ray.cluster_utils.Cluster` (1 CPU each) runs `reg` (the units matching `only`); with `remove_node`, the worker
+    node is removed while a unit runs on it."""
     import threading, psutil
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
     from stalebook.executors import check_can_start, ray_tasks
     from stalebook.registry import load_registry
+    from stalebook.units import select_units
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=False))
     node = c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     ray.init(address=c.address)
     r, root, out = load_registry(reg), tmp_path / "ray", {}
     try:
-        t = threading.Thread(target=lambda: out.update(ray_tasks(r, list(r.units()), check_can_start(r, root), ttl_s=30, log=print)))
+        t = threading.Thread(target=lambda: out.update(ray_tasks(r, select_units(r, only), check_can_start(r, root), ttl_s=30, log=print)))
         t.start()
         if remove_node:
             raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
@@ -324,3 +352,35 @@ def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapsh
         takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
         assert takeovers, "the removed node's unit was not retried"
         print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remove_node", [False, True])
+def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path, tiny_demo_local, remove_node):
+    """The real tiny registry's demo slice as Ray tasks on a 2-node cluster: the local executor's frozen table and files; with a
+    node removed while its family trains, the task is retried on the other node, resumes, and the bytes are still the same."""
+    res, root = _ray_cluster_run(tmp_path, "tiny:demo", remove_node)
+    assert {s["state"] for s in res.values()} == {"done"}, res
+    assert run(["freeze", "tiny:demo", "--root", root]).returncode == 0
+    b = content_files(root)
+    assert sorted(tiny_demo_local) == sorted(b) and [f for f in b if tiny_demo_local[f] != b[f]] == []
+    if remove_node:
+        takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
+        assert takeovers, "the removed node's unit was not retried"
+        print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
+    else:
+        exactly_once(root, [f"tiny-math-s{s}" for s in range(3)])
+
+
+@pytest.mark.slow
+def test_ray_task_runs_a_code_family_of_tiny_like_the_local_executor(tmp_path):
+    """One code-domain family of the real tiny registry (400 training steps whose rewards run in the sandbox, 4 points) as a Ray
+    task on a 2-node cluster: the sandbox works inside a Ray worker, and every content file equals the local executor's."""
+    local = tmp_path / "local"
+    r = run(["run", "tiny", "--only", "tiny-code-s0", "--root", local, "--quiet"], timeout=7200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res, root = _ray_cluster_run(tmp_path, "tiny", remove_node=False, only="tiny-code-s0")
+    assert {s["state"] for s in res.values()} == {"done"}, res
+    exactly_once(root, ["tiny-code-s0"])
+    a, b = content_files(local), content_files(root)
+    assert any(f.endswith("point.ipynb") for f in a) and sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []

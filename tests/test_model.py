@@ -138,17 +138,17 @@ def test_load_policy_refuses_unverified_snapshot(tiny_snapshot, tmp_path):
     with pytest.raises(StalebookError, match="hash mismatch: config.json"):
         load_policy(d)
 
-def test_cli_help_and_one_line_errors(tmp_path):
-    r = _cli("--help")
+def test_cli_help_and_one_line_errors(tmp_path, cli):
+    r = cli("--help")
     assert r.returncode == 0 and "snapshot" in r.stdout and "preflight" in r.stdout
     for args, msg in [(("snapshot",), "choose 'tiny' or 'lock'"), (("snapshot", "tiny"), "--out"),
                       (("snapshot", "tiny", "--out", str(tmp_path / "x"), "--threads", "zero"), "invalid int"),
                       (("snapshot", "lock", str(tmp_path / "nope")), "is not a directory"),
                       (("snapshot", "bake"), "invalid choice"), (("preflight",), "dir")]:
-        r = _cli(*args)
+        r = cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, (args, r.stderr)
     (tmp_path / "exists").mkdir()
-    r = _cli("snapshot", "tiny", "--out", str(tmp_path / "exists"))
+    r = cli("snapshot", "tiny", "--out", str(tmp_path / "exists"))
     assert r.returncode == 2 and "already exists" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 @pytest.mark.slow

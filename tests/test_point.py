@@ -51,15 +51,15 @@ def test_point_killed_anywhere_resumes_to_identical_result(tmp_path, tiny_snapsh
         assert now[:len(lines)] == lines or now[:len(lines) - 1] == lines[:-1]   # (a torn last line is regenerated)
 
 
-def test_point_bad_config_one_line_error(tmp_path):
+def test_point_bad_config_one_line_error(tmp_path, cli):
     cfg = tmp_path / "p.yaml"; cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"), k=3, n_candidates=2)))
-    r = subprocess.run([EXE, "point", str(cfg)], capture_output=True, text=True)
+    r = cli("point", str(cfg))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "k < n_candidates" in r.stderr
     cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"))))
-    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    r = cli("point", str(cfg), "--inline")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr
     cfg.write_text(yaml.safe_dump(dict(run=str(tmp_path / "nope"), bound="student")))      # an unknown bound method: refused when read
-    r = subprocess.run([EXE, "point", str(cfg), "--inline"], capture_output=True, text=True)
+    r = cli("point", str(cfg), "--inline")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bound: unknown method 'student'" in r.stderr and "percentile" in r.stderr
 
 

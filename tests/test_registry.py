@@ -80,19 +80,19 @@ def test_bad_registry_is_one_line_naming_file_and_field(tmp_path, edit, msg):
     assert msg in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
 
 
-def test_cli_bad_registry_one_line(tmp_path):
+def test_cli_bad_registry_one_line(tmp_path, cli):
     f = tmp_path / "t.yaml"; f.write_text(BASE.replace("seeds: [0]", "seeds: [zero]"))
-    r = subprocess.run([EXE, "status", str(f)], capture_output=True, text=True)
+    r = cli("status", str(f))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "study.blocks[0].seeds[0]" in r.stderr
-    r = subprocess.run([EXE, "run", "nope-registry"], capture_output=True, text=True)
+    r = cli("run", "nope-registry")
     assert r.returncode == 2 and "registry 'nope-registry' not found" in r.stderr and "tiny" in r.stderr
 
 
-def test_status_and_run_of_main_without_its_snapshot(tmp_path):
+def test_status_and_run_of_main_without_its_snapshot(tmp_path, cli, monkeypatch):
     "On a machine without the 7B snapshot: which snapshot, how to prepare and lock it, exit != 0, nothing started."
-    env = {k: v for k, v in os.environ.items() if k != "STALEBOOK_OLMO3_7B"}
+    monkeypatch.delenv("STALEBOOK_OLMO3_7B", raising=False)
     for cmd in ("status", "run"):
-        r = subprocess.run([EXE, cmd, "main", "--root", str(tmp_path / "root")], capture_output=True, text=True, env=env)
+        r = cli(cmd, "main", "--root", tmp_path / "root")
         assert r.returncode != 0, cmd
         assert "model 'olmo-3-7b' needs a local snapshot: $STALEBOOK_OLMO3_7B is not set" in r.stderr, (cmd, r.stderr)
         assert "allenai/Olmo-3-1025-7B" in r.stderr and "stalebook snapshot lock DIR" in r.stderr and "nothing was started" in r.stderr

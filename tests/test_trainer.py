@@ -83,17 +83,17 @@ def test_lineage_check_detects_broken_chain(tmp_path, tiny_snapshot):
     assert any("content hash" in p for p in check_lineage(run))
 
 
-def test_objective_switch_refused(tmp_path, tiny_snapshot):
+def test_objective_switch_refused(tmp_path, tiny_snapshot, cli):
     cfgp = _train_cfg(tmp_path, tiny_snapshot, steps=2, lineage_steps=[0])
     assert _run("train", cfgp, "--quiet").returncode == 0
     cfg = yaml.safe_load(cfgp.read_text()); cfg["objective"] = "sft"; cfgp.write_text(yaml.safe_dump(cfg))
-    r = _run("train", cfgp, "--quiet")
+    r = cli("train", cfgp, "--quiet")
     assert r.returncode == 2 and "objective" in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_bad_train_config_one_line_error(tmp_path):
+def test_bad_train_config_one_line_error(tmp_path, cli):
     p = _write(tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "stepz": 3})
-    r = _run("train", p)
+    r = cli("train", p)
     assert r.returncode == 2 and "unknown field 'stepz'" in r.stderr and str(p) in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "r").exists()
 
@@ -348,12 +348,12 @@ def test_offpolicy_loss_gradients_against_autograd_of_the_definition():
     torch.testing.assert_close(t.grad, -(r * adv[:, None] * active) * mask / n)
 
 
-def test_bad_async_config_one_line_error(tmp_path):
+def test_bad_async_config_one_line_error(tmp_path, cli):
     p = _write(tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 2, "mode": "lagged"}})
-    r = _run("train", p)
+    r = cli("train", p)
     assert r.returncode == 2 and "async_training.mode" in r.stderr and r.stderr.count("\n") == 1
     p = _write(tmp_path / "bad2.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 0, "correction": "mask"}})
-    r = _run("train", p)
+    r = cli("train", p)
     assert r.returncode == 2 and "correction must stay at the default" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "r").exists()
 

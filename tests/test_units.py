@@ -100,16 +100,21 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
     assert r.returncode == 0, r.stderr[-3000:]
     t_ref = time.perf_counter() - t0
     assert run(["freeze", reg, "--root", tmp_path / "ref"]).returncode == 0
+    t0 = time.perf_counter()
+    assert run(["run", reg, "--root", tmp_path / "ref"]).returncode == 0     # nothing left to do: start-up and checks only
+    t_noop = time.perf_counter() - t0
     kills = 0
     for fault in faults:                       # deterministic moments: mid-step, mid-checkpoint, mid-store (in the run
         r = run(["run", reg, "--root", tmp_path / "k"], env={"STALEBOOK_FAULT": fault})   # or in the point's kernel), before a record
         kills += r.returncode != 0
-    delays = Domain(0, ("test", "run-kills")).numpy().uniform(0.15, 0.85, 20) * t_ref
-    for d in delays:                           # random moments of a whole run, until enough kills landed
+    # random moments, until enough kills landed: each run is killed after its start-up plus a random share of at most
+    # 1/(2 min_kills) of the reference run's work, so the kills land inside the work that is left instead of after it
+    share = max(t_ref - t_noop, 1.0) / (2 * min_kills)
+    for x in Domain(0, ("test", "run-kills")).numpy().uniform(0.2, 1.0, 30):
         if kills >= min_kills: break
-        kills += _kill_run(reg, tmp_path / "k", d)
+        kills += _kill_run(reg, tmp_path / "k", t_noop + x * share)
     assert kills >= min_kills, kills
-    print(f"{kills} kills ({len(faults)} at fault points), reference run {t_ref:.0f} s")
+    print(f"{kills} kills ({len(faults)} at fault points), reference run {t_ref:.0f} s, start-up {t_noop:.1f} s")
     r = run(["run", reg, "--root", tmp_path / "k"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert run(["freeze", reg, "--root", tmp_path / "k"]).returncode == 0
