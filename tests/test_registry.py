@@ -1,15 +1,14 @@
 """Registries: the five study files load with the registered sizes; a bad field is a one-line error naming the file and
 the field; the study's rules (GRPO tables, the SFT appendix, 10,000 replicates, fields set by the study) are refused at
 load; a missing or unlocked snapshot is reported with how to prepare and lock it, and nothing starts. No model runs."""
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 
 import pytest
 
-from stalebook.core import ConfigError, StalebookError
+from stalebook.core import ConfigError
 from stalebook.registry import ModelSpec, load_registry, registry_hash, registry_problems, registry_root, snapshot_problem
 
-EXE = str(Path(sys.executable).parent / "stalebook")
 ROOT = Path(__file__).resolve().parents[1]
 
 
