@@ -45,8 +45,10 @@ sync-check: setup
 nbtest: setup
 	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$'
 
+# tests/ as concurrent pytest processes over disjoint files (tools/pytest_shards.py): one per usable core, at most 4;
+# `make pytest PYTEST_SHARDS=1` runs one plain pytest.
 pytest: setup
-	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider; rc=$$?; \
+	@$(BIN)/python tools/pytest_shards.py; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
 
 readme:
