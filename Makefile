@@ -45,10 +45,11 @@ sync-check: setup
 nbtest: setup
 	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$'
 
-# tests/ as concurrent pytest processes over disjoint files (tools/pytest_shards.py): one per usable core, at most 4;
-# `make pytest PYTEST_SHARDS=1` runs one plain pytest.
+# tests/ on pytest-xdist workers, one per logical core up to 4, idle workers stealing tests from busy ones;
+# `make pytest PYTEST_WORKERS=0` runs one plain pytest process.
+PYTEST_WORKERS ?= logical
 pytest: setup
-	@$(BIN)/python tools/pytest_shards.py; rc=$$?; \
+	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider -n $(PYTEST_WORKERS) --maxprocesses 4 --dist worksteal; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
 
 readme:
