@@ -106,7 +106,8 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
     kills = 0
     for fault in faults:                       # deterministic moments: mid-step, mid-checkpoint, mid-store (in the run
         r = run(["run", reg, "--root", tmp_path / "k"], env={"STALEBOOK_FAULT": fault})   # or in the point's kernel), before a record
-        kills += r.returncode != 0
+        assert r.returncode != 0, f"fault {fault} did not fire: its moment had passed and the run finished (reorder the faults)"
+        kills += 1
     # random moments, until enough kills landed: each run is killed after its start-up plus a random share of at most
     # 1/(2 min_kills) of the reference run's work, so the kills land inside the work that is left instead of after it
     share = max(t_ref - t_noop, 1.0) / (2 * min_kills)
@@ -142,7 +143,8 @@ def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(t
 @pytest.mark.slow
 def test_tiny_demo_killed_at_random_moments(tmp_path):
     "The same on the tiny registry's demo slice (3 families, 9 points: tens of minutes on 2 cores)."
-    kill_and_compare(tmp_path, "tiny:demo", ["step:30", "ckpt:25", "group:40", "phase:tiny-math-s1/train", "group:20"], min_kills=10)
+    # in the order they come: s0's training, s0's train record, a store of s0, s1's checkpoint 25, a store of s1
+    kill_and_compare(tmp_path, "tiny:demo", ["step:30", "phase:tiny-math-s0/train", "group:40", "ckpt:25", "group:20"], min_kills=10)
 
 
 # ---------------------------------------------------------------- artifacts are content: a code-domain store
