@@ -25,6 +25,11 @@ def content_files(root: Path) -> dict:
             if p.is_file() and p.name not in SIDECARS and p.relative_to(root).parts[0] != "queue"}
 
 
+def differing(a: dict, b: dict) -> list[str]:
+    "Content files that only one of two runs has or whose bytes differ ([] when the runs are byte-identical)."
+    return sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
+
+
 def run(args, env=None, timeout=900):
     return subprocess.run([EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
 
@@ -137,7 +142,7 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
     assert u["state"] == "stale" and u["heartbeat_age_s"] > 2, u
 
 
-def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, capsys, monkeypatch):
+def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, cli, monkeypatch):
     "4 GPUs at 2 per unit: two workers, one with CUDA_VISIBLE_DEVICES=0,1 and one with 2,3 (read back from the units' attempts)."
     reg = synthetic_registry(tmp_path, units=4, phases=1, work_s=0.3)
     r = run(["work", reg, "--root", tmp_path / "r", "--gpus-per-unit", 2], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
@@ -146,8 +151,8 @@ def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, capsys, mo
     labels = {e["owner"].split()[-1] for e in worker_events(tmp_path / "r") if e["event"] == "done"}
     assert labels <= {"w0-gpu0,1", "w1-gpu2,3"} and labels
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    rc, err = cli(["work", reg, "--root", tmp_path / "r2", "--gpus-per-unit", 4], capsys)
-    assert rc == 2 and "only 2 GPU(s)" in err and err.count("\n") == 1 and not (tmp_path / "r2/queue").exists()
+    r = cli("work", reg, "--root", tmp_path / "r2", "--gpus-per-unit", 4)
+    assert r.returncode == 2 and "only 2 GPU(s)" in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "r2/queue").exists()
 
 
 # ---------------------------------------------------------------- the ranking study's families on two workers
@@ -176,7 +181,7 @@ def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_sna
     assert [p.wait(timeout=1800) for p in procs] == [0, 0]
     for d in ("local", "shared"): assert run(["freeze", reg, "--root", tmp_path / d]).returncode == 0
     a, b = content_files(tmp_path / "local"), content_files(tmp_path / "shared")
-    assert "frozen/table.json" in a and sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []
+    assert "frozen/table.json" in a and differing(a, b) == []
     owners = {json.loads((tmp_path / "shared/queue" / u / "done.json").read_text())["owner"] for u in ("tiny-math-s0", "tiny-math-s1")}
     print(f"families ran in {len(owners)} worker(s)")
 
@@ -213,47 +218,39 @@ def test_tiny_demo_on_six_workers_runs_each_unit_once_and_matches_local(tmp_path
     exactly_once(tmp_path / "shared", [f"tiny-math-s{s}" for s in range(3)])
     assert run(["freeze", "tiny:demo", "--root", tmp_path / "shared"]).returncode == 0
     b = content_files(tmp_path / "shared")
-    assert sorted(tiny_demo_local) == sorted(b) and [f for f in b if tiny_demo_local[f] != b[f]] == []
+    assert differing(tiny_demo_local, b) == []
 
 
 # ---------------------------------------------------------------- bad input: one line, exit != 0, nothing claimed
 
-def cli(args, capsys) -> tuple[int, str]:
-    "`stalebook ARGS` in this process (no interpreter start): exit code and stderr."
-    from stalebook.cli import main
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    return rc, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("cmd", [["work", "{reg}", "--root", "{root}"], ["run", "{reg}", "--executor", "shared", "--root", "{root}"],
                                  ["run", "{reg}", "--executor", "ray", "--root", "{root}"]])
-def test_unwritable_root_is_one_line_and_claims_nothing(tmp_path, cmd, capsys):
+def test_unwritable_root_is_one_line_and_claims_nothing(tmp_path, cmd, cli):
     reg = synthetic_registry(tmp_path, units=2)
     (tmp_path / "file").write_text("a regular file")
     root = tmp_path / "file" / "root"            # below a regular file: not creatable, for root users too
-    rc, err = cli([c.format(reg=reg, root=root) for c in cmd], capsys)
-    assert rc == 2 and err.count("\n") == 1 and "not writable" in err and "nothing was claimed" in err, err
+    r = cli(*[c.format(reg=reg, root=root) for c in cmd])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not writable" in r.stderr and "nothing was claimed" in r.stderr, r.stderr
 
 
-def test_missing_snapshot_is_one_line_and_claims_nothing(tmp_path, capsys, monkeypatch):
+def test_missing_snapshot_is_one_line_and_claims_nothing(tmp_path, cli, monkeypatch):
     for k in [k for k in os.environ if k.startswith("STALEBOOK_OLMO")]: monkeypatch.delenv(k)
     for cmd in (["work", "main", "--root", tmp_path / "r"], ["run", "main", "--executor", "ray", "--root", tmp_path / "r"],
                 ["run", "main", "--executor", "shared", "--root", tmp_path / "r"]):
-        rc, err = cli(cmd, capsys)
-        assert rc == 2 and err.count("\n") == 1 and "needs a local snapshot" in err and "nothing was claimed" in err, err
+        r = cli(*cmd)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "needs a local snapshot" in r.stderr and "nothing was claimed" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()
 
 
-def test_unreachable_ray_address_is_one_line_and_claims_nothing(tmp_path, capsys):
+def test_unreachable_ray_address_is_one_line_and_claims_nothing(tmp_path, cli):
     pytest.importorskip("ray")
     import socket
     reg = synthetic_registry(tmp_path, units=2)
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()      # a port nobody listens on
-    rc, err = cli(["run", reg, "--executor", "ray", "--address", f"127.0.0.1:{port}", "--root", tmp_path / "r"], capsys)
-    assert rc == 2 and err.count("\n") == 1 and "no Ray cluster reachable" in err and "nothing was claimed" in err, err
-    rc, err = cli(["run", reg, "--executor", "ray", "--address", "nohost", "--root", tmp_path / "r"], capsys)
-    assert rc == 2 and "expected auto or HOST:PORT" in err
+    r = cli("run", reg, "--executor", "ray", "--address", f"127.0.0.1:{port}", "--root", tmp_path / "r")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no Ray cluster reachable" in r.stderr and "nothing was claimed" in r.stderr, r.stderr
+    r = cli("run", reg, "--executor", "ray", "--address", "nohost", "--root", tmp_path / "r")
+    assert r.returncode == 2 and "expected auto or HOST:PORT" in r.stderr
     assert not (tmp_path / "r" / "queue").exists()
 
 
@@ -336,6 +333,13 @@ def _ray_cluster_run(tmp_path, reg, remove_node: bool, only: str | None = None):
     return out, root
 
 
+def assert_retried(root: Path) -> None:
+    "The removed node's unit was taken over by its retried task (from the workers' logs)."
+    takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
+    assert takeovers, "the removed node's unit was not retried"
+    print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("remove_node", [False, True])
 def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapshot, remove_node):
@@ -347,11 +351,9 @@ def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapsh
     assert {s["state"] for s in res.values()} == {"done"}, res
     for d in (tmp_path / "local", root): assert run(["freeze", reg, "--root", d]).returncode == 0
     a, b = content_files(tmp_path / "local"), content_files(root)
-    assert "frozen/table.json" in a and sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []
+    assert "frozen/table.json" in a and differing(a, b) == []
     if remove_node:
-        takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
-        assert takeovers, "the removed node's unit was not retried"
-        print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
+        assert_retried(root)
 
 
 @pytest.mark.slow
@@ -363,11 +365,9 @@ def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path,
     assert {s["state"] for s in res.values()} == {"done"}, res
     assert run(["freeze", "tiny:demo", "--root", root]).returncode == 0
     b = content_files(root)
-    assert sorted(tiny_demo_local) == sorted(b) and [f for f in b if tiny_demo_local[f] != b[f]] == []
+    assert differing(tiny_demo_local, b) == []
     if remove_node:
-        takeovers = [e for e in worker_events(root) if e["event"] == "takeover"]
-        assert takeovers, "the removed node's unit was not retried"
-        print("retry:", [(e["unit"], e["takeover_of"]["reason"], e["takeover_of"]["age_s"]) for e in takeovers])
+        assert_retried(root)
     else:
         exactly_once(root, [f"tiny-math-s{s}" for s in range(3)])
 
@@ -383,4 +383,4 @@ def test_ray_task_runs_a_code_family_of_tiny_like_the_local_executor(tmp_path):
     assert {s["state"] for s in res.values()} == {"done"}, res
     exactly_once(root, ["tiny-code-s0"])
     a, b = content_files(local), content_files(root)
-    assert any(f.endswith("point.ipynb") for f in a) and sorted(a) == sorted(b) and [f for f in a if a[f] != b[f]] == []
+    assert any(f.endswith("point.ipynb") for f in a) and differing(a, b) == []
