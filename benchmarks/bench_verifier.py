@@ -8,10 +8,12 @@
    give byte-identical rewards and details (checked).
 2. GRPO step: `Trainer.train_step` on the tiny snapshot, prompts_per_step = 16, group_size = 16
    (256 completions per step), max_new_tokens = 12, lr 3e-3 (the learning configs), on the math domain
-   and on the code domain (fork server; and, for reference, per-program sandboxes), steps interleaved
-   after one warm-up step each. The time spent in `batch_rewards` is measured by wrapping it (not
-   re-implemented), and so is the code step without it: the floor any verifier leaves (longer prompts and
-   completions cost the model more on code). Goal: code step <= 2x math step.
+   and on the code domain (fork server; and, for reference, per-program sandboxes), each also with
+   `shared_prefix` (each prompt's tokens run once per group in generation and in the teacher-forced
+   passes), steps interleaved after one warm-up step each. The time spent in `batch_rewards` is measured
+   by wrapping it (not re-implemented); the trainer verifies on a thread while its behaviour pass runs,
+   so that time is partly hidden; a last arm gives the code step with a verifier that costs nothing (the
+   floor no verifier can lower). Goal: code step <= 2x math step, with the same trainer settings.
 
     PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
@@ -89,11 +91,21 @@ def shared_pool(fork_server: bool):
     return _SHARED[fork_server]
 
 
-def trainer(domain: str, snapshot: str, out: Path) -> TR.Trainer:
+def free_verifier(task, text):
+    "A verifier that costs nothing (every reward 0): what the code step costs the model alone."
+    return 0.0, {}
+
+
+def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, reward_fn=None) -> TR.Trainer:
     cfg = TR.TrainConfig(out=str(out / domain), snapshot=snapshot, domain=domain, task_level=0, n_tasks=256, seed=0, steps=100,
                          prompts_per_step=16, sampling=SamplingConfig(group_size=16, max_new_tokens=12, groups_per_batch=16),
-                         lr=3e-3, lineage_steps=(0,), checkpoint_every=1000)
-    return TR.Trainer(cfg)
+                         lr=3e-3, lineage_steps=(0,), checkpoint_every=1000, shared_prefix=shared_prefix)
+    return TR.Trainer(cfg, reward_fn=reward_fn)
+
+
+ARMS = [("math", "math", None, False), ("code", "code", True, False), ("code_per_program", "code", False, False),
+        ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", True, True),
+        ("code_shared_prefix_free_verifier", "code", None, True)]          # name, domain, fork server, shared prefix
 
 
 def bench_step(steps: int, snapshot: str) -> dict:
@@ -104,13 +116,13 @@ def bench_step(steps: int, snapshot: str) -> dict:
         try: return real(*a, **k)
         finally: spent["t"] += time.perf_counter() - t0
     TR.batch_rewards = timed
-    arms = [("math", "math", None), ("code", "code", True), ("code_per_program", "code", False)]
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
-        trs = {name: trainer(dom, snapshot, Path(d) / name) for name, dom, _ in arms}
-        rows = {name: [] for name, _, _ in arms}
+        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, free_verifier if name.endswith("free_verifier") else None)
+               for name, dom, _, sp in ARMS}
+        rows = {name: [] for name, *_ in ARMS}
         sandbox.pool_for()
         for i in range(steps + 1):                                         # step 0 = warm-up (templates start there)
-            for name, _, fork in arms:
+            for name, _, fork, _ in ARMS:
                 if fork is not None: shared_pool(fork)
                 spent["t"] = 0.0
                 pool = sandbox.pool_for()
@@ -119,18 +131,20 @@ def bench_step(steps: int, snapshot: str) -> dict:
                 if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
                                              programs_run=pool.stats["fork"] + pool.stats["per_program"] - before,
                                              completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
-            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s (rewards {rows[n][-1]['t_reward']:.2f}s)"
-                                                          for n, _, _ in arms), flush=True)
+            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in ARMS), flush=True)
     TR.batch_rewards = real
     med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
-    rest = {n: statistics.median(r["t_step"] - r["t_reward"] for r in rs) for n, rs in rows.items()}
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
     return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
                 median_step_s={n: round(v, 3) for n, v in med.items()},
-                median_step_minus_rewards_s={n: round(v, 3) for n, v in rest.items()},
-                ratio_code_minus_rewards_to_math=round(rest["code"] / med["math"], 2),
+                median_reward_s={n: round(statistics.median(r["t_reward"] for r in rs), 3) for n, rs in rows.items()},
                 ratio_code_to_math=round(med["code"] / med["math"], 2),
-                ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2))
+                ratio_code_to_math_shared_prefix=round(med["code_shared_prefix"] / med["math_shared_prefix"], 2),
+                ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2),
+                ratio_code_free_verifier_to_math_shared_prefix=round(med["code_shared_prefix_free_verifier"] / med["math_shared_prefix"], 2),
+                speedup_shared_prefix={d: round(med[d] / med[f"{d}_shared_prefix"], 2) for d in ("math", "code")},
+                ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
+                                                           / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
 
 
 def main(argv=None):
@@ -153,11 +167,12 @@ def main(argv=None):
           f"{', '.join(str(r['ratio_warm']) for r in v)}x (warm)")
     if "step" in inv:
         s = inv["step"]
-        print(f"GRPO 16x16 step (median): math {s['median_step_s']['math']:.2f}s, code {s['median_step_s']['code']:.2f}s "
-              f"(fork server; {s['ratio_code_to_math']:.2f}x math), code with per-program sandboxes "
-              f"{s['median_step_s']['code_per_program']:.2f}s ({s['ratio_code_per_program_to_math']:.2f}x); code step without its "
-              f"rewards {s['median_step_minus_rewards_s']['code']:.2f}s = {s['ratio_code_minus_rewards_to_math']:.2f}x the math step "
-              f"(mean prompt {s['mean_prompt_chars']['code']} vs {s['mean_prompt_chars']['math']} characters)")
+        m = s["median_step_s"]
+        print(f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
+              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
+              f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math) | "
+              f"with a free verifier {m['code_shared_prefix_free_verifier']:.2f}s ({s['ratio_code_free_verifier_to_math_shared_prefix']:.2f}x) | "
+              f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes")
     path = Path(a.json)
     old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}
     old["invocations"].append(inv)

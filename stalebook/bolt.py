@@ -197,7 +197,8 @@ def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
 def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
     "Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass."
     self.model.train()
-    logp, mask = completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id)
+    logp, mask = completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
+                                     shared_prefix=self.cfg.shared_prefix)
     loss, st = weighted_sft_loss(logp, self._w, mask, self.cfg.loss_agg)
     return loss, {**st, "bolt/round": self.round}
 

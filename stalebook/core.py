@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -34,10 +35,11 @@ import yaml
 __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonical_json', 'Domain', 'rng', 'hash_bytes',
            'hash_json', 'hash_file', 'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor',
            'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
-           'fault_point', 'Progress', 'from_dict', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
-           'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
-           'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
-           'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'run_notebook']
+           'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config',
+           'config_dict', 'config_hash', 'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk',
+           'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks',
+           'assert_checks', 'check_rng_domains', 'check_state_dict_hash', 'experiment_notebook',
+           'split_notebook_timings', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -393,6 +395,20 @@ def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     try: return cls(**kw)
     except (ValueError, TypeError) as e: raise ConfigError(f"{src}: {prefix.rstrip('.') or cls.__name__}: {e}") from None
 
+# %% ../nbs/00_core.ipynb #b90b5340
+def added_field(default, **kw):
+    "A config field added after configs were recorded: omitted from `config_dict`/`config_hash` while at `default`."
+    return field(default=default, metadata={"added": True}, **kw)
+
+def config_tree(x):
+    "`dataclasses.asdict`, recursively, without `added_field`s that hold their default."
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: config_tree(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get("added") and getattr(x, f.name) == f.default)}
+    if isinstance(x, (list, tuple)): return type(x)(config_tree(v) for v in x)
+    if isinstance(x, dict): return {k: config_tree(v) for k, v in x.items()}
+    return copy.deepcopy(x)
+
 # %% ../nbs/00_core.ipynb #00809872
 def read_mapping(path) -> dict:
     "Parse a YAML (.yaml/.yml) or JSON file into a dict; a parse error names the file."
@@ -414,12 +430,12 @@ def load_config(cls, path, overrides: dict | None = None):
     return from_dict(cls, d, src=str(path))
 
 def config_dict(cfg) -> dict:
-    "Plain JSON-able dict of a config dataclass (tuples become lists)."
-    return json.loads(canonical_json(dataclasses.asdict(cfg)))
+    "Plain JSON-able dict of a config dataclass (tuples become lists; `added_field`s at their default left out)."
+    return json.loads(canonical_json(config_tree(cfg)))
 
 def config_hash(cfg) -> str:
     "sha256 of the canonical JSON of the config."
-    return hash_json(dataclasses.asdict(cfg))
+    return hash_json(config_tree(cfg))
 
 def save_config(cfg, path) -> Path:
     "Atomically write a config as YAML (sorted keys), loadable by `load_config`."

@@ -77,8 +77,9 @@ def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
         if v != cur: load_weights(wdir, v, named); cur = v
         batch, cursor = next_tasks(tasks, cursor, cfg.prompts_per_step, cfg.seed, cfg.domain)
         t0, ph = time.perf_counter(), policy_hash(model)
-        pids, comps = sample_step(model, tok, cfg.sampling, batch, ph, cfg.seed, f"train/{n}")
-        with torch.no_grad(): old, mask = completion_logprobs(model, pids, comps, cfg.micro_batch, tok.pad_token_id)
+        pids, comps = sample_step(model, tok, cfg.sampling, batch, ph, cfg.seed, f"train/{n}", cfg.shared_prefix)
+        with torch.no_grad(): old, mask = completion_logprobs(model, pids, comps, cfg.micro_batch, tok.pad_token_id,
+                                                                   shared_prefix=cfg.shared_prefix)
         t1 = time.perf_counter()
         R = step_rewards(tok, batch, comps, cfg.sampling.group_size)
         item = dict(n=n, version=cur, policy_hash=ph, cursor=cursor, pids=pids, comps=comps, old=old.numpy(), mask=mask.numpy(),

@@ -19,7 +19,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 import torch
-from transformers import LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 
 from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, canonical_json, config_dict,
                             config_hash, fault_point, hash_file, hash_json, load_config)
@@ -27,10 +27,11 @@ from .model import LoraSpec, default_snapshot, load_policy, policy_hash
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'completion_logprobs',
-           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
-           'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
-           'load_run_policy', 'cmd_rollouts']
+__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'pad_rows',
+           'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_of',
+           'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups',
+           'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig', 'load_run_policy',
+           'cmd_rollouts']
 
 # %% ../nbs/25_rollouts.ipynb #a40388a2
 @dataclass
@@ -101,8 +102,9 @@ def _cut(ids: list, eos: set) -> list:
     return ids
 
 @torch.no_grad()
-def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig):
-    "Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions, sampler_logp)."
+def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False):
+    """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
+    sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows."""
     tokenizer.padding_side = "left"
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True)     # the tokenizer's own specials (e.g. BOS)
     dev = next(model.parameters()).device
@@ -110,6 +112,7 @@ def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, 
     proc = _DomainSampler(uniforms, enc["input_ids"].shape[1], cfg.temperature, cfg.top_p)
     was_training = model.training
     model.eval()
+    if shared_prefix and enc["input_ids"].shape[1] > 1: enc["cache"] = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])
     out = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=cfg.max_new_tokens,
                          logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, temperature=None, top_p=None, top_k=None)
@@ -121,8 +124,23 @@ def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, 
     return prompt_ids, comps, [lp[i, : len(c)].tolist() for i, c in enumerate(comps)]
 
 # %% ../nbs/25_rollouts.ipynb #3ab188ea
+def pad_rows(rows, pad_id: int, dev, left: bool = False) -> tuple:
+    "Rows of token ids padded to one width, on the right (or the left, as prompts for generate): (ids, attention mask)."
+    W = max([len(r) for r in rows], default=0)
+    ids = torch.full((len(rows), W), pad_id, dtype=torch.long); att = torch.zeros((len(rows), W), dtype=torch.long)
+    for j, r in enumerate(rows):
+        if not len(r): continue
+        sl = slice(W - len(r), W) if left else slice(0, len(r))
+        ids[j, sl] = torch.tensor(list(r), dtype=torch.long); att[j, sl] = 1
+    return ids.to(dev), att.to(dev)
+
+def _row_logits(model, prompts, comps, pad_id: int, dev):
+    "Logits of right-padded prompt + completion rows, and where each row's completion predictors start."
+    ids, att = pad_rows([list(p) + list(c) for p, c in zip(prompts, comps)], pad_id, dev)
+    return model(input_ids=ids, attention_mask=att).logits, [len(p) - 1 for p in prompts]
+
 def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                        micro_batch: int = 64, pad_id: int = 0):
+                        micro_batch: int = 64, pad_id: int = 0, shared_prefix: bool = False):
     "Teacher-forced log pi(A_t|H_t) of each completion token: ([B, L] tensor, [B, L] bool mask)."
     dev = next(model.parameters()).device
     B = len(completions)
@@ -130,24 +148,54 @@ def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]], completions:
     vals = [torch.zeros(0, device=dev, dtype=odt)] * B
     for s in range(0, B, micro_batch):
         idx = list(range(s, min(B, s + micro_batch)))
-        seqs = [list(prompt_ids[i]) + list(completions[i]) for i in idx]
-        W = max(len(x) for x in seqs)
-        ids = torch.full((len(idx), W), pad_id, dtype=torch.long)
-        att = torch.zeros((len(idx), W), dtype=torch.long)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)] = torch.tensor(x, dtype=torch.long); att[j, : len(x)] = 1
-        ids, att = ids.to(dev), att.to(dev)
-        logits = model(input_ids=ids, attention_mask=att).logits
+        logits, first = (_prefix_logits if shared_prefix else _row_logits)(
+            model, [prompt_ids[i] for i in idx], [completions[i] for i in idx], pad_id, dev)
         for j, i in enumerate(idx):
-            p, c = len(prompt_ids[i]), len(completions[i])
+            c = len(completions[i])
             if c == 0: continue
-            lg = logits[j, p - 1: p - 1 + c]                     # positions predicting tokens p .. p+c-1
+            lg = logits[j, first[j]: first[j] + c]               # the positions predicting the completion's c tokens
             if lg.dtype in (torch.float16, torch.bfloat16): lg = lg.float()
-            vals[i] = lg.log_softmax(-1).gather(1, ids[j, p: p + c, None]).squeeze(1)
+            vals[i] = lg.log_softmax(-1).gather(1, torch.tensor(list(completions[i]), device=dev)[:, None]).squeeze(1)
     lens = torch.tensor([v.shape[0] for v in vals], device=dev)
     out = torch.nn.utils.rnn.pad_sequence(vals, batch_first=True) if B else torch.zeros(0, 0, device=dev)
     mask = torch.arange(out.shape[1], device=dev)[None, :] < lens[:, None]
     return out, mask
+
+# %% ../nbs/25_rollouts.ipynb #46f4d87f
+def distinct_rows(rows) -> tuple[list, list]:
+    "(the distinct rows in order of first appearance, each row's index among them)."
+    first = {}
+    sel = [first.setdefault(tuple(r), len(first)) for r in rows]
+    return [list(r) for r in first], sel
+
+def prefix_forward(model, ids, att):
+    "Forward of left-padded prefixes into a fresh KV cache, positions counted from each row's first token: (logits, cache)."
+    pos = (att.cumsum(-1) - 1).clamp(min=0)                    # the position ids generate gives left-padded rows
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, cache=DynamicCache(config=model.config), use_cache=True)
+    return out.logits, out.cache
+
+def shared_prompt_cache(model, ids, att):
+    "KV cache of each row's left-padded prompt but its last token, each distinct prompt computed once (generate goes on from it)."
+    uniq, sel = distinct_rows(ids.tolist())                    # equal prompts pad equally
+    rep = torch.tensor([sel.index(k) for k in range(len(uniq))], device=ids.device)
+    _, cache = prefix_forward(model, ids[rep, :-1], att[rep, :-1])
+    cache.batch_select_indices(torch.tensor(sel, device=ids.device))
+    return cache
+
+def _prefix_logits(model, prompts, comps, pad_id: int, dev):
+    "Logits predicting every completion token, each distinct prompt's forward run once and continued by its rows."
+    uniq, sel = distinct_rows(prompts)
+    ids, att = pad_rows(uniq, pad_id, dev, left=True)
+    logits, cache = prefix_forward(model, ids, att)
+    s = torch.tensor(sel, device=dev)
+    first = logits[s, -1:]                                      # the last prompt position predicts completion token 0
+    rest = [list(c)[:-1] for c in comps]                        # token t predicts token t+1; the last one predicts nothing scored
+    if not any(rest): return first, [0] * len(comps)
+    cache.batch_select_indices(s)
+    cids, catt = pad_rows(rest, pad_id, dev)
+    pos = att.sum(-1)[s, None] + torch.arange(cids.shape[1], device=dev)[None]
+    out = model(input_ids=cids, attention_mask=torch.cat([att[s], catt], 1), position_ids=pos, cache=cache, use_cache=True)
+    return torch.cat([first, out.logits], 1), [0] * len(comps)
 
 # %% ../nbs/25_rollouts.ipynb #88023209
 def _store_name(policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids, numerics: str) -> str:

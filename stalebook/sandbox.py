@@ -424,6 +424,19 @@ _KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 _IGN = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
         signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 _ME = os.getpid()
+_WARM = """
+def _w(x, *a, k=1, **kw):
+    y = [i * 2 for i in range(3) if i] + list({1: 2}.items()) + [f"{x!r:>3}"]
+    class C:
+        def m(self): return lambda z: z + 1
+    try: return (sorted(set(map(str, y))), C().m()(x) if x else None, {i: i for i in a})
+    except Exception as e: raise ValueError(str(e)) from e
+"""
+def _warm():
+    "Run the compiler, eval and json once on a fixed snippet (never a program), so that each child starts them warm."
+    g = {}
+    exec(compile(_WARM, "<warm>", "exec"), g); g["_w"](1, 2); eval("(1, [2])", {})
+    json.loads(json.dumps({"s": "x", "l": [1, 2.5, None, True]}))
 def _serve():
     if os.getuid() == 0 or os.getuid() != _cfg["uid"]: os._exit(96)   # the sweep's kill(-1) needs the throwaway uid
     os.close(os.pidfd_open(os.getpid()))                           # pidfds are needed (Linux >= 5.3)
@@ -432,7 +445,7 @@ def _serve():
     for s in _IGN: signal.signal(s, signal.SIG_IGN)
     if _cfg["sock"] != 3: os.dup2(_cfg["sock"], 3); os.close(_cfg["sock"])
     sock = socket.socket(fileno=3)
-    gc.freeze()
+    _warm(); gc.collect(); gc.freeze()
     sock.send(b"ready")
     while True:
         try: msg, fds, _, _ = socket.recv_fds(sock, 16, 3)

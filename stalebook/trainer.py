@@ -15,6 +15,7 @@ Docs: https://stalebook.github.io/stalebook/trainer.html.md"""
 # %% ../nbs/26_trainer.ipynb #be1f2d6d
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -29,7 +30,7 @@ import yaml
 from fastcore.basics import patch
 from safetensors.torch import load_file, save_file
 
-from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_dir, atomic_write,
+from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, added_field, atomic_dir, atomic_write,
                             atomic_write_json, canonical_json, config_dict, config_hash, fault_point, group_advantages,
                             hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
 from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
@@ -43,7 +44,7 @@ __all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', '
            'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict',
            'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint',
            'save_train_state', 'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer',
-           'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'lag_histogram', 'cmd_train']
+           'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'resolved', 'lag_histogram', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -218,6 +219,8 @@ class TrainConfig:
     threads: int = 1                             # torch CPU threads (0 = torch's default); part of the run identity:
                                                  # float reductions, hence bit-identical resume, depend on it
     micro_batch: int = 64
+    shared_prefix: bool = added_field(False)     # each prompt's tokens run once per group, not once per completion
+                                                 # (generation and teacher-forced passes; same numbers up to float order)
     ratio_tol: float = 1e-5
 
     def __post_init__(self):
@@ -444,7 +447,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params: raise StalebookError("model has no trainable (LoRA) parameters")
         self.opt, self.sched = make_optimizer(cfg, self.params)
-        self.step, self.cursor = 0, [0, 0]
+        self.step, self.cursor, self._verifier = 0, [0, 0], None
         a = cfg.async_training
         self.async_on, self.trace = a.enabled, {}
         self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
@@ -509,12 +512,12 @@ def _async_start(self: Trainer, meta) -> None:
     if self.behaviour is not None: self.behaviour.load_state(t)
 
 # %% ../nbs/26_trainer.ipynb #b8175436
-def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str):
+def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str, shared_prefix: bool = False):
     "K responses per prompt of `batch` from the model's weights (hash `ph`); each group from (seed, 'rollout', ph, purpose, id)."
     K = sc.group_size
     dom = rollout_domain(seed, ph, purpose)
     u = torch.cat([group_uniforms(dom.child(t.id), K, sc.max_new_tokens) for t in batch])
-    pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc)
+    pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc, shared_prefix)
     return pids, comps
 
 def step_rewards(tok, batch, comps, K: int, reward_fn=None) -> torch.Tensor:
@@ -526,27 +529,41 @@ def step_rewards(tok, batch, comps, K: int, reward_fn=None) -> torch.Tensor:
 @patch
 def _generate(self: Trainer, batch, ph: str):
     "Sample K responses per prompt of `batch` with the policy on the model: (prompt ids, completions)."
-    return sample_step(self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}")
+    return sample_step(self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}", self.cfg.shared_prefix)
 
 @patch
 def _reward(self: Trainer, batch, comps) -> torch.Tensor:
     return step_rewards(self.tok, batch, comps, self.cfg.sampling.group_size, self.reward_fn)
 
+def resolved(x):
+    "A value, or the result of the future computing it (waiting for it)."
+    return x.result() if isinstance(x, concurrent.futures.Future) else x
+
+@patch
+def _reward_soon(self: Trainer, batch, comps) -> concurrent.futures.Future:
+    "`_reward` on a thread of its own: the verifier's sandboxes run while the model's passes do (until the loss needs R)."
+    if self._verifier is None:
+        self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+    return self._verifier.submit(self._reward, batch, comps)
+
 @patch
 def _behaviour_logprobs(self: Trainer, pids, comps):
     "Teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
-    with torch.no_grad(): return completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id)
+    with torch.no_grad(): return completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
+                                                  shared_prefix=self.cfg.shared_prefix)
 
 # %% ../nbs/26_trainer.ipynb #a8e927f7
 @patch
 def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
-    "The reference's log-probs (KL term), the log-probs with gradients and the loss against behaviour log-probs `old`."
-    cfg, pad, a = self.cfg, self.tok.pad_token_id, self.cfg.async_training
+    """The reference's log-probs (KL term), the log-probs with gradients and the loss against behaviour log-probs `old`;
+    `R` may be a future: the rewards are waited for only after the forward passes."""
+    cfg, pad, a, sp = self.cfg, self.tok.pad_token_id, self.cfg.async_training, self.cfg.shared_prefix
     ref = None
     if cfg.objective == "grpo" and cfg.kl_beta > 0:
-        with torch.no_grad(), self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
+        with torch.no_grad(), self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
     self.model.train()
-    logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad)
+    logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
+    R = resolved(R)
     if cfg.objective == "sft": return sft_loss(logp, R.view(-1).to(logp.device), mask, cfg.loss_agg)
     adv = group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(logp.device)
     loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, clip_epsilon=cfg.clip_epsilon,
@@ -563,16 +580,17 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
 # %% ../nbs/26_trainer.ipynb #968ca564
 @patch
 def train_step(self: Trainer) -> dict:
-    "behaviour policy -> sample -> behaviour log-probs -> reward -> loss -> step -> record (one optimizer step)."
+    """behaviour policy -> sample -> behaviour log-probs -> loss -> step -> record (one optimizer step); the rewards
+    are verified meanwhile, on a thread, and waited for only when the loss needs them."""
     t0 = time.perf_counter()
     batch = self._next_tasks()
     with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
         ph = policy_hash(self.model)                       # the weights that sample: phi_t (theta when synchronous)
         pids, comps = self._generate(batch, ph)
         t_gen = time.perf_counter() - t0
+        R = self._reward_soon(batch, comps)                # a future
         old, mask = self._behaviour_logprobs(pids, comps)
         phi = self._flat() if self.async_on else None
-    R = self._reward(batch, comps)
     rec = self._learn(pids, comps, R, old, mask, ph, src, phi)
     rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
     return rec
@@ -580,10 +598,12 @@ def train_step(self: Trainer) -> dict:
 @patch
 def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
     """Loss, optimizer step and record for groups sampled by the weights of learner step `src` (hash `ph`, flat
-    tensors `phi`) with behaviour log-probs `old` [B, L]. The pipelined learner calls it too."""
+    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (or a future of them). The pipelined learner
+    calls it too."""
     cfg = self.cfg
     theta = self._flat() if self.async_on else None
     loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)
+    R = resolved(R)
     self.opt.zero_grad(set_to_none=True)
     loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))

@@ -302,6 +302,18 @@ def test_template_holds_nothing_of_the_previous_program(monkeypatch):
             assert pool.run(_finder(STATUS_FINDER), task.tests).ok == keep
 
 
+WARM_FINDER = "import gc\ngc.unfreeze()\nFOUND = any(getattr(o, '__name__', '') in ('_w', 'C') for o in gc.get_objects())"
+
+def test_template_warm_up_leaves_nothing_alive(monkeypatch):
+    """The template runs the compiler once on its own snippet before it serves (`_warm`); nothing that snippet defined
+    stays alive for a program to find. Positive control: a template that keeps the snippet's globals. ≈ 1 s."""
+    task = _task()
+    for keep in (False, True):
+        if keep: monkeypatch.setattr(sandbox, "_SERVER", sandbox._SERVER.replace("    g = {}\n", "    global _KEEP\n    g = _KEEP = {}\n", 1))
+        with _pool(sandbox.isolation(), "fork", workers=1) as pool:
+            assert pool.run(_finder(WARM_FINDER), task.tests).ok == keep
+
+
 VICTIM = ("import os, time\nMARK = 'stalebook-' + 'victim-marker'\nopen('marker', 'w').write(MARK)\n"
           "try:\n    import ctypes\n    ctypes.CDLL(None).shmget(0x5b5d, 4096, 0o1666)\nexcept Exception: pass\n"
           "time.sleep(1.5)\ndef smaller(a, b): return min(a, b)\n")

@@ -358,20 +358,24 @@ def test_bad_async_config_one_line_error(tmp_path, cli):
     assert not (tmp_path / "r").exists()
 
 
+def _trainer_at(commit: str, tmp_path):
+    "stalebook/trainer.py as it was at `commit` (read from git, imported against today's other modules); skip without history."
+    r = subprocess.run(["git", "show", f"{commit}:stalebook/trainer.py"], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0: pytest.skip(f"git history with {commit} not available")
+    import importlib, re
+    name = f"trainer_{commit}"
+    (tmp_path / f"{name}.py").write_text(re.sub(r"^from \.([\w.]+) import", r"from stalebook.\1 import", r.stdout, flags=re.M))
+    sys.path.insert(0, str(tmp_path))
+    try: return importlib.import_module(name)
+    finally: sys.path.pop(0)
+
+
 @pytest.mark.slow
 def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
     """S = 0 against the synchronous trainer as it was before asynchrony existed (commit a91f1ef's stalebook/trainer.py,
-    read from git; skipped when that history is not available): same step log and the same bytes in every file."""
-    base = "a91f1ef"
-    r = subprocess.run(["git", "show", f"{base}:stalebook/trainer.py"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0: pytest.skip(f"git history with {base} not available")
-    import re
-    src = re.sub(r"^from \.(\w+) import", r"from stalebook.\1 import", r.stdout, flags=re.M)
-    (tmp_path / "trainer_base.py").write_text(src)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import trainer_base as old
-    finally: sys.path.pop(0)
+    read from git; skipped when that history is not available): same step log and the same bytes in every file but
+    the run-identity hashes (defined differently since)."""
+    old = _trainer_at("a91f1ef", tmp_path)
     import stalebook.trainer as new
     from stalebook.rollouts import SamplingConfig
     kw = dict(snapshot=str(tiny_snapshot), n_tasks=16, steps=12, prompts_per_step=3, sampling=SamplingConfig(group_size=4, max_new_tokens=8),
@@ -381,4 +385,57 @@ def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
     fa, fb = _files(tmp_path / "old"), _files(tmp_path / "new")
     assert _steps(tmp_path / "old") == _steps(tmp_path / "new")
     fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
-    assert fa == fb
+    # the run identity in meta.json (and through it the chain's hashes) is defined differently since then: the
+    # snapshot's lockfile revision instead of its folder. Everything else, weights and optimizer state included: the same bytes.
+    for f in (fa, fb):
+        for k in [k for k in f if k.endswith("meta.json") or k == "lineage.json"]:
+            d = json.loads(f[k])
+            for e in [d, *d.get("chain", [])]:
+                for key in ("config_hash", "parent", "hash"): e.pop(key, None)
+            f[k] = d
+    assert fa == fb, [k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)]
+
+
+def test_shared_prefix_off_is_the_identity_it_had_before(tmp_path, tiny_snapshot):
+    """`shared_prefix` is a field added after runs were recorded: at its default every run keeps the identity, config hash
+    and config.yaml it had under the trainer before the field existed (abaab16's, read from git); set, it is another run."""
+    old = _trainer_at("abaab16", tmp_path)
+    import stalebook.trainer as new
+    from stalebook.core import config_hash
+    kw = dict(snapshot=str(tiny_snapshot), domain="code", steps=40, lineage_steps=(0, 40), kl_beta=0.05)
+    a, b = old.TrainConfig(out=str(tmp_path / "a"), **kw), new.TrainConfig(out=str(tmp_path / "a"), **kw)
+    assert "shared_prefix" not in old.TrainConfig.__dataclass_fields__
+    assert new.run_identity(b) == old.run_identity(a) and config_hash(b) == config_hash(a)
+    old.save_run_config(a, tmp_path / "old.yaml"); new.save_run_config(b, tmp_path / "new.yaml")
+    assert (tmp_path / "old.yaml").read_bytes() == (tmp_path / "new.yaml").read_bytes()
+    on = new.TrainConfig(out=str(tmp_path / "a"), shared_prefix=True, **kw)
+    assert new.run_identity(on) != new.run_identity(b) and "shared_prefix: true" in new.save_run_config(on, tmp_path / "on.yaml").read_text()
+
+
+def test_shared_prefix_run_resumes_bit_identical_and_verifies_on_a_thread(tmp_path, tiny_snapshot):
+    """A shared-prefix run stopped after step 3 and resumed by a new Trainer writes the bytes of a straight run; the PPO
+    ratio is exactly 1 (behaviour and gradient passes are the same function); the rewards are computed on the
+    trainer's verifier thread; a verifier error reaches the caller with its message and leaves no step behind."""
+    import threading
+    from stalebook.tasks import reward
+    from stalebook.trainer import Trainer, TrainConfig
+    from stalebook.rollouts import SamplingConfig
+    seen = set()
+    def verifier(task, text):
+        seen.add(threading.current_thread().name); return reward(task, text)
+    kw = dict(snapshot=str(tiny_snapshot), n_tasks=16, steps=6, prompts_per_step=3, sampling=SamplingConfig(group_size=4, max_new_tokens=8),
+              lineage_steps=(0, 5), checkpoint_every=3, lr=0.01, shared_prefix=True)
+    Trainer(TrainConfig(out=str(tmp_path / "straight"), **kw), reward_fn=verifier).run(progress=False)
+    Trainer(TrainConfig(out=str(tmp_path / "resumed"), **kw), reward_fn=verifier).run(steps=3, progress=False)
+    Trainer(TrainConfig(out=str(tmp_path / "resumed"), **kw), reward_fn=verifier).run(progress=False)
+    fa, fb = _files(tmp_path / "straight"), _files(tmp_path / "resumed")
+    assert _steps(tmp_path / "straight") == _steps(tmp_path / "resumed") and len(_steps(tmp_path / "resumed")) == 6
+    fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
+    assert fa == fb and len(fa) > 10
+    assert all(r["ratio_max_dev"] == 0.0 for r in _steps(tmp_path / "straight"))
+    assert seen == {"stalebook-verifier_0"}
+    def broken(task, text): raise RuntimeError("verifier exploded")
+    tr = Trainer(TrainConfig(out=str(tmp_path / "broken"), **kw), reward_fn=broken)
+    with pytest.raises(RuntimeError, match="verifier exploded"): tr.train_step()
+    log = tmp_path / "broken" / "steps.jsonl"
+    assert tr.step == 0 and (not log.exists() or read_jsonl(log).records == [])
