@@ -8,19 +8,21 @@
    give byte-identical rewards and details (checked).
 2. GRPO step: `Trainer.train_step` on the tiny snapshot, prompts_per_step = 16, group_size = 16
    (256 completions per step), max_new_tokens = 12, lr 3e-3 (the learning configs), on the math domain
-   and on the code domain (fork server; and, for reference, per-program sandboxes), each also with
-   `shared_prefix` (each prompt's tokens run once per group in generation and in the teacher-forced
-   passes), steps interleaved after one warm-up step each. The time spent in `batch_rewards` is measured
-   by wrapping it (not re-implemented); the trainer verifies on a thread while its behaviour pass runs,
-   so that time is partly hidden; a last arm gives the code step with a verifier that costs nothing (the
-   floor no verifier can lower). Goal: code step <= 2x math step, with the same trainer settings.
+   and on the code domain (the trainer's verifier: a VerifierProcess with fork servers on the cores the model
+   leaves; and, for reference, per-program sandboxes), each also with `shared_prefix` (each prompt's tokens run
+   once per group in generation and in the teacher-forced passes), steps interleaved after one warm-up step
+   each. The time spent in `batch_rewards` is measured by wrapping it (not re-implemented); the trainer
+   verifies on a thread, micro-batch by micro-batch in the learner's order, while the model's passes run, so
+   that time is mostly hidden. Two more arms: the verifier's parent side in the trainer's own process (what the
+   trainer did before the VerifierProcess), and a verifier that costs nothing (the floor no verifier can
+   lower; with whole rows and with the shared prefix). Goal: code step <= 2x math step, with the same trainer settings.
 
     PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
 
 The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
 """
-import argparse, json, os, platform, statistics, sys, tempfile, time
+import argparse, concurrent.futures, json, os, platform, statistics, sys, tempfile, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -103,45 +105,58 @@ def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, 
     return TR.Trainer(cfg, reward_fn=reward_fn)
 
 
-ARMS = [("math", "math", None, False), ("code", "code", True, False), ("code_per_program", "code", False, False),
-        ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", True, True),
-        ("code_shared_prefix_free_verifier", "code", None, True)]          # name, domain, fork server, shared prefix
+ARMS = [("math", "math", None, False), ("code", "code", "process", False), ("code_per_program", "code", "process-per-program", False),
+        ("code_free_verifier", "code", "free", False),
+        ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", "process", True),
+        ("code_shared_prefix_in_process", "code", "thread", True),
+        ("code_shared_prefix_free_verifier", "code", "free", True)]          # name, domain, verifier, shared prefix
 
 
 def bench_step(steps: int, snapshot: str) -> dict:
-    spent = {"t": 0.0}
+    """The trainer's own verifier (`process`: a VerifierProcess on the cores the model leaves, fork servers;
+    `process-per-program`: the same with fresh sandboxes), or its verifier thread calling `tasks.rewards` in this
+    process (`thread`: what the trainer did before), or none (`free`)."""
+    spent = {"t": 0.0, "programs": 0}
     real = TR.batch_rewards
-    def timed(*a, **k):
+    def timed(tasks, texts, *a, **k):
         t0 = time.perf_counter()
-        try: return real(*a, **k)
-        finally: spent["t"] += time.perf_counter() - t0
+        try: return real(tasks, texts, *a, **k)
+        finally:
+            spent["t"] += time.perf_counter() - t0
+            spent["programs"] += len({(T.code_program(t, x), t.tests) for t, x in zip(tasks, texts)
+                                      if t.domain == "code" and T._code_precheck(t, x)[1] is None})
     TR.batch_rewards = timed
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
-        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, free_verifier if name.endswith("free_verifier") else None)
-               for name, dom, _, sp in ARMS}
+        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, free_verifier if v == "free" else None) for name, dom, v, sp in ARMS}
+        for name, _, v, _ in ARMS:
+            if v == "thread": trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         rows = {name: [] for name, *_ in ARMS}
-        sandbox.pool_for()
-        for i in range(steps + 1):                                         # step 0 = warm-up (templates start there)
-            for name, _, fork, _ in ARMS:
-                if fork is not None: shared_pool(fork)
-                spent["t"] = 0.0
-                pool = sandbox.pool_for()
-                before = pool.stats["fork"] + pool.stats["per_program"]
-                rec = trs[name].train_step()
+        shared_pool(True)
+        for i in range(steps + 1):                                         # step 0 = warm-up (processes and templates start there)
+            for name, _, v, _ in ARMS:
+                spent.update(t=0.0, programs=0)
+                if v == "process-per-program" and i == 0: os.environ["STALEBOOK_SANDBOX_FORKSERVER"] = "0"
+                try: rec = trs[name].train_step()
+                finally: os.environ.pop("STALEBOOK_SANDBOX_FORKSERVER", None)
                 if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
-                                             programs_run=pool.stats["fork"] + pool.stats["per_program"] - before,
-                                             completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
+                                             programs=spent["programs"], completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
             if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in ARMS), flush=True)
+        for tr in trs.values():
+            if tr._verifier_proc is not None: tr._verifier_proc.close()
     TR.batch_rewards = real
     med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
+    sp = lambda n: round(med[n] / med["math_shared_prefix"], 2)
     return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
+                verifier_workers=TR.verifier_workers(1),
                 median_step_s={n: round(v, 3) for n, v in med.items()},
                 median_reward_s={n: round(statistics.median(r["t_reward"] for r in rs), 3) for n, rs in rows.items()},
                 ratio_code_to_math=round(med["code"] / med["math"], 2),
-                ratio_code_to_math_shared_prefix=round(med["code_shared_prefix"] / med["math_shared_prefix"], 2),
+                ratio_code_to_math_shared_prefix=sp("code_shared_prefix"),
+                ratio_code_in_process_to_math_shared_prefix=sp("code_shared_prefix_in_process"),
                 ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2),
-                ratio_code_free_verifier_to_math_shared_prefix=round(med["code_shared_prefix_free_verifier"] / med["math_shared_prefix"], 2),
+                ratio_code_free_verifier_to_math=round(med["code_free_verifier"] / med["math"], 2),
+                ratio_code_free_verifier_to_math_shared_prefix=sp("code_shared_prefix_free_verifier"),
                 speedup_shared_prefix={d: round(med[d] / med[f"{d}_shared_prefix"], 2) for d in ("math", "code")},
                 ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
                                                            / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
@@ -169,9 +184,11 @@ def main(argv=None):
         s = inv["step"]
         m = s["median_step_s"]
         print(f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
-              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
+              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x; a free verifier "
+              f"{m['code_free_verifier']:.2f}s, {s['ratio_code_free_verifier_to_math']:.2f}x) | shared prefix: "
               f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math) | "
-              f"with a free verifier {m['code_shared_prefix_free_verifier']:.2f}s ({s['ratio_code_free_verifier_to_math_shared_prefix']:.2f}x) | "
+              f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s ({s['ratio_code_in_process_to_math_shared_prefix']:.2f}x), "
+              f"a free verifier {m['code_shared_prefix_free_verifier']:.2f}s ({s['ratio_code_free_verifier_to_math_shared_prefix']:.2f}x) | "
               f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes")
     path = Path(a.json)
     old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}

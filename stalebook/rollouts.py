@@ -272,14 +272,15 @@ class RolloutStore:
             raise StalebookError(f"{self.path}: groups.jsonl does not match complete.json")
 
 # %% ../nbs/25_rollouts.ipynb #4c33fadc
-def batch_rewards(tasks, texts, reward_fn=None) -> list:
+def batch_rewards(tasks, texts, reward_fn=None, verify=None) -> list:
     """Rewards of rows (tasks[i], texts[i]); each distinct (task, completion) is verified once (the verifier is
-    a pure function of both). With `reward_fn=None` the package verifier runs, code items in parallel sandboxes."""
+    a pure function of both). With `reward_fn=None` the package verifier runs — `verify(tasks, texts)`, default
+    `tasks.rewards` (code items in parallel sandboxes; a `VerifierProcess`'s `rewards` runs it in another process)."""
     key = lambda t, x: (t.id, x)
     uniq = {}
     for t, x in zip(tasks, texts): uniq.setdefault(key(t, x), (t, x))
     pairs = list(uniq.values())
-    if reward_fn is None: got = rewards([t for t, _ in pairs], [x for _, x in pairs])
+    if reward_fn is None: got = (verify or rewards)([t for t, _ in pairs], [x for _, x in pairs])
     else: got = [reward_fn(t, x) for t, x in pairs]
     res = dict(zip(uniq, got))
     return [res[key(t, x)] for t, x in zip(tasks, texts)]

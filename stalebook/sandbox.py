@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, fields, asdict
 from functools import lru_cache
 
 from .core import StalebookError
@@ -203,8 +203,9 @@ def _lit(node):
 
 def _is_lit(node): return _lit(node)[0]
 
+@lru_cache(maxsize=1 << 14)
 def compile_test(src: str) -> Check | None:
-    "The parent-side `Check` of one assert snippet, or None (→ raw test run in the child)."
+    "The parent-side `Check` of one assert snippet, or None (→ raw test run in the child); memoised (a group's K programs share their tests)."
     try: mod = ast.parse(src.strip())
     except SyntaxError as e: raise StalebookError(f"test snippet is not Python: {src[:60]!r} ({e.msg})") from None
     if len(mod.body) != 1 or not isinstance(mod.body[0], ast.Assert): return None
@@ -292,9 +293,7 @@ class SandboxResult:
 
     def detail(self) -> dict:
         "JSON-able, reproducible summary: a function of the program and its tests (no times, paths, values)."
-        d = asdict(self)
-        for k in ("wall_s", "server", "stderr_tail", "outputs"): d.pop(k)
-        return d
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("wall_s", "server", "stderr_tail", "outputs")}
 
     def timing(self) -> dict:
         "Wall time and path of this run, for sidecar files."
@@ -513,8 +512,18 @@ def _empty(top, owned_only=False):
     for p in mine(): _rm(p)
     return not mine()
 
+_INFO = {"shm": (14, 0), "msg": (12, 0), "sem": (19, 28)}   # SHM_INFO: used_ids; MSG_INFO: msgpool; SEM_INFO: semusz
+_INFOBUF = ctypes.create_string_buffer(128)
+
+def _in_use(kind):
+    "Does any object of this System V IPC kind exist (in the IPC namespace)? One *ctl(_INFO) call; True when unsure."
+    cmd, at = _INFO[kind]
+    r = _libc.semctl(0, 0, cmd, _INFOBUF) if kind == "sem" else getattr(_libc, kind + "ctl")(0, cmd, _INFOBUF)
+    return r < 0 or ctypes.c_int.from_buffer(_INFOBUF, at).value != 0
+
 def _ipc(me):
     for kind, uid, cuid in (("shm", 7, 9), ("msg", 7, 9), ("sem", 4, 6)):
+        if not _in_use(kind): continue                                   # the common case: nothing to read or remove
         try: rows = [l.split() for l in open("/proc/sysvipc/" + kind).read().splitlines()[1:]]
         except OSError: continue
         for f in rows:

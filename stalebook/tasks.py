@@ -13,10 +13,16 @@ import ast
 import importlib.util
 import json
 import multiprocessing as mp
+import os
+import pickle
 import re
+import subprocess
+import sys
+import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, fields, asdict
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,7 +32,7 @@ from . import sandbox
 # %% auto #0
 __all__ = ['SCHEMA_VERSION', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'Task', 'synthetic_tasks', 'parse_number',
            'extract_answer', 'call_with_timeout', 'math_reward', 'code_program', 'code_reward', 'reward', 'rewards',
-           'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
+           'VerifierProcess', 'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
 
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
@@ -256,6 +262,60 @@ def rewards(tasks, completions, workers: int | None = None, timings: list | None
     if timings is not None:
         timings.extend(side[k] if first[k] == i else {**side[k], "wall_s": 0.0, "reused": True} for i, k in enumerate(rows))
     return [(out[k][0], dict(out[k][1])) for k in rows]
+
+# %% ../nbs/21_tasks.ipynb #59abfbe0
+def _frame_send(f, obj) -> None:
+    b = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(len(b).to_bytes(8, "little") + b); f.flush()
+
+def _frame_recv(f):
+    "The next pickled frame from `f`, or None at end of file."
+    n = f.read(8)
+    if len(n) < 8: return None
+    b = f.read(int.from_bytes(n, "little"))
+    return pickle.loads(b) if len(b) == int.from_bytes(n, "little") else None
+
+def _serve_rewards(workers: int) -> None:
+    "The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin, (ok, rewards or message) frames out."
+    out = os.fdopen(os.dup(1), "wb"); os.dup2(2, 1)             # whatever else prints goes to stderr, not the channel
+    pool = sandbox.Pool(workers=workers)
+    while (msg := _frame_recv(sys.stdin.buffer)) is not None:
+        try: ans = (True, rewards([Task(**t) for t in msg[0]], msg[1], workers=workers, pool=pool))
+        except Exception as e: ans = (False, f"{type(e).__name__}: {e}")
+        _frame_send(out, ans)
+    pool.close()
+
+class VerifierProcess:
+    "`rewards` (code programs on `workers` fork servers) in an interpreter of its own; thread-safe, one request at a time."
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or sandbox.cores()
+        root = str(Path(sandbox.__file__).resolve().parent.parent)     # this package, importable there as here
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        self.p = subprocess.Popen([sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; "
+                                   "_serve_rewards(int(sys.argv[1]))", str(self.workers)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._lock = threading.Lock()
+        self._finalize = weakref.finalize(self, VerifierProcess._stop, self.p)
+
+    def rewards(self, tasks, completions) -> list[tuple[float, dict]]:
+        with self._lock:
+            try:
+                _frame_send(self.p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)} for t in tasks], list(completions)))
+                ans = _frame_recv(self.p.stdout)
+            except (BrokenPipeError, OSError): ans = None
+        if ans is None: raise StalebookError(f"verifier process exited (status {self.p.wait()})")
+        if not ans[0]: raise StalebookError(f"verifier process: {ans[1]}")
+        return ans[1]
+
+    @staticmethod
+    def _stop(p):
+        try: p.stdin.close()
+        except OSError: pass
+        try: p.wait(timeout=30)
+        except subprocess.TimeoutExpired: p.kill(); p.wait()
+        p.stdout.close()
+
+    def close(self) -> None: self._finalize()
 
 # %% ../nbs/21_tasks.ipynb #9415a87e
 def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:

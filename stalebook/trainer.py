@@ -35,27 +35,38 @@ from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, ad
                             hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
 from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
 from .snapshot import LOCKFILE, read_lock
+from . import sandbox
+from .tasks import VerifierProcess
 from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample,
                                 load_run_policy, rollout_domain, task_pool)
 from .theory.async_sim import behaviour_source
 
 # %% auto #0
-__all__ = ['ASYNC_STATE', 'aggregate', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss', 'weighted_sft_loss',
-           'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig', 'identity_dict',
-           'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint',
-           'save_train_state', 'load_train_state', 'Lineage', 'check_lineage', 'check_resume_config', 'make_optimizer',
-           'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'resolved', 'lag_histogram', 'cmd_train']
+__all__ = ['ASYNC_STATE', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss',
+           'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig',
+           'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name',
+           'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
+           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'sample_step', 'step_rewards',
+           'micro_batches', 'groups_of', 'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved',
+           'verifier_workers', 'lag_histogram', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
-def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    "token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean."
+def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
+    """token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean. `norm`: the
+    whole batch's denominator (`batch_norm`) when x is one micro-batch of it, so that the micro-batches' terms add up."""
     m = mask.to(x.dtype)
-    if how == "token-mean": return (x * m).sum() / m.sum().clamp(min=1)
+    if how == "token-mean": return (x * m).sum() / (m.sum().clamp(min=1) if norm is None else norm)
     if how == "seq-mean":
         n = m.sum(-1)
         per = (x * m).sum(-1) / n.clamp(min=1)
+        if norm is not None: return per[n > 0].sum() / norm
         return per[n > 0].mean() if (n > 0).any() else per.sum() * 0
     raise ValueError(f"unknown aggregation {how!r}")
+
+def batch_norm(mask: torch.Tensor, how: str, dtype=torch.float32) -> torch.Tensor:
+    "The denominator of `aggregate` over a whole batch: its tokens (token-mean) or its non-empty rows (seq-mean), at least 1."
+    m = mask.to(dtype)
+    return m.sum().clamp(min=1) if how == "token-mean" else (m.sum(-1) > 0).sum().to(dtype).clamp(min=1)
 
 # %% ../nbs/26_trainer.ipynb #3b7e0a12
 def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
@@ -77,19 +88,19 @@ def clipped_objective(log_ratio: torch.Tensor, A: torch.Tensor, clip_low: float 
 
 # %% ../nbs/26_trainer.ipynb #602967d9
 def grpo_loss(logp, old_logp, adv, mask, clip_epsilon=0.2, agg="token-mean", ref_logp=None, kl_beta=0.0,
-              clip_epsilon_high=None, level="token", is_weights=None):
+              clip_epsilon_high=None, level="token", is_weights=None, norm=None):
     """PPO-form clipped GRPO loss; returns (loss, stats). adv is per row [B]; the ratio pi/pi_old is taken at
-    `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term."""
+    `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term; `norm`: `aggregate`'s."""
     lr = level_log_ratio(logp - old_logp, mask, level)
     obj, ratio, _ = clipped_objective(lr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
     if is_weights is not None: obj = obj * is_weights
-    loss = -aggregate(obj, mask, agg)
+    loss = -aggregate(obj, mask, agg, norm)
     stats = {"ratio_max_dev": float(((ratio.detach() - 1).abs() * mask).max()) if mask.any() else 0.0}
     if ref_logp is not None and kl_beta > 0:
         d = ref_logp - logp
-        kl = aggregate(torch.exp(d) - d - 1, mask, agg)
+        kl = aggregate(torch.exp(d) - d - 1, mask, agg, norm)
         loss = loss + kl_beta * kl
-        stats["kl"] = float(kl)
+        stats["kl"] = float(kl.detach())
     return loss, stats
 
 def sft_loss(logp, rewards, mask, agg="token-mean"):
@@ -122,7 +133,7 @@ def offpolicy_grpo_loss(logp, behaviour_logp, adv, mask, correction: str = "none
                         threshold: float = 2.0, **kw):
     """GRPO on groups sampled by a behaviour policy phi; returns (loss, stats). `none`: PPO-clip with ratio
     pi_theta/pi_phi at `level`; `truncate` / `mask`: `is_weights` of pi_theta/pi_phi times the clipped surrogate
-    against the learner itself (ratio 1). `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta."""
+    against the learner itself (ratio 1). `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta, norm."""
     if correction == "none": return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
     w = is_weights(logp - behaviour_logp, mask, correction, level, threshold)
     return grpo_loss(logp, logp.detach(), adv, mask, is_weights=w, **kw)
@@ -447,7 +458,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params: raise StalebookError("model has no trainable (LoRA) parameters")
         self.opt, self.sched = make_optimizer(cfg, self.params)
-        self.step, self.cursor, self._verifier = 0, [0, 0], None
+        self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
         a = cfg.async_training
         self.async_on, self.trace = a.enabled, {}
         self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
@@ -520,11 +531,14 @@ def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpo
     pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc, shared_prefix)
     return pids, comps
 
-def step_rewards(tok, batch, comps, K: int, reward_fn=None) -> torch.Tensor:
-    "Verifier rewards of the completions, [P, K] float64."
-    texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
-    return torch.tensor([r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn)],
-                        dtype=torch.float64).view(-1, K)
+def step_rewards(tok, batch, comps, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
+    """Verifier rewards of the completions, [P, K] float64 (`reward_fn`, `verify`: `batch_rewards`'). `memo` ({(task id,
+    text): reward}) carries verdicts from one call to the next: a completion is verified once however a step is split."""
+    memo = {} if memo is None else memo
+    rows = list(zip([t for t in batch for _ in range(K)], [tok.decode(c, skip_special_tokens=True) for c in comps]))
+    todo = [(t, x) for t, x in rows if (t.id, x) not in memo]
+    for (t, x), (r, _) in zip(todo, batch_rewards([t for t, _ in todo], [x for _, x in todo], reward_fn, verify)): memo[t.id, x] = r
+    return torch.tensor([memo[t.id, x] for t, x in rows], dtype=torch.float64).view(-1, K)
 
 @patch
 def _generate(self: Trainer, batch, ph: str):
@@ -532,42 +546,105 @@ def _generate(self: Trainer, batch, ph: str):
     return sample_step(self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}", self.cfg.shared_prefix)
 
 @patch
-def _reward(self: Trainer, batch, comps) -> torch.Tensor:
-    return step_rewards(self.tok, batch, comps, self.cfg.sampling.group_size, self.reward_fn)
-
-def resolved(x):
-    "A value, or the result of the future computing it (waiting for it)."
-    return x.result() if isinstance(x, concurrent.futures.Future) else x
-
-@patch
-def _reward_soon(self: Trainer, batch, comps) -> concurrent.futures.Future:
-    "`_reward` on a thread of its own: the verifier's sandboxes run while the model's passes do (until the loss needs R)."
-    if self._verifier is None:
-        self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
-    return self._verifier.submit(self._reward, batch, comps)
-
-@patch
 def _behaviour_logprobs(self: Trainer, pids, comps):
     "Teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
     with torch.no_grad(): return completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
                                                   shared_prefix=self.cfg.shared_prefix)
 
+# %% ../nbs/26_trainer.ipynb #84d3d0e0
+def micro_batches(B: int, size: int) -> list[slice]:
+    "The rows of a B-row batch, micro-batch by micro-batch, in order."
+    return [slice(s, min(B, s + size)) for s in range(0, B, size)]
+
+def groups_of(rows: slice, K: int) -> range:
+    "The groups (K consecutive rows each) that a slice of rows touches."
+    return range(rows.start // K, (rows.stop - 1) // K + 1)
+
+def reward_chunks(B: int, K: int, micro_batch: int) -> list[list[int]]:
+    "A step's groups in the learner's order: those of its last micro-batch first, each group in one chunk."
+    chunks, seen = [], set()
+    for rows in micro_batches(B, micro_batch)[::-1]:
+        gs = [g for g in groups_of(rows, K) if g not in seen]
+        if gs: chunks.append(gs); seen.update(gs)
+    return chunks
+
+# %% ../nbs/26_trainer.ipynb #4b970ac2
+class GroupRewards:
+    "A step's rewards [P, K] while they are verified: `verify(groups)` -> [len(groups), K], chunk by chunk on `executor`."
+    def __init__(self, verify, chunks, P: int, K: int, executor: concurrent.futures.Executor):
+        self.P, self.K = P, K
+        at = {g: (c, j) for c, gs in enumerate(chunks) for j, g in enumerate(gs)}
+        if sorted(at) != list(range(P)) or sum(map(len, chunks)) != P:
+            raise ValueError(f"the chunks must cover groups 0..{P - 1} once each")
+        self._futs = [executor.submit(verify, gs) for gs in chunks]
+        self._of = {g: (self._futs[c], j) for g, (c, j) in at.items()}
+
+    def partial(self, groups) -> torch.Tensor:
+        "[P, K]: the rows of `groups` (waiting for their chunks alone), every other row 0."
+        R = torch.zeros(self.P, self.K, dtype=torch.float64)
+        try:
+            for g in groups: f, j = self._of[g]; R[g] = f.result()[j]
+        except BaseException:
+            for f in self._futs: f.cancel()                  # a failed step: the chunks not started never run
+            raise
+        return R
+
+    def result(self) -> torch.Tensor: return self.partial(range(self.P))
+
+def partial_rewards(R, groups) -> torch.Tensor:
+    "[P, K] rewards with at least the rows of `groups` known: `R` itself when it is a tensor."
+    return R.partial(groups) if isinstance(R, GroupRewards) else R
+
+def resolved(x):
+    "A value, or the result of the future (or `GroupRewards`) computing it (waiting for it)."
+    return x.result() if isinstance(x, (concurrent.futures.Future, GroupRewards)) else x
+
+def verifier_workers(threads: int) -> int:
+    "Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core): the cores it leaves, at least 1."
+    return max(1, sandbox.cores() - (threads if threads > 0 else sandbox.cores()))
+
+@patch
+def _reward_soon(self: Trainer, batch, comps) -> GroupRewards:
+    """The step's rewards, verified on the trainer's verifier thread in the learner's order (`reward_chunks`); code
+    programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` runs here)."""
+    if self._verifier is None:
+        self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+        if self.reward_fn is None and self.cfg.domain == "code": self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
+    K, memo, vp = self.cfg.sampling.group_size, {}, self._verifier_proc
+    verify = lambda gs: step_rewards(self.tok, [batch[g] for g in gs], [comps[g * K + j] for g in gs for j in range(K)],
+                                     K, self.reward_fn, memo, vp.rewards if vp is not None else None)
+    return GroupRewards(verify, reward_chunks(len(comps), K, self.cfg.micro_batch), len(batch), K, self._verifier)
+
 # %% ../nbs/26_trainer.ipynb #a8e927f7
 @patch
 def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
-    """The reference's log-probs (KL term), the log-probs with gradients and the loss against behaviour log-probs `old`;
-    `R` may be a future: the rewards are waited for only after the forward passes."""
+    """Accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and return the
+    batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each waiting for its own
+    groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every reward: one pass, then R."""
     cfg, pad, a, sp = self.cfg, self.tok.pad_token_id, self.cfg.async_training, self.cfg.shared_prefix
     ref = None
     if cfg.objective == "grpo" and cfg.kl_beta > 0:
         with torch.no_grad(), self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
     self.model.train()
-    logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
-    R = resolved(R)
-    if cfg.objective == "sft": return sft_loss(logp, R.view(-1).to(logp.device), mask, cfg.loss_agg)
-    adv = group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(logp.device)
-    loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, clip_epsilon=cfg.clip_epsilon,
-                                   clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, ref_logp=ref, kl_beta=cfg.kl_beta)
+    self.opt.zero_grad(set_to_none=True)
+    if cfg.objective == "sft":
+        logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
+        loss, st = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
+        loss.backward()
+        return loss.detach(), st
+    adv_of = lambda R: group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(old.device)
+    kw = dict(clip_epsilon=cfg.clip_epsilon, clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, kl_beta=cfg.kl_beta)
+    norm, parts = batch_norm(mask, cfg.loss_agg, old.dtype), {}
+    for rows in micro_batches(len(comps), cfg.micro_batch)[::-1]:
+        lp, _ = completion_logprobs(self.model, pids[rows], comps[rows], cfg.micro_batch, pad, sp)
+        lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))          # the batch's width
+        adv = adv_of(partial_rewards(R, groups_of(rows, cfg.sampling.group_size)))[rows]
+        part, _ = offpolicy_grpo_loss(lp, old[rows], adv, mask[rows], a.correction, a.level, a.is_threshold,
+                                      ref_logp=None if ref is None else ref[rows], norm=norm, **kw)
+        part.backward()
+        parts[rows.start] = lp.detach()
+    logp, adv = torch.cat([parts[s] for s in sorted(parts)]), adv_of(resolved(R))
+    loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **kw)
     if self.async_on: st.update(offpolicy_stats(logp, old, adv, mask, a.correction, a.level, a.is_threshold,
                                                 cfg.clip_epsilon, a.clip_epsilon_high))
     dev = (st["logr_max_abs"] if self.async_on else st["ratio_max_dev"])
@@ -580,15 +657,15 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
 # %% ../nbs/26_trainer.ipynb #968ca564
 @patch
 def train_step(self: Trainer) -> dict:
-    """behaviour policy -> sample -> behaviour log-probs -> loss -> step -> record (one optimizer step); the rewards
-    are verified meanwhile, on a thread, and waited for only when the loss needs them."""
+    """behaviour policy -> sample -> behaviour log-probs -> loss and gradient -> step -> record (one optimizer step);
+    the rewards are verified meanwhile, on a thread, each micro-batch's waited for only when its loss needs them."""
     t0 = time.perf_counter()
     batch = self._next_tasks()
     with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
         ph = policy_hash(self.model)                       # the weights that sample: phi_t (theta when synchronous)
         pids, comps = self._generate(batch, ph)
         t_gen = time.perf_counter() - t0
-        R = self._reward_soon(batch, comps)                # a future
+        R = self._reward_soon(batch, comps)                # GroupRewards: verified on a thread
         old, mask = self._behaviour_logprobs(pids, comps)
         phi = self._flat() if self.async_on else None
     rec = self._learn(pids, comps, R, old, mask, ph, src, phi)
@@ -598,14 +675,12 @@ def train_step(self: Trainer) -> dict:
 @patch
 def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
     """Loss, optimizer step and record for groups sampled by the weights of learner step `src` (hash `ph`, flat
-    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (or a future of them). The pipelined learner
+    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or `GroupRewards`). The pipelined learner
     calls it too."""
     cfg = self.cfg
     theta = self._flat() if self.async_on else None
-    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)
+    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)       # the gradient is in place
     R = resolved(R)
-    self.opt.zero_grad(set_to_none=True)
-    loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
     if not (torch.isfinite(loss) and torch.isfinite(gn)):
         raise StalebookError(f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); the run diverged")

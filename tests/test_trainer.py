@@ -396,6 +396,59 @@ def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
     assert fa == fb, [k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)]
 
 
+@pytest.mark.parametrize("case", ["kl-split-groups", "seq-mean-async-truncate"])
+def test_micro_batch_backward_writes_the_bytes_of_one_backward(tmp_path, tiny_snapshot, case):
+    """The learner runs its micro-batches forward and backward one at a time, last first, each waiting for its own groups'
+    rewards. Against the trainer before that change (c36d6fd's, read from git: one backward through the whole batch's
+    graph), on code batches of several micro-batches — one that splits groups, with the KL term; one with seq-mean,
+    sequence-level truncated IS and a lag — every file of the run is the same bytes."""
+    old = _trainer_at("c36d6fd", tmp_path)
+    import stalebook.trainer as new
+    from stalebook.rollouts import SamplingConfig
+    kw = dict(snapshot=str(tiny_snapshot), n_tasks=16, steps=8, prompts_per_step=6, lineage_steps=(0, 8), lr=0.02,
+              sampling=SamplingConfig(group_size=4, max_new_tokens=8), domain="code")
+    if case.startswith("kl"): kw.update(kl_beta=0.05, micro_batch=6)     # rows 0-5 | 6-11 | ...: group 1 spans two
+    else: kw.update(micro_batch=8, loss_agg="seq-mean", async_training=dict(staleness=2, mode="fixed-lag", correction="truncate",
+                                                                             level="sequence", is_threshold=1.5))
+    def mk(m, name):
+        k = dict(kw, out=str(tmp_path / name))
+        if "async_training" in k: k["async_training"] = m.AsyncConfig(**k["async_training"])
+        return m.TrainConfig(**k)
+    a = old.Trainer(mk(old, "old")).run(progress=False)
+    b = new.Trainer(mk(new, "new")).run(progress=False)
+    assert len(b.log.records) == 8 and len({r["policy_hash"] for r in b.log.records}) > 1      # the weights moved
+    fa, fb = _files(tmp_path / "old"), _files(tmp_path / "new")
+    assert _steps(tmp_path / "old") == _steps(tmp_path / "new")
+    fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
+    assert fa == fb and len(fa) > 10, [k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)]
+
+
+def test_code_steps_verify_in_a_verifier_process_and_its_death_is_an_error(tmp_path, tiny_snapshot):
+    """A code run's programs are verified by a VerifierProcess (another interpreter) with one fork server per core the
+    model leaves; killed between steps, the next step fails naming it and logs nothing, and a new Trainer on the
+    directory resumes and finishes with the bytes of a run that was never disturbed."""
+    import os, signal
+    from stalebook.core import StalebookError
+    from stalebook.trainer import Trainer, TrainConfig, verifier_workers
+    from stalebook.rollouts import SamplingConfig
+    from stalebook import sandbox
+    kw = dict(snapshot=str(tiny_snapshot), domain="code", n_tasks=16, steps=4, prompts_per_step=3, checkpoint_every=2,
+              sampling=SamplingConfig(group_size=4, max_new_tokens=8), lineage_steps=(0, 4), lr=0.02)
+    Trainer(TrainConfig(out=str(tmp_path / "straight"), **kw)).run(progress=False)
+    tr = Trainer(TrainConfig(out=str(tmp_path / "killed"), **kw)).run(steps=2, progress=False)
+    vp = tr._verifier_proc
+    assert vp is not None and vp.p.pid != os.getpid() and vp.p.poll() is None
+    assert vp.workers == verifier_workers(1) == max(1, sandbox.cores() - 1)
+    os.kill(vp.p.pid, signal.SIGKILL); vp.p.wait()
+    with pytest.raises(StalebookError, match="verifier process exited"): tr.run(progress=False)
+    assert tr.step == 2 and len(read_jsonl(tmp_path / "killed" / "steps.jsonl").records) == 2
+    Trainer(TrainConfig(out=str(tmp_path / "killed"), **kw)).run(progress=False)
+    fa, fb = _files(tmp_path / "straight"), _files(tmp_path / "killed")
+    assert _steps(tmp_path / "straight") == _steps(tmp_path / "killed")
+    fa.pop("steps.jsonl"); fb.pop("steps.jsonl")
+    assert fa == fb and len(fa) > 10
+
+
 def test_shared_prefix_off_is_the_identity_it_had_before(tmp_path, tiny_snapshot):
     """`shared_prefix` is a field added after runs were recorded: at its default every run keeps the identity, config hash
     and config.yaml it had under the trainer before the field existed (abaab16's, read from git); set, it is another run."""
