@@ -183,7 +183,7 @@ def _generate(self: ReferenceTrainer, batch, ph: str):
     return [r["prompt_ids"] for r in recs for _ in r["tokens"]], [c for r in recs for c in r["tokens"]]
 
 @patch
-def _reward(self: ReferenceTrainer, batch, comps) -> torch.Tensor:
+def _reward_soon(self: ReferenceTrainer, batch, comps) -> torch.Tensor:
     "The stored verifier rewards [P, N] (no verifier call)."
     return self._R
 
@@ -195,12 +195,15 @@ def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
 
 @patch
 def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
-    "Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass."
+    """Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass;
+    its gradient accumulated into the LoRA tensors (the Trainer's contract), the loss returned detached."""
     self.model.train()
+    self.opt.zero_grad(set_to_none=True)
     logp, mask = completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
                                      shared_prefix=self.cfg.shared_prefix)
     loss, st = weighted_sft_loss(logp, self._w, mask, self.cfg.loss_agg)
-    return loss, {**st, "bolt/round": self.round}
+    loss.backward()
+    return loss.detach(), {**st, "bolt/round": self.round}
 
 # %% ../nbs/30_bolt.ipynb #ff86e4c1
 ARMS = ("bolt", "refit", "positive", "grpo", "iterative")
