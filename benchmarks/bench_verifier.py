@@ -82,17 +82,6 @@ def bench_verifier(repeat: int, workers: int) -> dict:
                 paths_agree=True)
 
 
-_SHARED = {}
-
-def shared_pool(fork_server: bool):
-    """Make the process-wide pool `tasks.rewards` uses by default (what the trainer calls) a fork-server or a
-    per-program one; both persist across steps, as the shared pool does in a training run."""
-    key = (sandbox.isolation(), sandbox.Limits())
-    if fork_server not in _SHARED: _SHARED[fork_server] = sandbox.Pool(limits=key[1], mode=key[0], fork_server=fork_server)
-    sandbox._POOLS[key] = _SHARED[fork_server]
-    return _SHARED[fork_server]
-
-
 def free_verifier(task, text):
     "A verifier that costs nothing (every reward 0): what the code step costs the model alone."
     return 0.0, {}
@@ -131,7 +120,6 @@ def bench_step(steps: int, snapshot: str) -> dict:
         for name, _, v, _ in ARMS:
             if v == "thread": trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         rows = {name: [] for name, *_ in ARMS}
-        shared_pool(True)
         for i in range(steps + 1):                                         # step 0 = warm-up (processes and templates start there)
             for name, _, v, _ in ARMS:
                 spent.update(t=0.0, programs=0)

@@ -28,10 +28,10 @@ from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
 __all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'pad_rows',
-           'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_of',
-           'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups',
-           'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig', 'load_run_policy',
-           'cmd_rollouts']
+           'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache',
+           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
+           'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
+           'load_run_policy', 'cmd_rollouts']
 
 # %% ../nbs/25_rollouts.ipynb #a40388a2
 @dataclass
@@ -139,6 +139,10 @@ def _row_logits(model, prompts, comps, pad_id: int, dev):
     ids, att = pad_rows([list(p) + list(c) for p, c in zip(prompts, comps)], pad_id, dev)
     return model(input_ids=ids, attention_mask=att).logits, [len(p) - 1 for p in prompts]
 
+def micro_batches(B: int, size: int) -> list[slice]:
+    "The rows of a B-row batch, micro-batch by micro-batch, in order."
+    return [slice(s, min(B, s + size)) for s in range(0, B, size)]
+
 def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                         micro_batch: int = 64, pad_id: int = 0, shared_prefix: bool = False):
     "Teacher-forced log pi(A_t|H_t) of each completion token: ([B, L] tensor, [B, L] bool mask)."
@@ -146,8 +150,8 @@ def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]], completions:
     B = len(completions)
     odt = torch.float32 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else next(model.parameters()).dtype
     vals = [torch.zeros(0, device=dev, dtype=odt)] * B
-    for s in range(0, B, micro_batch):
-        idx = list(range(s, min(B, s + micro_batch)))
+    for rows in micro_batches(B, micro_batch):
+        idx = list(range(B))[rows]
         logits, first = (_prefix_logits if shared_prefix else _row_logits)(
             model, [prompt_ids[i] for i in idx], [completions[i] for i in idx], pad_id, dev)
         for j, i in enumerate(idx):
@@ -272,18 +276,20 @@ class RolloutStore:
             raise StalebookError(f"{self.path}: groups.jsonl does not match complete.json")
 
 # %% ../nbs/25_rollouts.ipynb #4c33fadc
-def batch_rewards(tasks, texts, reward_fn=None, verify=None) -> list:
+def batch_rewards(tasks, texts, reward_fn=None, verify=None, memo: dict | None = None) -> list:
     """Rewards of rows (tasks[i], texts[i]); each distinct (task, completion) is verified once (the verifier is
     a pure function of both). With `reward_fn=None` the package verifier runs — `verify(tasks, texts)`, default
-    `tasks.rewards` (code items in parallel sandboxes; a `VerifierProcess`'s `rewards` runs it in another process)."""
+    `tasks.rewards` (code items in parallel sandboxes; a `VerifierProcess`'s `rewards` runs it in another process).
+    `memo` ({(task id, text): (reward, detail)}) carries verdicts from call to call: what it holds is not verified again."""
     key = lambda t, x: (t.id, x)
-    uniq = {}
-    for t, x in zip(tasks, texts): uniq.setdefault(key(t, x), (t, x))
+    memo, uniq = {} if memo is None else memo, {}
+    for t, x in zip(tasks, texts):
+        if key(t, x) not in memo: uniq.setdefault(key(t, x), (t, x))
     pairs = list(uniq.values())
     if reward_fn is None: got = (verify or rewards)([t for t, _ in pairs], [x for _, x in pairs])
     else: got = [reward_fn(t, x) for t, x in pairs]
-    res = dict(zip(uniq, got))
-    return [res[key(t, x)] for t, x in zip(tasks, texts)]
+    memo.update(zip(uniq, got))
+    return [memo[key(t, x)] for t, x in zip(tasks, texts)]
 
 def rollout_domain(root: int, policy_hash: str, purpose: str) -> Domain:
     "The RNG domain of a rollout batch: (root, 'rollout', policy hash, purpose); each group adds its prompt id."

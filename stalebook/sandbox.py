@@ -515,11 +515,14 @@ def _empty(top, owned_only=False):
 _INFO = {"shm": (14, 0), "msg": (12, 0), "sem": (19, 28)}   # SHM_INFO: used_ids; MSG_INFO: msgpool; SEM_INFO: semusz
 _INFOBUF = ctypes.create_string_buffer(128)
 
+def _ctl(kind, ident, cmd, buf=None):
+    "shmctl / msgctl / semctl (whose semaphore number comes before the command) of one System V IPC object."
+    return _libc.semctl(ident, 0, cmd, buf) if kind == "sem" else getattr(_libc, kind + "ctl")(ident, cmd, buf)
+
 def _in_use(kind):
     "Does any object of this System V IPC kind exist (in the IPC namespace)? One *ctl(_INFO) call; True when unsure."
     cmd, at = _INFO[kind]
-    r = _libc.semctl(0, 0, cmd, _INFOBUF) if kind == "sem" else getattr(_libc, kind + "ctl")(0, cmd, _INFOBUF)
-    return r < 0 or ctypes.c_int.from_buffer(_INFOBUF, at).value != 0
+    return _ctl(kind, 0, cmd, _INFOBUF) < 0 or ctypes.c_int.from_buffer(_INFOBUF, at).value != 0
 
 def _ipc(me):
     for kind, uid, cuid in (("shm", 7, 9), ("msg", 7, 9), ("sem", 4, 6)):
@@ -528,8 +531,7 @@ def _ipc(me):
         except OSError: continue
         for f in rows:
             if me in (int(f[uid]), int(f[cuid])):
-                if kind == "sem": _libc.semctl(int(f[1]), 0, 0)           # IPC_RMID
-                else: getattr(_libc, kind + "ctl")(int(f[1]), 0, None)
+                _ctl(kind, int(f[1]), 0)                                   # IPC_RMID
     return True
 
 def _keys():

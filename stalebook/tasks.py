@@ -270,10 +270,10 @@ def _frame_send(f, obj) -> None:
 
 def _frame_recv(f):
     "The next pickled frame from `f`, or None at end of file."
-    n = f.read(8)
-    if len(n) < 8: return None
-    b = f.read(int.from_bytes(n, "little"))
-    return pickle.loads(b) if len(b) == int.from_bytes(n, "little") else None
+    head = f.read(8)
+    if len(head) < 8: return None
+    n = int.from_bytes(head, "little"); b = f.read(n)
+    return pickle.loads(b) if len(b) == n else None
 
 def _serve_rewards(workers: int) -> None:
     "The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin, (ok, rewards or message) frames out."

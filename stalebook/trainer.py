@@ -37,7 +37,7 @@ from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
 from .snapshot import LOCKFILE, read_lock
 from . import sandbox
 from .tasks import VerifierProcess
-from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample,
+from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample, micro_batches,
                                 load_run_policy, rollout_domain, task_pool)
 from .theory.async_sim import behaviour_source
 
@@ -46,9 +46,9 @@ __all__ = ['ASYNC_STATE', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped
            'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig',
            'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name',
            'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
-           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'sample_step', 'step_rewards',
-           'micro_batches', 'groups_of', 'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved',
-           'verifier_workers', 'lag_histogram', 'cmd_train']
+           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'groups_of',
+           'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers', 'lag_histogram',
+           'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -532,13 +532,10 @@ def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpo
     return pids, comps
 
 def step_rewards(tok, batch, comps, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
-    """Verifier rewards of the completions, [P, K] float64 (`reward_fn`, `verify`: `batch_rewards`'). `memo` ({(task id,
-    text): reward}) carries verdicts from one call to the next: a completion is verified once however a step is split."""
-    memo = {} if memo is None else memo
-    rows = list(zip([t for t in batch for _ in range(K)], [tok.decode(c, skip_special_tokens=True) for c in comps]))
-    todo = [(t, x) for t, x in rows if (t.id, x) not in memo]
-    for (t, x), (r, _) in zip(todo, batch_rewards([t for t, _ in todo], [x for _, x in todo], reward_fn, verify)): memo[t.id, x] = r
-    return torch.tensor([memo[t.id, x] for t, x in rows], dtype=torch.float64).view(-1, K)
+    "Verifier rewards of the completions, [P, K] float64 (`reward_fn`, `verify`, `memo`: `batch_rewards`')."
+    texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
+    return torch.tensor([r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
+                        dtype=torch.float64).view(-1, K)
 
 @patch
 def _generate(self: Trainer, batch, ph: str):
@@ -552,10 +549,6 @@ def _behaviour_logprobs(self: Trainer, pids, comps):
                                                   shared_prefix=self.cfg.shared_prefix)
 
 # %% ../nbs/26_trainer.ipynb #84d3d0e0
-def micro_batches(B: int, size: int) -> list[slice]:
-    "The rows of a B-row batch, micro-batch by micro-batch, in order."
-    return [slice(s, min(B, s + size)) for s in range(0, B, size)]
-
 def groups_of(rows: slice, K: int) -> range:
     "The groups (K consecutive rows each) that a slice of rows touches."
     return range(rows.start // K, (rows.stop - 1) // K + 1)
@@ -595,9 +588,9 @@ def partial_rewards(R, groups) -> torch.Tensor:
     "[P, K] rewards with at least the rows of `groups` known: `R` itself when it is a tensor."
     return R.partial(groups) if isinstance(R, GroupRewards) else R
 
-def resolved(x):
-    "A value, or the result of the future (or `GroupRewards`) computing it (waiting for it)."
-    return x.result() if isinstance(x, (concurrent.futures.Future, GroupRewards)) else x
+def resolved(R) -> torch.Tensor:
+    "Rewards [P, K]: `R` itself, or every group of a `GroupRewards` (waiting for them)."
+    return R.result() if isinstance(R, GroupRewards) else R
 
 def verifier_workers(threads: int) -> int:
     "Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core): the cores it leaves, at least 1."
