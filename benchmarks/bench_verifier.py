@@ -14,8 +14,13 @@
    each. The time spent in `batch_rewards` is measured by wrapping it (not re-implemented); the trainer
    verifies on a thread, micro-batch by micro-batch in the learner's order, while the model's passes run, so
    that time is mostly hidden. Two more arms: the verifier's parent side in the trainer's own process (what the
-   trainer did before the VerifierProcess), and a verifier that costs nothing (the floor no verifier can
-   lower; with whole rows and with the shared prefix). Goal: code step <= 2x math step, with the same trainer settings.
+   trainer did before the VerifierProcess), and a verifier that costs nothing: the floor no verifier can lower,
+   with whole rows and with the shared prefix. That floor is measured on the same trajectory: a trainer whose
+   verifier looks up the verdicts the code arm's verifier has just given the same completions (it samples the same
+   completions because it gets the same rewards; a miss is counted and verified). A verifier that gave every
+   completion 0 would be cheaper still but would not learn, and would sample other completions than the code arm.
+   Ratios are reported of the medians and as the median of per-round ratios (each round runs every arm once, so
+   a round's ratio compares steps seconds apart). Goal: code step <= 2x math step, with the same trainer settings.
 
     PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
@@ -82,11 +87,6 @@ def bench_verifier(repeat: int, workers: int) -> dict:
                 paths_agree=True)
 
 
-def free_verifier(task, text):
-    "A verifier that costs nothing (every reward 0): what the code step costs the model alone."
-    return 0.0, {}
-
-
 def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, reward_fn=None) -> TR.Trainer:
     cfg = TR.TrainConfig(out=str(out / domain), snapshot=snapshot, domain=domain, task_level=0, n_tasks=256, seed=0, steps=100,
                          prompts_per_step=16, sampling=SamplingConfig(group_size=16, max_new_tokens=12, groups_per_batch=16),
@@ -95,39 +95,52 @@ def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, 
 
 
 ARMS = [("math", "math", None, False), ("code", "code", "process", False), ("code_per_program", "code", "process-per-program", False),
-        ("code_free_verifier", "code", "free", False),
+        ("code_replayed", "code", "replay:code", False),
         ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", "process", True),
         ("code_shared_prefix_in_process", "code", "thread", True),
-        ("code_shared_prefix_free_verifier", "code", "free", True)]          # name, domain, verifier, shared prefix
+        ("code_shared_prefix_replayed", "code", "replay:code_shared_prefix", True)]    # name, domain, verifier, shared prefix
 
 
 def bench_step(steps: int, snapshot: str) -> dict:
     """The trainer's own verifier (`process`: a VerifierProcess on the cores the model leaves, fork servers;
     `process-per-program`: the same with fresh sandboxes), or its verifier thread calling `tasks.rewards` in this
-    process (`thread`: what the trainer did before), or none (`free`)."""
-    spent = {"t": 0.0, "programs": 0}
+    process (`thread`: what the trainer did before), or none (`replay:ARM`: ARM's verdicts of this round, looked up)."""
+    spent = {"t": 0.0, "programs": 0, "arm": None, "missed": 0}
+    verdicts = {name: {} for name, *_ in ARMS}                             # (task id, text) -> the arm's verdict this round
     real = TR.batch_rewards
     def timed(tasks, texts, *a, **k):
         t0 = time.perf_counter()
-        try: return real(tasks, texts, *a, **k)
+        try:
+            got = real(tasks, texts, *a, **k)
+            verdicts[spent["arm"]].update(((t.id, x), r) for t, x, r in zip(tasks, texts, got))
+            return got
         finally:
             spent["t"] += time.perf_counter() - t0
             spent["programs"] += len({(T.code_program(t, x), t.tests) for t, x in zip(tasks, texts)
                                       if t.domain == "code" and T._code_precheck(t, x)[1] is None})
+    def replay(src):
+        def reward_fn(task, text):
+            if (task.id, text) in verdicts[src]: return verdicts[src][task.id, text]
+            spent["missed"] += 1
+            return T.reward(task, text)
+        return reward_fn
     TR.batch_rewards = timed
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
-        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, free_verifier if v == "free" else None) for name, dom, v, sp in ARMS}
+        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, replay(v.split(":")[1]) if (v or "").startswith("replay:") else None)
+               for name, dom, v, sp in ARMS}
         for name, _, v, _ in ARMS:
             if v == "thread": trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         rows = {name: [] for name, *_ in ARMS}
         for i in range(steps + 1):                                         # step 0 = warm-up (processes and templates start there)
+            for v in verdicts.values(): v.clear()
             for name, _, v, _ in ARMS:
-                spent.update(t=0.0, programs=0)
+                spent.update(t=0.0, programs=0, arm=name, missed=0)
                 if v == "process-per-program" and i == 0: os.environ["STALEBOOK_SANDBOX_FORKSERVER"] = "0"
                 try: rec = trs[name].train_step()
                 finally: os.environ.pop("STALEBOOK_SANDBOX_FORKSERVER", None)
                 if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
-                                             programs=spent["programs"], completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"]))
+                                             programs=spent["programs"], completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"],
+                                             replay_misses=spent["missed"]))
             if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in ARMS), flush=True)
         for tr in trs.values():
             if tr._verifier_proc is not None: tr._verifier_proc.close()
@@ -135,6 +148,7 @@ def bench_step(steps: int, snapshot: str) -> dict:
     med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
     sp = lambda n: round(med[n] / med["math_shared_prefix"], 2)
+    paired = lambda a, b: round(statistics.median(x["t_step"] / y["t_step"] for x, y in zip(rows[a], rows[b])), 2)
     return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
                 verifier_workers=TR.verifier_workers(1),
                 median_step_s={n: round(v, 3) for n, v in med.items()},
@@ -143,8 +157,14 @@ def bench_step(steps: int, snapshot: str) -> dict:
                 ratio_code_to_math_shared_prefix=sp("code_shared_prefix"),
                 ratio_code_in_process_to_math_shared_prefix=sp("code_shared_prefix_in_process"),
                 ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2),
-                ratio_code_free_verifier_to_math=round(med["code_free_verifier"] / med["math"], 2),
-                ratio_code_free_verifier_to_math_shared_prefix=sp("code_shared_prefix_free_verifier"),
+                ratio_code_replayed_to_math=round(med["code_replayed"] / med["math"], 2),
+                ratio_code_replayed_to_math_shared_prefix=sp("code_shared_prefix_replayed"),
+                paired_ratio={"code/math": paired("code", "math"), "code_replayed/math": paired("code_replayed", "math"),
+                              "code/math, shared prefix": paired("code_shared_prefix", "math_shared_prefix"),
+                              "code_replayed/math, shared prefix": paired("code_shared_prefix_replayed", "math_shared_prefix"),
+                              "code/code_replayed": paired("code", "code_replayed"),
+                              "code/code_replayed, shared prefix": paired("code_shared_prefix", "code_shared_prefix_replayed")},
+                replay_misses=sum(r["replay_misses"] for rs in rows.values() for r in rs),
                 speedup_shared_prefix={d: round(med[d] / med[f"{d}_shared_prefix"], 2) for d in ("math", "code")},
                 ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
                                                            / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
@@ -172,12 +192,14 @@ def main(argv=None):
         s = inv["step"]
         m = s["median_step_s"]
         print(f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
-              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x; a free verifier "
-              f"{m['code_free_verifier']:.2f}s, {s['ratio_code_free_verifier_to_math']:.2f}x) | shared prefix: "
-              f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math) | "
-              f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s ({s['ratio_code_in_process_to_math_shared_prefix']:.2f}x), "
-              f"a free verifier {m['code_shared_prefix_free_verifier']:.2f}s ({s['ratio_code_free_verifier_to_math_shared_prefix']:.2f}x) | "
+              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
+              f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math; "
+              f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s, {s['ratio_code_in_process_to_math_shared_prefix']:.2f}x) | "
               f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes")
+        print(f"the same trajectory with its verdicts replayed (no verification): code {m['code_replayed']:.2f}s "
+              f"({s['ratio_code_replayed_to_math']:.2f}x math), shared prefix {m['code_shared_prefix_replayed']:.2f}s "
+              f"({s['ratio_code_replayed_to_math_shared_prefix']:.2f}x) | replay misses {s['replay_misses']}")
+        print("median of per-round ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in s["paired_ratio"].items()))
     path = Path(a.json)
     old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}
     old["invocations"].append(inv)

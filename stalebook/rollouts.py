@@ -20,6 +20,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 from transformers import DynamicCache, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
 
 from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, canonical_json, config_dict,
                             config_hash, fault_point, hash_file, hash_json, load_config)
@@ -27,10 +28,10 @@ from .model import LoraSpec, default_snapshot, load_policy, policy_hash
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'hf_sample', 'pad_rows',
-           'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache',
-           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
-           'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
+__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache',
+           'hf_sample', 'pad_rows', 'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward',
+           'shared_prompt_cache', 'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain',
+           'task_pool', 'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
            'load_run_policy', 'cmd_rollouts']
 
 # %% ../nbs/25_rollouts.ipynb #a40388a2
@@ -90,6 +91,35 @@ def group_uniforms(domain: Domain, K: int, L: int) -> torch.Tensor:
     "[K, L] float64 uniforms of one prompt group, from its RNG domain alone."
     return torch.rand(K, L, generator=domain.torch(), dtype=torch.float64)
 
+# %% ../nbs/25_rollouts.ipynb #05ff14d3
+class RoomLayer(DynamicLayer):
+    "A `DynamicLayer` that appends into a buffer with `room` free positions reserved, instead of copying the cache each step."
+    def __init__(self, room: int):
+        super().__init__()
+        self.room, self._buf = room, None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized: self.lazy_initialization(key_states, value_states)
+        n, q = self.get_seq_length(), key_states.shape[-2]
+        if self._buf is None or self.keys is not self._buf[2] or self._buf[0].shape[-2] < n + q:   # none yet, replaced, or full
+            new = lambda x: x.new_empty(*x.shape[:-2], n + q + self.room, x.shape[-1])
+            bk, bv = new(key_states), new(value_states)
+            if n: bk[..., :n, :] = self.keys; bv[..., :n, :] = self.values
+            self._buf = (bk, bv, None)
+        bk, bv, _ = self._buf
+        bk[..., n:n + q, :] = key_states; bv[..., n:n + q, :] = value_states
+        self.keys, self.values = bk[..., :n + q, :], bv[..., :n + q, :]
+        self._buf = (bk, bv, self.keys)
+        return self.keys, self.values
+
+def room_cache(model, room: int, like: DynamicCache | None = None) -> DynamicCache:
+    "A `DynamicCache` for `model` whose full-attention layers are `RoomLayer`s with `room` positions reserved (filled from `like`)."
+    cache = DynamicCache(config=model.config)
+    cache.layers = [RoomLayer(room) if type(l) is DynamicLayer else l for l in cache.layers]
+    for l, src in zip(cache.layers, like.layers if like is not None else []):
+        if src.is_initialized and src.get_seq_length(): l.update(src.keys, src.values)
+    return cache
+
 # %% ../nbs/25_rollouts.ipynb #b771dd7f
 def _eos_ids(tokenizer) -> set:
     e = tokenizer.eos_token_id
@@ -104,7 +134,8 @@ def _cut(ids: list, eos: set) -> list:
 @torch.no_grad()
 def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False):
     """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
-    sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows."""
+    sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows. The cache
+    reserves the completions' room (`room_cache`)."""
     tokenizer.padding_side = "left"
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True)     # the tokenizer's own specials (e.g. BOS)
     dev = next(model.parameters()).device
@@ -112,7 +143,8 @@ def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, 
     proc = _DomainSampler(uniforms, enc["input_ids"].shape[1], cfg.temperature, cfg.top_p)
     was_training = model.training
     model.eval()
-    if shared_prefix and enc["input_ids"].shape[1] > 1: enc["cache"] = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])
+    shared = shared_prefix and enc["input_ids"].shape[1] > 1
+    enc["cache"] = room_cache(model, cfg.max_new_tokens, shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if shared else None)
     out = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=cfg.max_new_tokens,
                          logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, temperature=None, top_p=None, top_k=None)

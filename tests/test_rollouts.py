@@ -104,3 +104,35 @@ def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
     assert torch.equal(got[True][1], got[False][1])
     assert float((got[True][0] - got[False][0]).abs().max()) < 1e-4
     assert float((got[True][2] - got[False][2]).norm() / got[False][2].norm()) < 1e-3 and float(got[False][2].norm()) > 0
+
+
+@pytest.mark.parametrize("domain", ["math", "code"])
+def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch, domain):
+    """Generation appends into a `room_cache` (the completions' room reserved, no copy per step): on GRPO-shaped
+    batches, whole rows and shared prefix, the sampled completions and the sampler's log-probs are bit for bit those of
+    HF's own `DynamicCache`, and the cache's buffer holds the whole completion without moving."""
+    import stalebook.rollouts as R
+    from stalebook.model import LoraSpec
+    model, tok = R.load_run_policy(str(tiny_snapshot), "", "cpu", "float32", lora=LoraSpec(r=4), seed=0)
+    with torch.no_grad():                                                # a trained-looking adapter, not the zero init
+        for n, p in model.named_parameters():
+            if "lora_B" in n: p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    tasks = R.task_pool(domain, 6, 0)
+    K, sc = 8, R.SamplingConfig(group_size=8, max_new_tokens=12)
+    prompts = [t.prompt for t in tasks for _ in range(K)]
+    u = torch.cat([R.group_uniforms(Domain(0, ("test", "room", t.id)), K, sc.max_new_tokens) for t in tasks])
+    made = []
+    real = R.room_cache
+    monkeypatch.setattr(R, "room_cache", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    ours = {sp: R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) for sp in (False, True)}
+    assert len(made) == 2 and all(isinstance(l, R.RoomLayer) for c in made for l in c.layers)
+    P = max(len(p) for p in ours[False][0])                              # the padded prompt width
+    W = P + max(len(c) for c in ours[False][1]) - 1                       # prompt + the tokens fed back
+    for sp, c in zip((False, True), made):                               # one buffer per layer, allocated once
+        for l in c.layers:                                               # (the shared prompt's cache holds P - 1)
+            assert l.get_seq_length() == W and l.keys.data_ptr() == l._buf[0].data_ptr()
+            assert l._buf[0].shape[-2] == P - sp + sc.max_new_tokens
+    monkeypatch.setattr(R, "room_cache", lambda model, room, like=None: like if like is not None else R.DynamicCache(config=model.config))
+    for sp in (False, True):
+        assert R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) == ours[sp]
+    assert any(len(c) > 1 for c in ours[False][1])
