@@ -135,7 +135,7 @@ def _cut(ids: list, eos: set) -> list:
 def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False):
     """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
     sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows. The cache
-    reserves the completions' room (`room_cache`)."""
+    reserves the completions' room (`room_cache`) unless the snapshot's generation config names a cache of its own."""
     tokenizer.padding_side = "left"
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True)     # the tokenizer's own specials (e.g. BOS)
     dev = next(model.parameters()).device
@@ -143,8 +143,10 @@ def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, 
     proc = _DomainSampler(uniforms, enc["input_ids"].shape[1], cfg.temperature, cfg.top_p)
     was_training = model.training
     model.eval()
-    shared = shared_prefix and enc["input_ids"].shape[1] > 1
-    enc["cache"] = room_cache(model, cfg.max_new_tokens, shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if shared else None)
+    cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if shared_prefix and enc["input_ids"].shape[1] > 1 else None
+    if getattr(model.generation_config, "cache_implementation", None) is None:    # else the snapshot's own cache (HF's choice)
+        cache = room_cache(model, cfg.max_new_tokens, cache)
+    if cache is not None: enc["cache"] = cache
     out = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=cfg.max_new_tokens,
                          logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, temperature=None, top_p=None, top_k=None)
