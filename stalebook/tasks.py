@@ -279,11 +279,16 @@ def _serve_rewards(workers: int) -> None:
     "The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin, (ok, rewards or message) frames out."
     out = os.fdopen(os.dup(1), "wb"); os.dup2(2, 1)             # whatever else prints goes to stderr, not the channel
     pool = sandbox.Pool(workers=workers)
-    while (msg := _frame_recv(sys.stdin.buffer)) is not None:
-        try: ans = (True, rewards([Task(**t) for t in msg[0]], msg[1], workers=workers, pool=pool))
-        except Exception as e: ans = (False, f"{type(e).__name__}: {e}")
-        _frame_send(out, ans)
-    pool.close()
+    try:
+        while (msg := _frame_recv(sys.stdin.buffer)) is not None:
+            try: ans = (True, rewards([Task(**t) for t in msg[0]], msg[1], workers=workers, pool=pool))
+            except Exception as e: ans = (False, f"{type(e).__name__}: {e}")
+            try: _frame_send(out, ans)
+            except BrokenPipeError: break                          # the caller is gone: nobody left to answer
+    finally:
+        pool.close()
+        try: out.close()
+        except BrokenPipeError: pass
 
 class VerifierProcess:
     "`rewards` (code programs on `workers` fork servers) in an interpreter of its own; thread-safe, one request at a time."

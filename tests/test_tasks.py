@@ -216,3 +216,21 @@ def test_malformed_line_names_file_and_line_nothing_partial(fmt, tmp_path):
     p.write_text(GOOD[fmt] + "\n"); assert len(load_tasks_jsonl(p, fmt)) == 1
     with pytest.raises(StalebookError, match="unknown task format"): load_tasks_jsonl(p, "csv")
     with pytest.raises(StalebookError, match="cannot read"): load_tasks_jsonl(tmp_path / "missing.jsonl", fmt)
+
+
+def test_verifier_process_whose_caller_is_gone_exits_quietly():
+    """A VerifierProcess server whose caller closed its end of the answer pipe mid-request (the caller died) exits with
+    status 0, its pool closed, without a traceback on stderr."""
+    import subprocess, sys
+    from dataclasses import fields
+    from stalebook.tasks import _frame_send, self_test_cases
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; _serve_rewards(1)"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    t, c, _ = self_test_cases("code")[0]
+    slow = "(lambda: [sum(range(200000)) for _ in range(20)] and 2*x+1)()"          # still being verified when we leave
+    _frame_send(p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)}] * 2, [c, slow]))
+    p.stdout.close()                                                     # nobody reads the answer
+    p.stdin.close()
+    assert p.wait(timeout=120) == 0
+    err = p.stderr.read(); p.stderr.close()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
