@@ -95,7 +95,13 @@ def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
     reg = synthetic_registry(tmp_path, units=7, phases=3, work_s=0.4)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
     root = tmp_path / "k"
-    lease_of = lambda pid: [f for f in root.glob("queue/*/lease-*.json") if f'"pid": {pid},' in f.read_text()]
+    def claimed(pid):          # its claim (or takeover) on record in its log, and its lease still held
+        def text(f):
+            try: return f.read_text()
+            except FileNotFoundError: return ""
+        log = "".join(text(w) for w in root.glob(f"queue/workers/*-{pid}.jsonl"))
+        held = any(f'"pid": {pid},' in text(f) for f in root.glob("queue/*/lease-*.json"))
+        return held and ('"event":"claim"' in log or '"event":"takeover"' in log)
     started = lambda pid, unit, phase: any(e["event"] == "start" and e["pid"] == pid and e["unit"] == unit and e["phase"] == phase
                                            for e in attempts(root)) if (root / "units").is_dir() else False
     moments = [("fault", "synthetic:0/0"), ("fault", "phase:u001/p1"), ("fault", "synthetic:2/2"),
@@ -103,8 +109,9 @@ def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
     killed = []
     for how, arg in moments:
         p = work(reg, root, "--ttl", TTL, env={"STALEBOOK_FAULT": arg} if how == "fault" else None)
-        if how == "claim":
-            _wait(lambda: lease_of(p.pid) or p.poll() is not None, what="a claim"); p.kill()
+        if how == "claim":     # killed once its claim is on record: killed between its lease and that record, a worker
+            #                    that took over a stale lease would leave no takeover event to count
+            _wait(lambda: claimed(p.pid) or p.poll() is not None, what="a claim"); p.kill()
         elif how == "mid-phase":
             _wait(lambda: started(p.pid, *arg) or p.poll() is not None, what="a phase start"); p.kill()
         p.communicate(timeout=300)
