@@ -96,20 +96,19 @@ class RoomLayer(DynamicLayer):
     "A `DynamicLayer` that appends into a buffer with `room` free positions reserved, instead of copying the cache each step."
     def __init__(self, room: int):
         super().__init__()
-        self.room, self._buf = room, None
+        self.room, self._buf, self._view = room, None, None      # (key, value) buffers; the keys view last handed out
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized: self.lazy_initialization(key_states, value_states)
         n, q = self.get_seq_length(), key_states.shape[-2]
-        if self._buf is None or self.keys is not self._buf[2] or self._buf[0].shape[-2] < n + q:   # none yet, replaced, or full
+        if self._buf is None or self.keys is not self._view or self._buf[0].shape[-2] < n + q:   # none yet, replaced, or full
             new = lambda x: x.new_empty(*x.shape[:-2], n + q + self.room, x.shape[-1])
-            bk, bv = new(key_states), new(value_states)
-            if n: bk[..., :n, :] = self.keys; bv[..., :n, :] = self.values
-            self._buf = (bk, bv, None)
-        bk, bv, _ = self._buf
+            self._buf = new(key_states), new(value_states)
+            if n: self._buf[0][..., :n, :] = self.keys; self._buf[1][..., :n, :] = self.values
+        bk, bv = self._buf
         bk[..., n:n + q, :] = key_states; bv[..., n:n + q, :] = value_states
         self.keys, self.values = bk[..., :n + q, :], bv[..., :n + q, :]
-        self._buf = (bk, bv, self.keys)
+        self._view = self.keys
         return self.keys, self.values
 
 def room_cache(model, room: int, like: DynamicCache | None = None) -> DynamicCache:
