@@ -39,7 +39,7 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
            'config_dict', 'config_hash', 'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk',
            'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks',
            'assert_checks', 'check_rng_domains', 'check_state_dict_hash', 'experiment_notebook',
-           'split_notebook_timings', 'run_notebook']
+           'split_notebook_timings', 'environ', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -601,8 +601,20 @@ def split_notebook_timings(nb: dict) -> dict:
         out["cells"].append({k: cm.pop(k, None) for k in ("start_time", "end_time", "duration")})
     return out
 
-def run_notebook(src, out, parameters: dict, cwd=None) -> Path:
-    "Execute notebook `src` with papermill `parameters` (kernel in `cwd`); the content-only executed notebook is written atomically to `out`."
+@contextlib.contextmanager
+def environ(env: dict | None):
+    "`os.environ` with `env`'s variables set, restored afterwards (papermill starts its kernel with this process's environment)."
+    old = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
+def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) -> Path:
+    """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set); the content-only
+    executed notebook is written atomically to `out`."""
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
     from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
     from jupyter_client.utils import run_sync              # (installed with papermill)
@@ -611,8 +623,8 @@ def run_notebook(src, out, parameters: dict, cwd=None) -> Path:
     # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
     km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
     try:
-        pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
-                            progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
+        with environ(env): pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
+                                               progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None

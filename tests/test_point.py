@@ -95,3 +95,29 @@ def test_papermill_parameters_are_exactly_pointconfig():
     assert parameter_mismatches(Extended, params) == ["new_knob: a field, missing from the notebook"]
     changed = {**params, "k_sketch": {**params["k_sketch"], "default": "512"}}
     assert parameter_mismatches(PointConfig, changed) == ["k_sketch: default 512 != 1024"]
+
+
+def test_point_kernel_elsewhere_finds_this_process_default_snapshot(tmp_path, tiny_snapshot):
+    """A run whose config leaves `snapshot` empty uses the embedded default, which is found from the working folder (the
+    project's runs/snapshots/tiny). A study's point kernel starts in the unit's folder; when that folder is outside the project,
+    the kernel must still use the default this process uses, not look for (and build) one under the unit's folder."""
+    proj, unit = tmp_path / "project", tmp_path / "results" / "unit"
+    (proj / "runs" / "snapshots").mkdir(parents=True); unit.mkdir(parents=True)
+    (proj / "pyproject.toml").write_text("[tool.nbdev]\n")
+    shutil.copytree(tiny_snapshot, proj / "runs" / "snapshots" / "tiny")
+    (unit / "runs").write_text("a file: a snapshot built under the unit's folder fails at once\n")
+    script = f"""
+from stalebook.point import PointConfig, execute_point
+from stalebook.rollouts import SamplingConfig
+from stalebook.trainer import Trainer, TrainConfig
+Trainer(TrainConfig(out={str(unit / 'train')!r}, snapshot="", steps=2, lineage_steps=(0, 2), prompts_per_step=4, lr=0.05,
+                    sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
+r = execute_point(PointConfig(run="train", checkpoint=2, n_candidates=12, n_validation=4, k=3, group_size=4, max_new_tokens=6,
+                              groups_per_batch=4, k_sketch=256, n_boot=200), cwd={str(unit)!r})
+print("RESULT", r["point"]["checkpoint"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "STALEBOOK_TINY"}
+    r = subprocess.run([sys.executable, "-c", script], cwd=proj, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "RESULT 2" in r.stdout, r.stderr[-3000:]
+    assert (unit / "runs").is_file() and (unit / "train" / "points" / "c-000002" / "point.ipynb").is_file()   # run by papermill
+    assert sorted(p.name for p in (proj / "runs" / "snapshots").iterdir()) == ["tiny", "tiny.lock"]   # the one the run used
