@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from .core import (Domain, StalebookError, atomic_write_json, config_dict, config_hash, from_dict, hash_file,
                             hash_json, load_config, save_config)
-from .model import BUILD_FILE, TinySpec, default_snapshot, load_adapter_state, policy_hash, training_pools
+from .model import BUILD_FILE, TinySpec, compute_setup, default_snapshot, load_adapter_state, policy_hash, training_pools
 from .rollouts import (RolloutStore, SamplingConfig, completion_logprobs, generate_store, load_run_policy,
                                 numerics_of, rollout_domain, task_pool)
 from .tasks import load_tasks_jsonl, synthetic_tasks
@@ -517,7 +517,7 @@ def run_sweep(cfg: BoltConfig, out_dir, betas, progress: bool = False) -> dict:
     out = Path(out_dir); f = out / "sweep.json"
     if f.exists() and (have := json.loads(f.read_text()))["betas"] == list(betas): return have
     t = cfg.train
-    if t.threads > 0: torch.set_num_threads(t.threads)
+    compute_setup(t.threads)
     model, tok = load_run_policy(                                      # pi_ref exactly as the trainer builds its root policy
         t.snapshot, "", t.device, t.dtype, lora=t.lora, seed=t.seed)
     tasks = task_pool(t.domain, t.n_tasks, t.seed, t.task_level, t.tasks_jsonl, t.tasks_format)

@@ -10,8 +10,11 @@ Docs: https://stalebook.github.io/stalebook/model.html.md"""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import platform
+import sys
 import time
 import warnings
 from dataclasses import dataclass, asdict
@@ -34,11 +37,11 @@ from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ADAPTER_FILE', 'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params',
-           'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'build_tiny_snapshot',
-           'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot', 'cmd_snapshot', 'LoraSpec',
-           'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
-           'load_adapter_state']
+__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'build_char_tokenizer',
+           'tiny_llama_config', 'init_model', 'n_params', 'sample_completions', 'pass_rate', 'TinySpec',
+           'training_pools', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot',
+           'cmd_snapshot', 'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter',
+           'load_adapter', 'load_adapter_state', 'keep_freed_memory', 'compute_setup']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -387,3 +390,22 @@ def load_adapter_state(model, path) -> str:
     if meta.get("policy_hash") and meta["policy_hash"] != h:
         raise StalebookError(f"adapter {path}: loaded tensors do not reproduce the recorded policy hash")
     return h
+
+# %% ../nbs/23_model.ipynb #5b57e014
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3                     # glibc <malloc.h>
+_HEAP_KEPT: list = []
+
+def keep_freed_memory(limit: int = 256 << 20) -> bool:
+    "glibc: serve blocks below `limit` bytes from the heap and keep up to `limit` free in it (once per process); True if it took effect."
+    if not _HEAP_KEPT:
+        ok = False
+        if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+            libc = ctypes.CDLL(None)
+            ok = bool(libc.mallopt(M_MMAP_THRESHOLD, limit)) and bool(libc.mallopt(M_TRIM_THRESHOLD, limit))
+        _HEAP_KEPT.append(ok)
+    return _HEAP_KEPT[0]
+
+def compute_setup(threads: int) -> None:
+    "A model process: `threads` torch threads (0: torch's default) and a heap that keeps its memory (`keep_freed_memory`)."
+    if threads > 0: torch.set_num_threads(threads)
+    keep_freed_memory()

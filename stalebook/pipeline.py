@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save
 
 from .core import (CommandParser, Domain, Progress, StalebookError, atomic_write, atomic_write_json, config_dict,
                             from_dict, hash_json, load_config)
-from .model import policy_hash
+from .model import compute_setup, policy_hash
 from .rollouts import SamplingConfig, completion_logprobs, load_run_policy, task_pool
 from .tasks import synthetic_tasks
 from .theory.async_sim import analyse_sweep, collapse_time, moving_average, rule_constants
@@ -65,7 +65,7 @@ def _put(q, item, stop) -> bool:
 def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
     "The generator process: batches sampled, teacher-forced and verified with the newest published weights, tagged with their version."
     cfg = from_dict(TrainConfig, cfg_dict)
-    if cfg.threads > 0: torch.set_num_threads(cfg.threads)
+    compute_setup(cfg.threads)
     model, tok = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)

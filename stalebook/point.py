@@ -27,7 +27,7 @@ from fastcore.basics import patch
 
 from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
                             experiment_notebook, hash_file, hash_json, load_config, run_notebook)
-from .model import default_snapshot, default_snapshot_dir, load_adapter_state, load_policy, policy_hash
+from .model import compute_setup, default_snapshot, default_snapshot_dir, load_adapter_state, load_policy, policy_hash
 from .protocol import BOUNDS, DEFAULT_BOUND, SPLITS, PointResult, Rollouts, admissible, analyse_point, positive_control
 from .rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of, rollout_domain
 from .scoring import CountSketch, fresh_features, lora_dim, stale_features, store_rows
@@ -111,7 +111,7 @@ class PointRun:
     "The state a point's stages share: the run, the model (at beta, later pi), the pools, the store and feature folders."
     def __init__(self, cfg: PointConfig, progress: bool = True):
         self.cfg, self.progress, self.timings, self.t0 = cfg, progress, {}, time.perf_counter()
-        if cfg.threads > 0: torch.set_num_threads(cfg.threads)
+        compute_setup(cfg.threads)
         self.run, self.out = Path(cfg.run), point_dir(cfg)
         self.model, self.tok, self.tcfg, self.snap = lineage_policy(self.run, cfg.behaviour, cfg.device, cfg.dtype)
         self.beta_hash, self.domain = policy_hash(self.model), self.tcfg.domain

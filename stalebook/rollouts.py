@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, canonical_json, config_dict,
                             config_hash, fault_point, hash_file, hash_json, load_config)
-from .model import LoraSpec, default_snapshot, load_policy, policy_hash
+from .model import LoraSpec, compute_setup, default_snapshot, load_policy, policy_hash
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
@@ -444,7 +444,7 @@ def cmd_rollouts(argv) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     cfg = load_config(RolloutsConfig, a.config)
-    if cfg.threads > 0: torch.set_num_threads(cfg.threads)
+    compute_setup(cfg.threads)
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
     ph = policy_hash(model)

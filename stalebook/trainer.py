@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, added_field, atomic_dir, atomic_write,
                             atomic_write_json, canonical_json, config_dict, config_hash, fault_point, group_advantages,
                             hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
-from .model import LoraSpec, load_adapter_state, policy_hash, save_adapter
+from .model import LoraSpec, compute_setup, load_adapter_state, policy_hash, save_adapter
 from .snapshot import LOCKFILE, read_lock
 from . import sandbox
 from .tasks import VerifierProcess
@@ -449,7 +449,7 @@ class Trainer:
         # but library code may (e.g. peft's own init before ours): seed it from a named domain so that its
         # state — saved in every checkpoint — is a function of the config alone.
         torch.manual_seed(Domain(cfg.seed, ("torch", "global")).seed64())
-        if cfg.threads > 0: torch.set_num_threads(cfg.threads)
+        compute_setup(cfg.threads)
         if model is None:
             model, tokenizer = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
         self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn   # reward_fn None = the package verifier
