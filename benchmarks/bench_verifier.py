@@ -9,20 +9,24 @@
 2. GRPO step: `Trainer.train_step` on the tiny snapshot, prompts_per_step = 16, group_size = 16
    (256 completions per step), max_new_tokens = 12, lr 3e-3 (the learning configs), on the math domain
    and on the code domain (the trainer's verifier: a VerifierProcess with fork servers on the cores the model
-   leaves; and, for reference, per-program sandboxes), each also with `shared_prefix` (each prompt's tokens run
-   once per group in generation and in the teacher-forced passes), steps interleaved after one warm-up step
-   each. The time spent in `batch_rewards` is measured by wrapping it (not re-implemented); the trainer
+   leaves), each also with `shared_prefix` (each prompt's tokens run once per group in generation and in the
+   teacher-forced passes), steps interleaved after one warm-up step each. First the criterion's measurement:
+   those four arms alone, round after round (--criterion-steps). Then every arm together (--steps): the same
+   four, and code with per-program sandboxes, with the verifier's parent side in the trainer's own process (what
+   the trainer did before the VerifierProcess), and with a verifier that costs nothing: the floor no verifier can
+   lower, with whole rows and with the shared prefix. That floor is measured on the same trajectory: a trainer
+   whose verifier looks up the verdicts the code arm's verifier has just given the same completions (it samples
+   the same completions because it gets the same rewards; a miss is counted and verified). A verifier that gave
+   every completion 0 would be cheaper still but would not learn, and would sample other completions than the
+   code arm. The time spent in `batch_rewards` is measured by wrapping it (not re-implemented); the trainer
    verifies on a thread, micro-batch by micro-batch in the learner's order, while the model's passes run, so
-   that time is mostly hidden. Two more arms: the verifier's parent side in the trainer's own process (what the
-   trainer did before the VerifierProcess), and a verifier that costs nothing: the floor no verifier can lower,
-   with whole rows and with the shared prefix. That floor is measured on the same trajectory: a trainer whose
-   verifier looks up the verdicts the code arm's verifier has just given the same completions (it samples the same
-   completions because it gets the same rewards; a miss is counted and verified). A verifier that gave every
-   completion 0 would be cheaper still but would not learn, and would sample other completions than the code arm.
-   Ratios are reported of the medians and as the median of per-round ratios (each round runs every arm once, so
-   a round's ratio compares steps seconds apart). Goal: code step <= 2x math step, with the same trainer settings.
+   that time is mostly hidden. The criterion's arms run alone first, for more rounds, so that nothing else shares
+   the two cores around their steps (the per-program arm starts 80 fresh sandboxes per step); both loops are
+   reported. Ratios are reported of the medians and as the median of per-round
+   ratios (each round runs every arm once, so a round's ratio compares steps seconds apart). Goal: code step
+   <= 2x math step, with the same trainer settings.
 
-    PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--snapshot $STALEBOOK_TINY]
+    PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--criterion-steps 16] [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
 
 The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
@@ -99,14 +103,16 @@ ARMS = [("math", "math", None, False), ("code", "code", "process", False), ("cod
         ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", "process", True),
         ("code_shared_prefix_in_process", "code", "thread", True),
         ("code_shared_prefix_replayed", "code", "replay:code_shared_prefix", True)]    # name, domain, verifier, shared prefix
+CRITERION = [a for a in ARMS if a[0] in ("math", "code", "math_shared_prefix", "code_shared_prefix")]   # the trainer as a run uses it
 
 
-def bench_step(steps: int, snapshot: str) -> dict:
-    """The trainer's own verifier (`process`: a VerifierProcess on the cores the model leaves, fork servers;
-    `process-per-program`: the same with fresh sandboxes), or its verifier thread calling `tasks.rewards` in this
-    process (`thread`: what the trainer did before), or none (`replay:ARM`: ARM's verdicts of this round, looked up)."""
+def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
+    """Rounds of one train_step per arm (`arms`: name, domain, verifier, shared prefix), after one warm-up round: each arm's
+    per-step rows and mean prompt length. Verifiers: `process` (the trainer's own, a VerifierProcess on the cores the model
+    leaves, fork servers), `process-per-program` (the same with fresh sandboxes), `thread` (its verifier thread calling
+    `tasks.rewards` in this process: what the trainer did before), `replay:ARM` (ARM's verdicts of this round, looked up)."""
     spent = {"t": 0.0, "programs": 0, "arm": None, "missed": 0}
-    verdicts = {name: {} for name, *_ in ARMS}                             # (task id, text) -> the arm's verdict this round
+    verdicts = {name: {} for name, *_ in arms}                             # (task id, text) -> the arm's verdict this round
     real = TR.batch_rewards
     def timed(tasks, texts, *a, **k):
         t0 = time.perf_counter()
@@ -127,13 +133,13 @@ def bench_step(steps: int, snapshot: str) -> dict:
     TR.batch_rewards = timed
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
         trs = {name: trainer(dom, snapshot, Path(d) / name, sp, replay(v.split(":")[1]) if (v or "").startswith("replay:") else None)
-               for name, dom, v, sp in ARMS}
-        for name, _, v, _ in ARMS:
+               for name, dom, v, sp in arms}
+        for name, _, v, _ in arms:
             if v == "thread": trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
-        rows = {name: [] for name, *_ in ARMS}
+        rows = {name: [] for name, *_ in arms}
         for i in range(steps + 1):                                         # step 0 = warm-up (processes and templates start there)
             for v in verdicts.values(): v.clear()
-            for name, _, v, _ in ARMS:
+            for name, _, v, _ in arms:
                 spent.update(t=0.0, programs=0, arm=name, missed=0)
                 if v == "process-per-program" and i == 0: os.environ["STALEBOOK_SANDBOX_FORKSERVER"] = "0"
                 try: rec = trs[name].train_step()
@@ -141,14 +147,37 @@ def bench_step(steps: int, snapshot: str) -> dict:
                 if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
                                              programs=spent["programs"], completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"],
                                              replay_misses=spent["missed"]))
-            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in ARMS), flush=True)
+            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in arms), flush=True)
         for tr in trs.values():
             if tr._verifier_proc is not None: tr._verifier_proc.close()
     TR.batch_rewards = real
-    med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
+    return rows, prompt
+
+
+def ratios(rows: dict, a: str, b: str) -> tuple[float, float]:
+    "Step time of arm a over arm b: (ratio of the medians, median of the rounds' own ratios)."
+    med = lambda n: statistics.median(r["t_step"] for r in rows[n])
+    return round(med(a) / med(b), 2), round(statistics.median(x["t_step"] / y["t_step"] for x, y in zip(rows[a], rows[b])), 2)
+
+
+def bench_criterion(steps: int, snapshot: str) -> dict:
+    """The criterion's measurement: the trainer on code against the trainer on math, whole rows and shared prefix, and
+    nothing else in the rounds (the diagnostic arms' fresh sandboxes and extra processes would share the same 2 cores)."""
+    rows, _ = run_arms(CRITERION, steps, snapshot)
+    return dict(steps=steps, rows=rows, median_step_s={n: round(statistics.median(r["t_step"] for r in rs), 3) for n, rs in rows.items()},
+                code_to_math=dict(zip(("medians", "per_round"), ratios(rows, "code", "math"))),
+                code_to_math_shared_prefix=dict(zip(("medians", "per_round"), ratios(rows, "code_shared_prefix", "math_shared_prefix"))),
+                ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
+                                                           / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
+
+
+def bench_step(steps: int, snapshot: str) -> dict:
+    "Every arm in each round: what verification costs a step (per-program, in-process, replayed), side by side."
+    rows, prompt = run_arms(ARMS, steps, snapshot)
+    med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
     sp = lambda n: round(med[n] / med["math_shared_prefix"], 2)
-    paired = lambda a, b: round(statistics.median(x["t_step"] / y["t_step"] for x, y in zip(rows[a], rows[b])), 2)
+    paired = lambda a, b: ratios(rows, a, b)[1]
     return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
                 verifier_workers=TR.verifier_workers(1),
                 median_step_s={n: round(v, 3) for n, v in med.items()},
@@ -174,7 +203,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=2, help="verifier comparisons (each: per-program, then fork server)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3, help="timed GRPO steps per arm (after one warm-up step)")
+    p.add_argument("--steps", type=int, default=3, help="timed GRPO steps per arm, all arms (after one warm-up step)")
+    p.add_argument("--criterion-steps", type=int, default=16, help="timed GRPO steps per arm, the criterion's four arms alone")
     p.add_argument("--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)")
     p.add_argument("--no-step", action="store_true", help="skip the GRPO-step part")
     p.add_argument("--json", default=str(HERE / "results" / "bench_verifier.json"))
@@ -184,10 +214,16 @@ def main(argv=None):
     torch.set_num_threads(1)
     inv = dict(cores=sandbox.cores(), cpu=platform.processor() or platform.machine(), shared_machine=True,
                verifier=bench_verifier(a.repeat, a.workers))
-    if not a.no_step: inv["step"] = bench_step(a.steps, a.snapshot)
+    if not a.no_step: inv["criterion"], inv["step"] = bench_criterion(a.criterion_steps, a.snapshot), bench_step(a.steps, a.snapshot)
     v = inv["verifier"]["runs"]
     print(f"verifier: fork server / per-program = {', '.join(str(r['ratio_cold']) for r in v)}x (cold), "
           f"{', '.join(str(r['ratio_warm']) for r in v)}x (warm)")
+    if "criterion" in inv:
+        c = inv["criterion"]
+        print(f"the criterion's arms alone, {c['steps']} rounds: code / math {c['code_to_math']['medians']:.2f}x (per round "
+              f"{c['code_to_math']['per_round']:.2f}x) whole rows, {c['code_to_math_shared_prefix']['medians']:.2f}x (per round "
+              f"{c['code_to_math_shared_prefix']['per_round']:.2f}x) shared prefix; median steps " +
+              ", ".join(f"{k} {v:.2f}s" for k, v in c["median_step_s"].items()))
     if "step" in inv:
         s = inv["step"]
         m = s["median_step_s"]

@@ -475,7 +475,9 @@ def topk(scores, k: int, keys=None) -> np.ndarray:
 
 # %% ../nbs/00_core.ipynb #42db9ad7
 def project_root(start=None) -> Path | None:
-    "Nearest ancestor of `start` (default: cwd) holding a pyproject.toml with a [tool.nbdev] section."
+    """Nearest ancestor of `start` (default: cwd) holding a pyproject.toml with a [tool.nbdev] section. Without `start`,
+    `$STALEBOOK_PROJECT` when it is set: where the caller of a notebook kernel found it (`run_notebook` sets it)."""
+    if start is None and os.environ.get("STALEBOOK_PROJECT"): return Path(os.environ["STALEBOOK_PROJECT"])
     p = Path(start or Path.cwd()).resolve()
     for d in [p, *p.parents]:
         f = d / "pyproject.toml"
@@ -483,9 +485,9 @@ def project_root(start=None) -> Path | None:
     return None
 
 def figures_dir() -> Path:
-    "`$STALEBOOK_FIGURES`, else `<project root>/figures`, else `./figures`."
+    "`$STALEBOOK_FIGURES`, else `<project root of the working folder>/figures`, else `./figures` (outputs: a kernel's own folder decides)."
     if os.environ.get("STALEBOOK_FIGURES"): return Path(os.environ["STALEBOOK_FIGURES"])
-    r = project_root()
+    r = project_root(Path.cwd())
     return (r / "figures") if r else Path("figures")
 
 def save_figure(fig, name: str, dpi=110) -> Path:
@@ -613,8 +615,8 @@ def environ(env: dict | None):
             else: os.environ[k] = v
 
 def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) -> Path:
-    """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set); the content-only
-    executed notebook is written atomically to `out`."""
+    """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set, and this process's
+    project folder as `$STALEBOOK_PROJECT`); the content-only executed notebook is written atomically to `out`."""
     import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
     from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
     from jupyter_client.utils import run_sync              # (installed with papermill)
@@ -622,9 +624,11 @@ def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) 
     tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
     # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
     km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+    env = {"STALEBOOK_PROJECT": str(project_root() or Path.cwd()), **(env or {})}
     try:
-        with environ(env): pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
-                                               progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
+        with environ(env):
+            pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
+                                progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
     except pm.PapermillExecutionError as e:
         raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                              f"(executed notebook kept at {tmp})") from None

@@ -27,7 +27,7 @@ from fastcore.basics import patch
 
 from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
                             experiment_notebook, hash_file, hash_json, load_config, run_notebook)
-from .model import compute_setup, default_snapshot, default_snapshot_dir, load_adapter_state, load_policy, policy_hash
+from .model import compute_setup, default_snapshot, load_adapter_state, load_policy, policy_hash
 from .protocol import BOUNDS, DEFAULT_BOUND, SPLITS, PointResult, Rollouts, admissible, analyse_point, positive_control
 from .rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of, rollout_domain
 from .scoring import CountSketch, fresh_features, lora_dim, stale_features, store_rows
@@ -324,8 +324,7 @@ def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False
     "Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline; paths in `cfg` relative to `cwd`."
     out = Path(cwd or ".") / point_dir(cfg)
     if inline: return run_point(cfg, progress=progress) if cwd is None else run_point(resolve_point(cfg, cwd), progress=progress)
-    run_notebook(experiment_notebook("point"), out / "point.ipynb", config_dict(cfg) | {"progress": progress}, cwd=cwd,
-                 env={"STALEBOOK_TINY": str(default_snapshot_dir().absolute())})   # the embedded default this process uses
+    run_notebook(experiment_notebook("point"), out / "point.ipynb", config_dict(cfg) | {"progress": progress}, cwd=cwd)
     return json.loads((out / "result.json").read_text())
 
 def resolve_point(cfg: PointConfig, base) -> PointConfig:

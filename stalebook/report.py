@@ -14,25 +14,24 @@ Docs: https://stalebook.github.io/stalebook/report.html.md"""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .contracts import cmd_freeze, cmd_status, frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
+from .contracts import frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
 from .point import load_point
 from .protocol import pilot_model, pool_cell, predict_design
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
                             figures_dir, save_figure)
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
-from .units import cmd_run, point_name, unit_dir
+from .units import point_name, unit_dir
 
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'point_rows', 'study_view', 'report_name', 'report_title', 'save_report_figure', 'plot_reliability',
            'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'control_summary',
-           'gate_forecast', 'decision_lines', 'registry_decisions', 'cmd_demo']
+           'gate_forecast', 'decision_lines', 'registry_decisions']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -234,20 +233,3 @@ def registry_decisions(registry, root=None, **kw) -> list[str]:
     cells = {k: [(p, r) for p, r, _ in v] for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()}
     behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
     return decision_lines(view, cells, behaviour, **kw)
-
-# %% ../nbs/34_report.ipynb #49f134aa
-def cmd_demo(argv) -> int:
-    "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
-    p = CommandParser(prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine.")
-    p.add_argument("registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    a = p.parse_args(argv)
-    extra, t0 = ["--root", a.root] if a.root else [], time.perf_counter()
-    for stage, fn in (("status", cmd_status), ("run", cmd_run), ("freeze", cmd_freeze), ("report", cmd_report)):
-        print(f"\n[demo] stalebook {stage} {a.registry} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        rc = fn([a.registry, *extra])
-        if rc != 0 and stage != "status": return rc
-    print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print("\n".join(registry_decisions(a.registry, a.root)))
-    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
-    return 0

@@ -179,6 +179,18 @@ study:
     return f
 
 
+def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
+    "`stalebook demo REG --workers 2`: status, two shared workers for the run stage, freeze, report and the decisions; exit 0."
+    reg = ranking_registry(tmp_path, tiny_snapshot)
+    r = run(["demo", reg, "--root", tmp_path / "r", "--workers", 2], env={"STALEBOOK_FIGURES": str(tmp_path / "figs")}, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"[demo] stalebook run {reg} --executor shared --workers 2 (" in r.stdout
+    assert "[work] worker w0" in r.stdout and "[work] worker w1" in r.stdout and "[demo] done in" in r.stdout
+    assert (tmp_path / "r/frozen/table.json").is_file() and (tmp_path / "figs/report-fam-rel.png").is_file()
+    owners = {json.loads((tmp_path / "r/queue" / u / "done.json").read_text())["owner"] for u in ("tiny-math-s0", "tiny-math-s1")}
+    assert len(owners) == 2, owners                                       # one family per worker, side by side
+
+
 @pytest.mark.slow
 def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_snapshot):
     "Two families (train, stale, point) on 2 `stalebook work` workers: the same content files and frozen table as `stalebook run`."
