@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "freeze":    ("stalebook.contracts:cmd_freeze", "freeze a registry's aggregate table once every registered point passes every contract"),
     "report":    ("stalebook.report:cmd_report", "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)"),
     "design":    ("stalebook.protocol:cmd_design", "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target"),
-    "demo":      ("stalebook.executors:cmd_demo", "the main job: status -> run -> freeze -> report on the tiny registry's demo slice"),
+    "demo":      ("stalebook.report:cmd_demo", "the main job: status -> run -> freeze -> report on the tiny registry's demo slice"),
 }
 
 def _parser() -> argparse.ArgumentParser:

@@ -29,10 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .contracts import cmd_freeze, cmd_status
 from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json, read_jsonl
 from .registry import Registry, load_registry, registry_problems, registry_root
-from .report import cmd_report, registry_decisions
 from .units import (cmd_run as local_cmd_run, lease_gens, lease_path, queue_dir, queue_state, read_lease, run_unit,
                              select_units, UnitBusy)
 
@@ -40,7 +38,7 @@ from .units import (cmd_run as local_cmd_run, lease_gens, lease_path, queue_dir,
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
            'Lease', 'is_stale', 'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased',
            'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'work_parser', 'shared_executor', 'cmd_work',
-           'registry_spec', 'ray_unit', 'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run', 'demo_workers', 'cmd_demo']
+           'registry_spec', 'ray_unit', 'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run']
 
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
@@ -412,29 +410,3 @@ def cmd_run(argv) -> int:
     bad = {u: s["state"] for u, s in res.items() if s["state"] != "done"}
     print(f"[run] ray: {len(res) - len(bad)} of {len(res)} units done" + (f"; not done: {', '.join(f'{u} ({s})' for u, s in bad.items())}" if bad else ""))
     return 1 if bad else 0
-
-# %% ../nbs/35_executors.ipynb #7bc6c377
-def demo_workers(reg: Registry, only: str | None = None) -> int | None:
-    "Workers of the demo's run stage: without GPUs, one per core up to one per unit; with GPUs None (one per GPU)."
-    if node_gpus(): return None
-    return max(1, min(len(os.sched_getaffinity(0)), len(select_units(reg, only))))
-
-def cmd_demo(argv) -> int:
-    "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
-    p = CommandParser(prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine.")
-    p.add_argument("registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    p.add_argument("--workers", type=int, default=None, help="run-stage workers (default: one per core, up to one per unit; 1: local)")
-    a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1: raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {a.workers})")
-    n = a.workers if a.workers is not None else demo_workers(load_registry(a.registry))
-    extra, t0 = ["--root", a.root] if a.root else [], time.perf_counter()
-    run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
-    for stage, fn, more in (("status", cmd_status, []), ("run", cmd_run, run), ("freeze", cmd_freeze, []), ("report", cmd_report, [])):
-        print(f"\n[demo] stalebook {stage} {a.registry} {' '.join(more)}".rstrip() + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-        rc = fn([a.registry, *extra, *more])
-        if rc != 0 and stage != "status": return rc
-    print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print("\n".join(registry_decisions(a.registry, a.root)))
-    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
-    return 0

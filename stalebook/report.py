@@ -14,24 +14,27 @@ Docs: https://stalebook.github.io/stalebook/report.html.md"""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .contracts import frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
+from .contracts import cmd_freeze, cmd_status, frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
 from .point import load_point
 from .protocol import pilot_model, pool_cell, predict_design
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
                             figures_dir, save_figure)
+from .executors import cmd_run, node_gpus
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
-from .units import point_name, unit_dir
+from .units import point_name, select_units, unit_dir
 
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'point_rows', 'study_view', 'report_name', 'report_title', 'save_report_figure', 'plot_reliability',
            'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'control_summary',
-           'gate_forecast', 'decision_lines', 'registry_decisions']
+           'gate_forecast', 'decision_lines', 'registry_decisions', 'demo_workers', 'cmd_demo']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -233,3 +236,29 @@ def registry_decisions(registry, root=None, **kw) -> list[str]:
     cells = {k: [(p, r) for p, r, _ in v] for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()}
     behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
     return decision_lines(view, cells, behaviour, **kw)
+
+# %% ../nbs/34_report.ipynb #f66300af
+def demo_workers(reg: Registry, only: str | None = None) -> int | None:
+    "Workers of the demo's run stage: without GPUs, one per core up to one per unit; with GPUs None (one per GPU)."
+    if node_gpus(): return None
+    return max(1, min(len(os.sched_getaffinity(0)), len(select_units(reg, only))))
+
+def cmd_demo(argv) -> int:
+    "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
+    p = CommandParser(prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine.")
+    p.add_argument("registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)")
+    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    p.add_argument("--workers", type=int, default=None, help="run-stage workers (default: one per core, up to one per unit; 1: local)")
+    a = p.parse_args(argv)
+    if a.workers is not None and a.workers < 1: raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {a.workers})")
+    n = a.workers if a.workers is not None else demo_workers(load_registry(a.registry))
+    extra, t0 = ["--root", a.root] if a.root else [], time.perf_counter()
+    run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
+    for stage, fn, more in (("status", cmd_status, []), ("run", cmd_run, run), ("freeze", cmd_freeze, []), ("report", cmd_report, [])):
+        print(f"\n[demo] stalebook {stage} {a.registry} {' '.join(more)}".rstrip() + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        rc = fn([a.registry, *extra, *more])
+        if rc != 0 and stage != "status": return rc
+    print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print("\n".join(registry_decisions(a.registry, a.root)))
+    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
+    return 0
