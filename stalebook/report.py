@@ -14,7 +14,6 @@ Docs: https://stalebook.github.io/stalebook/report.html.md"""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 from .contracts import cmd_freeze, cmd_status, frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
 from .point import load_point
 from .protocol import pilot_model, pool_cell, predict_design
+from . import sandbox
 from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
                             figures_dir, save_figure)
 from .executors import cmd_run, node_gpus
@@ -241,7 +241,7 @@ def registry_decisions(registry, root=None, **kw) -> list[str]:
 def demo_workers(reg: Registry, only: str | None = None) -> int | None:
     "Workers of the demo's run stage: without GPUs, one per core up to one per unit; with GPUs None (one per GPU)."
     if node_gpus(): return None
-    return max(1, min(len(os.sched_getaffinity(0)), len(select_units(reg, only))))
+    return max(1, min(sandbox.cores(), len(select_units(reg, only))))
 
 def cmd_demo(argv) -> int:
     "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
