@@ -12,7 +12,14 @@ also torch's peak allocated bytes. The ratios are medians over repeats of BOLT /
 
 The paper reports BOLT at about 0.15-0.25x GRPO's training time and 0.69-0.82x its peak memory (7B models, GPU).
 """
-import argparse, dataclasses, json, os, shutil, subprocess, sys, time
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +47,15 @@ def measure(cfgf, arm, steps, out):
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CHILD, cfgf, arm, str(steps), str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
-    if r.returncode != 0: raise SystemExit(f"{arm} failed:\n{r.stderr[-3000:]}")
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, cfgf, arm, str(steps), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"{arm} failed:\n{r.stderr[-3000:]}")
     res = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("RESULT "))[7:])
     res["process_seconds"] = time.perf_counter() - t0
     return res
@@ -49,7 +63,11 @@ def measure(cfgf, arm, steps, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--registry", default="bolt-tiny", help="a bolt registry (name or YAML file); its study.math section is the budget")
+    ap.add_argument(
+        "--registry",
+        default="bolt-tiny",
+        help="a bolt registry (name or YAML file); its study.math section is the budget",
+    )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "runs/bench_bolt"))
@@ -57,12 +75,15 @@ def main():
     a = ap.parse_args()
     runs = []
     for rep in range(a.repeats):
-        for arm in (("bolt", "grpo") if rep % 2 == 0 else ("grpo", "bolt")):
+        for arm in ("bolt", "grpo") if rep % 2 == 0 else ("grpo", "bolt"):
             r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
             ph = r["phases"]
-            print(f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s ({ph['train']['cpu_seconds']:6.1f} CPU s)"
-                  + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
-                  + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB (phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)", flush=True)
+            print(
+                f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s ({ph['train']['cpu_seconds']:6.1f} CPU s)"
+                + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
+                + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB (phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)",
+                flush=True,
+            )
             runs.append(dict(repeat=rep, **r))
     pick = lambda arm, f: [f(r["phases"]) for r in runs if r["arm"] == arm]
     med = lambda arm, f: float(np.median(pick(arm, f)))
@@ -73,26 +94,51 @@ def main():
     peak = lambda p: max(p["train"]["peak_rss_mib"], p.get("reference", {}).get("peak_rss_mib", 0.0))
     peak_train = lambda p: p["train"]["peak_rss_mib"]
     alloc = lambda p: p["train"]["peak_rss_mib"] - p["train"]["start_rss_mib"]
-    ratios = dict(time_ratio_train=med("bolt", train) / med("grpo", train), time_ratio_total=med("bolt", total) / med("grpo", total),
-                  cpu_ratio_train=med("bolt", cpu) / med("grpo", cpu), cpu_ratio_total=med("bolt", cpu_total) / med("grpo", cpu_total),
-                  peak_ratio=med("bolt", peak_train) / med("grpo", peak_train), peak_ratio_incl_reference=med("bolt", peak) / med("grpo", peak),
-                  alloc_ratio=med("bolt", alloc) / med("grpo", alloc))
+    ratios = dict(
+        time_ratio_train=med("bolt", train) / med("grpo", train),
+        time_ratio_total=med("bolt", total) / med("grpo", total),
+        cpu_ratio_train=med("bolt", cpu) / med("grpo", cpu),
+        cpu_ratio_total=med("bolt", cpu_total) / med("grpo", cpu_total),
+        peak_ratio=med("bolt", peak_train) / med("grpo", peak_train),
+        peak_ratio_incl_reference=med("bolt", peak) / med("grpo", peak),
+        alloc_ratio=med("bolt", alloc) / med("grpo", alloc),
+    )
     if all("cuda_peak_mib" in r["phases"]["train"] for r in runs):
-        ratios["cuda_peak_ratio"] = med("bolt", lambda p: p["train"]["cuda_peak_mib"]) / med("grpo", lambda p: p["train"]["cuda_peak_mib"])
-    summary = {arm: dict(train_seconds=pick(arm, train), total_seconds=pick(arm, total), train_cpu_seconds=pick(arm, cpu),
-                         total_cpu_seconds=pick(arm, cpu_total), peak_rss_mib=pick(arm, peak_train),
-                         own_alloc_mib=pick(arm, alloc)) for arm in ("bolt", "grpo")}
-    out = dict(registry=a.registry, steps=a.steps, repeats=a.repeats, runs=runs, summary=summary, ratios=ratios,
-               machine="2 CPU cores shared with other jobs (load average ~10), torch 1 thread, CPU float32")
+        ratios["cuda_peak_ratio"] = med("bolt", lambda p: p["train"]["cuda_peak_mib"]) / med(
+            "grpo", lambda p: p["train"]["cuda_peak_mib"]
+        )
+    summary = {
+        arm: dict(
+            train_seconds=pick(arm, train),
+            total_seconds=pick(arm, total),
+            train_cpu_seconds=pick(arm, cpu),
+            total_cpu_seconds=pick(arm, cpu_total),
+            peak_rss_mib=pick(arm, peak_train),
+            own_alloc_mib=pick(arm, alloc),
+        )
+        for arm in ("bolt", "grpo")
+    }
+    out = dict(
+        registry=a.registry,
+        steps=a.steps,
+        repeats=a.repeats,
+        runs=runs,
+        summary=summary,
+        ratios=ratios,
+        machine="2 CPU cores shared with other jobs (load average ~10), torch 1 thread, CPU float32",
+    )
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print("\nBOLT / GRPO (median of %d repeats, measured side by side):" % a.repeats)
     print(f"  training time        {ratios['time_ratio_train']:.3f}x   (paper: 0.15-0.25x)")
     print(f"  incl. reference      {ratios['time_ratio_total']:.3f}x")
-    print(f"  training CPU time    {ratios['cpu_ratio_train']:.3f}x   (incl. reference {ratios['cpu_ratio_total']:.3f}x)")
+    print(
+        f"  training CPU time    {ratios['cpu_ratio_train']:.3f}x   (incl. reference {ratios['cpu_ratio_total']:.3f}x)"
+    )
     print(f"  peak RSS (training)  {ratios['peak_ratio']:.3f}x   (paper: 0.69-0.82x peak GPU memory)")
     print(f"  phase's own alloc.   {ratios['alloc_ratio']:.3f}x")
-    if "cuda_peak_ratio" in ratios: print(f"  CUDA peak allocated  {ratios['cuda_peak_ratio']:.3f}x")
+    if "cuda_peak_ratio" in ratios:
+        print(f"  CUDA peak allocated  {ratios['cuda_peak_ratio']:.3f}x")
     print(f"-> {a.json}")
 
 

@@ -20,14 +20,28 @@ benchmarks/results/bench_bootstrap.json.
 
     python benchmarks/bench_bootstrap.py [--naive-reps 500]
 """
-import argparse, os, sys, time
+
+import argparse
+import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from stalebook.core import Domain, atomic_write_json
-from stalebook.protocol import (DEFAULT_BOUND, SPLITS, analyse_point, bootstrap_gram, bootstrap_naive, point_scores,
-                                synthetic_point, synthetic_pool, tie_keys, topk_mask)
+from stalebook.protocol import (
+    DEFAULT_BOUND,
+    SPLITS,
+    analyse_point,
+    bootstrap_gram,
+    bootstrap_naive,
+    point_scores,
+    synthetic_point,
+    synthetic_pool,
+    tie_keys,
+    topk_mask,
+)
 
 
 def main(argv=None):
@@ -45,9 +59,11 @@ def main(argv=None):
     pool = synthetic_pool(D, a.n, a.n_val, a.d, sigma_v=0.3)
     cand, val = synthetic_point(pool, D.child("point"), a.K, a.K)
     keys = {h: tie_keys(D, h, a.n) for h in SPLITS}
-    masks = {"fresh": topk_mask(point_scores(cand, val)["R"][0], a.k, keys["R"]),
-             "stale": topk_mask(D.child("stale").numpy().random(a.n), a.k, keys["R"])}
-    chunk = 256                                      # same chunks for both implementations
+    masks = {
+        "fresh": topk_mask(point_scores(cand, val)["R"][0], a.k, keys["R"]),
+        "stale": topk_mask(D.child("stale").numpy().random(a.n), a.k, keys["R"]),
+    }
+    chunk = 256  # same chunks for both implementations
     t0 = time.perf_counter()
     g = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], a.k, D, a.reps, chunk=chunk)
     t_gram = time.perf_counter() - t0
@@ -61,20 +77,41 @@ def main(argv=None):
     t0 = time.perf_counter()
     res = analyse_point(cand, val, a.k, D, stale=stale, n_boot=a.reps)
     t_point = time.perf_counter() - t0
-    print(f"point: n={a.n} K={a.K}/half n_val={a.n_val} d={a.d} k={a.k} replicates={a.reps}; "
-          f"cpus={len(os.sched_getaffinity(0))}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"point: n={a.n} K={a.K}/half n_val={a.n_val} d={a.d} k={a.k} replicates={a.reps}; "
+        f"cpus={len(os.sched_getaffinity(0))}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"Gram-space bootstrap ({a.reps} replicates): {t_gram:.2f} s")
-    print(f"naive loop: {t_naive_part:.2f} s for {nr} replicates -> {t_naive:.1f} s for {a.reps}"
-          + (" (extrapolated, linear)" if nr < a.reps else ""))
-    print(f"speed-up, bootstrap alone: {t_naive / t_gram:.1f}x   max |Gram - naive| over the first {nr} replicates: {err:.2e}")
-    print(f"analyse_point, bound={DEFAULT_BOUND} (observed stats, bootstrap + control, model world, jackknife, Gaussian SDs; "
-          f"{a.reps} replicates): {t_point:.2f} s -> speed-up over the naive bootstrap alone: {t_naive / t_point:.1f}x")
-    print(f"Rel_k {res.rel:.3f} bounds {np.round(res.bounds('rel'), 3)}, fresh gain {res.gain_fresh:.4f} bounds {np.round(res.bounds('gain_fresh'), 4)}")
-    atomic_write_json(a.out, dict(config=vars(a) | {"out": None}, t_gram_s=round(t_gram, 2), t_naive_s=round(t_naive, 1),
-                                  naive_measured_reps=nr, t_analyse_point_s=round(t_point, 2), bound=DEFAULT_BOUND,
-                                  speedup_bootstrap=round(t_naive / t_gram, 1), speedup_analyse_point=round(t_naive / t_point, 1),
-                                  max_abs_diff=err, load_average=round(os.getloadavg()[0], 1)))
+    print(
+        f"naive loop: {t_naive_part:.2f} s for {nr} replicates -> {t_naive:.1f} s for {a.reps}"
+        + (" (extrapolated, linear)" if nr < a.reps else "")
+    )
+    print(
+        f"speed-up, bootstrap alone: {t_naive / t_gram:.1f}x   max |Gram - naive| over the first {nr} replicates: {err:.2e}"
+    )
+    print(
+        f"analyse_point, bound={DEFAULT_BOUND} (observed stats, bootstrap + control, model world, jackknife, Gaussian SDs; "
+        f"{a.reps} replicates): {t_point:.2f} s -> speed-up over the naive bootstrap alone: {t_naive / t_point:.1f}x"
+    )
+    print(
+        f"Rel_k {res.rel:.3f} bounds {np.round(res.bounds('rel'), 3)}, fresh gain {res.gain_fresh:.4f} bounds {np.round(res.bounds('gain_fresh'), 4)}"
+    )
+    atomic_write_json(
+        a.out,
+        dict(
+            config=vars(a) | {"out": None},
+            t_gram_s=round(t_gram, 2),
+            t_naive_s=round(t_naive, 1),
+            naive_measured_reps=nr,
+            t_analyse_point_s=round(t_point, 2),
+            bound=DEFAULT_BOUND,
+            speedup_bootstrap=round(t_naive / t_gram, 1),
+            speedup_analyse_point=round(t_naive / t_point, 1),
+            max_abs_diff=err,
+            load_average=round(os.getloadavg()[0], 1),
+        ),
+    )
     return 0 if (t_naive / t_point >= 10 and err < 1e-9) else 1
 
 

@@ -13,7 +13,13 @@ forward (no grad), the differentiable forward, backward, optimizer step (hooks);
 
     PYTHONPATH=. python benchmarks/bench_engine.py [--config configs/tiny/train-math.yaml] [--steps 10] [--json PATH]
 """
-import argparse, contextlib, json, statistics, sys, tempfile, time
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -24,15 +30,17 @@ HERE = Path(__file__).resolve().parent
 def bench_generation(model, tok, tasks, P, K, L, reps):
     from stalebook.core import Domain
     from stalebook.rollouts import SamplingConfig, group_uniforms, hf_sample
+
     sc = SamplingConfig(group_size=K, max_new_tokens=L, groups_per_batch=P)
     rows = []
-    for rep in range(reps + 1):                                   # rep 0 = warm-up
-        batch = tasks[rep * P:(rep + 1) * P]
+    for rep in range(reps + 1):  # rep 0 = warm-up
+        batch = tasks[rep * P : (rep + 1) * P]
         u = torch.cat([group_uniforms(Domain(0, ("bench", "gen", t.id)), K, L) for t in batch])
         t0 = time.perf_counter()
         _, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc)
         dt = time.perf_counter() - t0
-        if rep: rows.append((dt, sum(map(len, comps)), len(comps) * max(map(len, comps))))
+        if rep:
+            rows.append((dt, sum(map(len, comps)), len(comps) * max(map(len, comps))))
     # plain HF sampling for comparison (global RNG; not used by the engine)
     plain = []
     enc = tok([t.prompt for t in tasks[:P] for _ in range(K)], return_tensors="pt", padding=True)
@@ -40,90 +48,145 @@ def bench_generation(model, tok, tasks, P, K, L, reps):
     for rep in range(reps + 1):
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**enc, do_sample=True, max_new_tokens=L, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        if rep: plain.append((time.perf_counter() - t0, (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]))
+            out = model.generate(
+                **enc, do_sample=True, max_new_tokens=L, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+            )
+        if rep:
+            plain.append((time.perf_counter() - t0, (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]))
     t = sum(r[0] for r in rows)
-    return dict(batch_rows=P * K, prompts=P, group_size=K, max_new_tokens=L, reps=reps,
-                s_per_batch=statistics.median(r[0] for r in rows),
-                completion_tokens_per_s=sum(r[1] for r in rows) / t, row_steps_per_s=sum(r[2] for r in rows) / t,
-                mean_completion_len=sum(r[1] for r in rows) / (reps * P * K),
-                plain_generate_row_steps_per_s=sum(r[1] for r in plain) / sum(r[0] for r in plain))
+    return dict(
+        batch_rows=P * K,
+        prompts=P,
+        group_size=K,
+        max_new_tokens=L,
+        reps=reps,
+        s_per_batch=statistics.median(r[0] for r in rows),
+        completion_tokens_per_s=sum(r[1] for r in rows) / t,
+        row_steps_per_s=sum(r[2] for r in rows) / t,
+        mean_completion_len=sum(r[1] for r in rows) / (reps * P * K),
+        plain_generate_row_steps_per_s=sum(r[1] for r in plain) / sum(r[0] for r in plain),
+    )
 
 
 class Timers:
-    def __init__(self): self.t = {}
+    def __init__(self):
+        self.t = {}
+
     @contextlib.contextmanager
     def __call__(self, k):
         t0 = time.perf_counter()
-        try: yield
-        finally: self.t[k] = self.t.get(k, 0.0) + time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            self.t[k] = self.t.get(k, 0.0) + time.perf_counter() - t0
 
 
 def instrument(tr, T: Timers):
     "Wrap what `Trainer.train_step` calls; returns an undo function."
     import stalebook.trainer as TM
+
     saved = {k: getattr(TM, k) for k in ("hf_sample", "batch_rewards", "completion_logprobs")}
+
     def wrap(name, key):
         f = saved[name]
+
         def g(*a, **kw):
-            with T(key(*a, **kw) if callable(key) else key): return f(*a, **kw)
+            with T(key(*a, **kw) if callable(key) else key):
+                return f(*a, **kw)
+
         return g
+
     TM.hf_sample = wrap("hf_sample", "sampling")
     TM.batch_rewards = wrap("batch_rewards", "rewards")
-    TM.completion_logprobs = wrap("completion_logprobs",
-                                  lambda *a, **kw: "forward (grad)" if torch.is_grad_enabled() else "teacher-forced forward (no grad)")
+    TM.completion_logprobs = wrap(
+        "completion_logprobs",
+        lambda *a, **kw: "forward (grad)" if torch.is_grad_enabled() else "teacher-forced forward (no grad)",
+    )
     ph = tr.policy_hash
+
     def phw():
-        with T("policy hash"): return ph()
+        with T("policy hash"):
+            return ph()
+
     tr.policy_hash = phw
     back = torch.Tensor.backward
+
     def bw(self, *a, **kw):
-        with T("backward"): return back(self, *a, **kw)
+        with T("backward"):
+            return back(self, *a, **kw)
+
     torch.Tensor.backward = bw
     st = {}
     h1 = tr.opt.register_step_pre_hook(lambda *a: st.__setitem__("t", time.perf_counter()))
-    h2 = tr.opt.register_step_post_hook(lambda *a: T.t.__setitem__("optimizer step", T.t.get("optimizer step", 0) + time.perf_counter() - st["t"]))
+    h2 = tr.opt.register_step_post_hook(
+        lambda *a: T.t.__setitem__("optimizer step", T.t.get("optimizer step", 0) + time.perf_counter() - st["t"])
+    )
+
     def undo():
-        for k, v in saved.items(): setattr(TM, k, v)
+        for k, v in saved.items():
+            setattr(TM, k, v)
         torch.Tensor.backward = back
         del tr.policy_hash
-        h1.remove(); h2.remove()
+        h1.remove()
+        h2.remove()
+
     return undo
 
 
 def bench_train(cfg_path, steps, snapshot, domain=None):
     from stalebook.core import load_config
-    from stalebook.trainer import Trainer, TrainConfig
+    from stalebook.trainer import TrainConfig, Trainer
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    ov = dict(out=str(tmp / "run"), steps=steps + 1, lineage_steps=[0], checkpoint_every=10 ** 6)
-    if snapshot is not None: ov["snapshot"] = snapshot
-    if domain: ov["domain"] = domain
+    ov = dict(out=str(tmp / "run"), steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
+    if snapshot is not None:
+        ov["snapshot"] = snapshot
+    if domain:
+        ov["domain"] = domain
     cfg = load_config(TrainConfig, cfg_path, overrides=ov)
-    t0 = time.perf_counter(); tr = Trainer(cfg); t_init = time.perf_counter() - t0     # includes load + step-0 checkpoint
-    tr.log.append(tr.train_step())                                                     # warm-up
+    t0 = time.perf_counter()
+    tr = Trainer(cfg)
+    t_init = time.perf_counter() - t0  # includes load + step-0 checkpoint
+    tr.log.append(tr.train_step())  # warm-up
     T = Timers()
     undo = instrument(tr, T)
     try:
-        t0 = time.perf_counter(); recs = []
-        for _ in range(steps): recs.append(tr.train_step())
+        t0 = time.perf_counter()
+        recs = []
+        for _ in range(steps):
+            recs.append(tr.train_step())
         total = time.perf_counter() - t0
-    finally: undo()
+    finally:
+        undo()
     ck = []
     for _ in range(3):
-        t0 = time.perf_counter(); tr._checkpoint(); ck.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tr._checkpoint()
+        ck.append(time.perf_counter() - t0)
     per = {k: v / steps for k, v in T.t.items()}
     per["other"] = total / steps - sum(per.values())
-    return dict(config=str(cfg_path), domain=cfg.domain, prompts_per_step=cfg.prompts_per_step, group_size=cfg.sampling.group_size,
-                max_new_tokens=cfg.sampling.max_new_tokens, steps=steps, s_per_step=total / steps, breakdown_s=per,
-                tokens_per_step=sum(r["n_tokens"] for r in recs) / steps, reward_mean=sum(r["reward_mean"] for r in recs) / steps,
-                checkpoint_s=statistics.median(ck), trainer_init_s=t_init,
-                n_trainable=sum(p.numel() for p in tr.params), n_params=sum(p.numel() for p in tr.model.parameters()))
+    return dict(
+        config=str(cfg_path),
+        domain=cfg.domain,
+        prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.sampling.group_size,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        steps=steps,
+        s_per_step=total / steps,
+        breakdown_s=per,
+        tokens_per_step=sum(r["n_tokens"] for r in recs) / steps,
+        reward_mean=sum(r["reward_mean"] for r in recs) / steps,
+        checkpoint_s=statistics.median(ck),
+        trainer_init_s=t_init,
+        n_trainable=sum(p.numel() for p in tr.params),
+        n_params=sum(p.numel() for p in tr.model.parameters()),
+    )
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Engine II CPU benchmark (tiny model)")
     p.add_argument("--config", default=str(HERE.parent / "configs" / "tiny" / "train-math.yaml"))
-    p.add_argument("--snapshot", default=None, help="default: the config's (\"\" = embedded tiny)")
+    p.add_argument("--snapshot", default=None, help='default: the config\'s ("" = embedded tiny)')
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--gen-reps", type=int, default=5)
     p.add_argument("--prompts", type=int, default=8)
@@ -131,15 +194,21 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--code", action="store_true", help="also time a code-domain train step (sandboxed rewards)")
     p.add_argument("--json", default=None)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
-                        "machine oversubscribed OpenMP threads made steps 10-100x slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
+        "machine oversubscribed OpenMP threads made steps 10-100x slower)",
+    )
     a = p.parse_args(argv)
     import torch
+
     torch.set_num_threads(a.threads)
     from stalebook.core import Domain
     from stalebook.rollouts import load_run_policy
     from stalebook.tasks import synthetic_tasks
+
     snap = a.snapshot
     model, tok = load_run_policy(snap or "", "", "cpu", "float32")
     res = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -147,22 +216,27 @@ def main(argv=None):
         tasks = synthetic_tasks(dom, a.prompts * (a.gen_reps + 1), Domain(0, ("bench", dom)))
         g = bench_generation(model, tok, tasks, a.prompts, a.group_size, a.max_new_tokens, a.gen_reps)
         res[f"generation_{dom}"] = g
-        print(f"generation ({dom} prompts, {g['batch_rows']} rows = {a.prompts} x {a.group_size}, max_new_tokens {a.max_new_tokens}): "
-              f"{g['s_per_batch']*1e3:.0f} ms/batch, {g['completion_tokens_per_s']:.0f} completion tokens/s "
-              f"(mean length {g['mean_completion_len']:.1f}), {g['row_steps_per_s']:.0f} row-steps/s; "
-              f"plain generate(do_sample) {g['plain_generate_row_steps_per_s']:.0f} row-steps/s", flush=True)
+        print(
+            f"generation ({dom} prompts, {g['batch_rows']} rows = {a.prompts} x {a.group_size}, max_new_tokens {a.max_new_tokens}): "
+            f"{g['s_per_batch'] * 1e3:.0f} ms/batch, {g['completion_tokens_per_s']:.0f} completion tokens/s "
+            f"(mean length {g['mean_completion_len']:.1f}), {g['row_steps_per_s']:.0f} row-steps/s; "
+            f"plain generate(do_sample) {g['plain_generate_row_steps_per_s']:.0f} row-steps/s",
+            flush=True,
+        )
     del model
     runs = [("math", None)] + ([("code", "code")] if a.code else [])
     for name, dom in runs:
         cfgp = a.config if dom is None else str(Path(a.config).with_name("train-code.yaml"))
         t = bench_train(cfgp, a.steps, snap, None)
         res[f"train_{name}"] = t
-        print(f"train step ({t['domain']}, {t['prompts_per_step']} prompts x {t['group_size']}, max_new_tokens {t['max_new_tokens']}, "
-              f"{t['tokens_per_step']:.0f} completion tokens/step, {t['n_trainable']:,} LoRA of {t['n_params']:,} params): "
-              f"{t['s_per_step']*1e3:.0f} ms/step over {t['steps']} steps")
+        print(
+            f"train step ({t['domain']}, {t['prompts_per_step']} prompts x {t['group_size']}, max_new_tokens {t['max_new_tokens']}, "
+            f"{t['tokens_per_step']:.0f} completion tokens/step, {t['n_trainable']:,} LoRA of {t['n_params']:,} params): "
+            f"{t['s_per_step'] * 1e3:.0f} ms/step over {t['steps']} steps"
+        )
         for k, v in sorted(t["breakdown_s"].items(), key=lambda kv: -kv[1]):
-            print(f"    {k:34s} {v*1e3:8.1f} ms  ({100 * v / t['s_per_step']:4.1f} %)")
-        print(f"    checkpoint write (every 5 steps)   {t['checkpoint_s']*1e3:8.1f} ms", flush=True)
+            print(f"    {k:34s} {v * 1e3:8.1f} ms  ({100 * v / t['s_per_step']:4.1f} %)")
+        print(f"    checkpoint write (every 5 steps)   {t['checkpoint_s'] * 1e3:8.1f} ms", flush=True)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

@@ -13,7 +13,15 @@ stalebook/tasks.py written into the results.
     STALEBOOK_TINY=... .venv/bin/python benchmarks/bench_pipeline.py [--domains math code] [--repeats 2]
         [--steps-math 24] [--steps-code 10] [--json benchmarks/results/bench_pipeline.json]
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile, time
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,48 +32,80 @@ HERE = Path(__file__).resolve().parent
 def _cfg(domain, out, steps, pipelined, P, K, L):
     from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import AsyncConfig, TrainConfig
+
     a = AsyncConfig(mode="pipelined", max_staleness=1, on_stale="block", queue_size=2) if pipelined else AsyncConfig()
-    return TrainConfig(out=str(out), domain=domain, n_tasks=256, steps=steps, prompts_per_step=P, lr=3e-3,
-                       sampling=SamplingConfig(group_size=K, max_new_tokens=L, groups_per_batch=P), lineage_steps=(0,),
-                       checkpoint_every=max(steps, 1), async_training=a, threads=1)
+    return TrainConfig(
+        out=str(out),
+        domain=domain,
+        n_tasks=256,
+        steps=steps,
+        prompts_per_step=P,
+        lr=3e-3,
+        sampling=SamplingConfig(group_size=K, max_new_tokens=L, groups_per_batch=P),
+        lineage_steps=(0,),
+        checkpoint_every=max(steps, 1),
+        async_training=a,
+        threads=1,
+    )
 
 
 def run_sync(domain, out, steps, warm, **kw):
     from stalebook.trainer import Trainer
+
     t0 = time.perf_counter()
     tr = Trainer(_cfg(domain, out, steps, False, **kw)).run(progress=False)
     wall = time.perf_counter() - t0
     recs = tr.log.records
     ts = np.array([r["t_step"] for r in recs])
     tok = np.array([r["n_tokens"] for r in recs])
-    return dict(wall_s=wall, steps_per_s=len(recs) / wall, tokens_per_s=tok.sum() / wall,
-                steady_steps_per_s=(len(recs) - warm) / ts[warm:].sum(), steady_tokens_per_s=tok[warm:].sum() / ts[warm:].sum(),
-                reward_mean=float(np.mean([r["reward_mean"] for r in recs])))
+    return dict(
+        wall_s=wall,
+        steps_per_s=len(recs) / wall,
+        tokens_per_s=tok.sum() / wall,
+        steady_steps_per_s=(len(recs) - warm) / ts[warm:].sum(),
+        steady_tokens_per_s=tok[warm:].sum() / ts[warm:].sum(),
+        reward_mean=float(np.mean([r["reward_mean"] for r in recs])),
+    )
 
 
 def run_pipe(domain, out, steps, warm, **kw):
     from stalebook.pipeline import run_pipeline
+
     t0 = time.perf_counter()
     man = run_pipeline(_cfg(domain, out, steps, True, **kw), progress=False)
     wall = time.perf_counter() - t0
     from stalebook.core import read_jsonl
+
     recs = read_jsonl(Path(out) / "steps.jsonl").records
     td = np.array([r["t_done"] for r in recs])
     tok = np.array([r["n_tokens"] for r in recs])
     span = td[-1] - td[warm - 1]
-    return dict(wall_s=wall, steps_per_s=len(recs) / wall, tokens_per_s=tok.sum() / wall,
-                steady_steps_per_s=(len(recs) - warm) / span, steady_tokens_per_s=tok[warm:].sum() / span,
-                reward_mean=float(np.mean([r["reward_mean"] for r in recs])), lag_histogram=man["lag_histogram"],
-                max_lag=man["max_lag"], lag_bound_held=man["lag_bound_held"], learner_wait_s=float(sum(r["t_wait"] for r in recs)),
-                gen_sample_s=float(sum(r["t_sample"] for r in recs)), gen_reward_s=float(sum(r["t_reward"] for r in recs)))
+    return dict(
+        wall_s=wall,
+        steps_per_s=len(recs) / wall,
+        tokens_per_s=tok.sum() / wall,
+        steady_steps_per_s=(len(recs) - warm) / span,
+        steady_tokens_per_s=tok[warm:].sum() / span,
+        reward_mean=float(np.mean([r["reward_mean"] for r in recs])),
+        lag_histogram=man["lag_histogram"],
+        max_lag=man["max_lag"],
+        lag_bound_held=man["lag_bound_held"],
+        learner_wait_s=float(sum(r["t_wait"] for r in recs)),
+        gen_sample_s=float(sum(r["t_sample"] for r in recs)),
+        gen_reward_s=float(sum(r["t_reward"] for r in recs)),
+    )
 
 
 def verifier_id() -> dict:
     from stalebook.core import hash_file
+
     root = HERE.parent
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    return dict(commit=commit, sandbox_py_sha256=hash_file(root / "stalebook" / "sandbox.py"),
-                tasks_py_sha256=hash_file(root / "stalebook" / "tasks.py"))
+    return dict(
+        commit=commit,
+        sandbox_py_sha256=hash_file(root / "stalebook" / "sandbox.py"),
+        tasks_py_sha256=hash_file(root / "stalebook" / "tasks.py"),
+    )
 
 
 def main(argv=None):
@@ -75,14 +115,22 @@ def main(argv=None):
     ap.add_argument("--steps-math", type=int, default=24)
     ap.add_argument("--steps-code", type=int, default=10)
     ap.add_argument("--warm", type=int, default=3, help="steps excluded from the steady-state rates")
-    ap.add_argument("-P", type=int, default=8); ap.add_argument("-K", type=int, default=8)
+    ap.add_argument("-P", type=int, default=8)
+    ap.add_argument("-K", type=int, default=8)
     ap.add_argument("--json", default=str(HERE / "results" / "bench_pipeline.json"))
     a = ap.parse_args(argv)
     import torch
+
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    out = dict(machine=f"{os.cpu_count()} CPUs, shared with other workers (load average at start {os.getloadavg()[0]:.1f})",
-               verifier=verifier_id(), P=a.P, K=a.K, warm=a.warm, domains={})
+    out = dict(
+        machine=f"{os.cpu_count()} CPUs, shared with other workers (load average at start {os.getloadavg()[0]:.1f})",
+        verifier=verifier_id(),
+        P=a.P,
+        K=a.K,
+        warm=a.warm,
+        domains={},
+    )
     t_all = time.time()
     for dom in a.domains:
         steps, L = (a.steps_math, 8) if dom == "math" else (a.steps_code, 12)
@@ -91,19 +139,34 @@ def main(argv=None):
         for rep in range(a.repeats):
             for mode, fn in (("sync", run_sync), ("pipelined", run_pipe)):
                 d = tmp / f"{dom}-{mode}-{rep}"
-                r = fn(dom, d, steps, a.warm, **kw); shutil.rmtree(d, ignore_errors=True)
+                r = fn(dom, d, steps, a.warm, **kw)
+                shutil.rmtree(d, ignore_errors=True)
                 runs[mode].append(r)
-                print(f"{dom} {mode:9s} rep {rep}: {r['steps_per_s']:.3f} steps/s ({r['steady_steps_per_s']:.3f} steady), "
-                      f"{r['tokens_per_s']:.0f} tokens/s ({r['steady_tokens_per_s']:.0f} steady), wall {r['wall_s']:.1f} s"
-                      + (f", lags {r['lag_histogram']}" if mode == "pipelined" else ""), flush=True)
-        med = {m: {k: float(np.median([r[k] for r in rs])) for k in ("steps_per_s", "tokens_per_s", "steady_steps_per_s", "steady_tokens_per_s")}
-               for m, rs in runs.items()}
+                print(
+                    f"{dom} {mode:9s} rep {rep}: {r['steps_per_s']:.3f} steps/s ({r['steady_steps_per_s']:.3f} steady), "
+                    f"{r['tokens_per_s']:.0f} tokens/s ({r['steady_tokens_per_s']:.0f} steady), wall {r['wall_s']:.1f} s"
+                    + (f", lags {r['lag_histogram']}" if mode == "pipelined" else ""),
+                    flush=True,
+                )
+        med = {
+            m: {
+                k: float(np.median([r[k] for r in rs]))
+                for k in ("steps_per_s", "tokens_per_s", "steady_steps_per_s", "steady_tokens_per_s")
+            }
+            for m, rs in runs.items()
+        }
         ratio = {k: med["pipelined"][k] / med["sync"][k] for k in med["sync"]}
-        out["domains"][dom] = dict(steps=steps, max_new_tokens=L, runs=runs, median=med, ratio_pipelined_over_sync=ratio)
-        print(f"{dom}: pipelined / synchronous (median of {a.repeats}): steps/s x{ratio['steps_per_s']:.2f} "
-              f"(steady x{ratio['steady_steps_per_s']:.2f}), tokens/s x{ratio['tokens_per_s']:.2f} (steady x{ratio['steady_tokens_per_s']:.2f})", flush=True)
+        out["domains"][dom] = dict(
+            steps=steps, max_new_tokens=L, runs=runs, median=med, ratio_pipelined_over_sync=ratio
+        )
+        print(
+            f"{dom}: pipelined / synchronous (median of {a.repeats}): steps/s x{ratio['steps_per_s']:.2f} "
+            f"(steady x{ratio['steady_steps_per_s']:.2f}), tokens/s x{ratio['tokens_per_s']:.2f} (steady x{ratio['steady_tokens_per_s']:.2f})",
+            flush=True,
+        )
     out["wall_s"] = round(time.time() - t_all, 1)
     from stalebook.core import atomic_write_json
+
     atomic_write_json(a.json, json.loads(json.dumps(out, default=float)))
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {a.json} ({out['wall_s']:.0f} s)")

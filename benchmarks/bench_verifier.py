@@ -31,22 +31,35 @@
 
 The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
 """
-import argparse, concurrent.futures, json, os, platform, statistics, sys, tempfile, time
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from stalebook import sandbox, tasks as T, trainer as TR                       # noqa: E402
-from stalebook.core import Domain                                              # noqa: E402
-from stalebook.rollouts import SamplingConfig                                  # noqa: E402
+from stalebook import sandbox  # noqa: E402
+from stalebook import tasks as T
+from stalebook import trainer as TR
+from stalebook.core import Domain  # noqa: E402
+from stalebook.rollouts import SamplingConfig  # noqa: E402
 
 
 def programs(n_tasks: int = 100):
     "n_tasks synthetic code tasks x (reference, wrong) = 2 n_tasks distinct programs, half correct."
     seen, ts = set(), []
     for t in T.synthetic_tasks("code", 8 * n_tasks, Domain(0, ("bench", "verifier")), level=1):
-        if t.answer not in seen and len(ts) < n_tasks: seen.add(t.answer); ts.append(t)
+        if t.answer not in seen and len(ts) < n_tasks:
+            seen.add(t.answer)
+            ts.append(t)
     rows = [(t, c) for t in ts for c in (t.answer, t.answer + "+1")]
     assert len({T.code_program(t, c) for t, c in rows}) == len(rows)
     return [t for t, _ in rows], [c for _, c in rows]
@@ -64,7 +77,8 @@ def verify(tasks, comps, workers: int, fork_server: bool) -> dict:
             warm = time.perf_counter() - t0
             assert again == got
         stats, fallback = dict(pool.stats), pool.fallback
-    if fork_server and (fallback or stats["per_program"]): raise SystemExit(f"fork server did not run: {fallback}")
+    if fork_server and (fallback or stats["per_program"]):
+        raise SystemExit(f"fork server did not run: {fallback}")
     return dict(seconds=cold, warm_seconds=warm, rewards=got, stats=stats)
 
 
@@ -75,35 +89,70 @@ def bench_verifier(repeat: int, workers: int) -> dict:
         fresh = verify(tasks, comps, workers, fork_server=False)
         fork = verify(tasks, comps, workers, fork_server=True)
         for r in (fresh, fork):
-            if ref is None: ref = json.dumps(r["rewards"], sort_keys=True)
+            if ref is None:
+                ref = json.dumps(r["rewards"], sort_keys=True)
             assert json.dumps(r["rewards"], sort_keys=True) == ref, "the two paths disagree"
         n = len(tasks)
-        run = dict(per_program_s=round(fresh["seconds"], 3), fork_cold_s=round(fork["seconds"], 3),
-                   fork_warm_s=round(fork["warm_seconds"], 3), per_program_pps=round(n / fresh["seconds"], 1),
-                   fork_cold_pps=round(n / fork["seconds"], 1), fork_warm_pps=round(n / fork["warm_seconds"], 1),
-                   ratio_cold=round(fresh["seconds"] / fork["seconds"], 2), ratio_warm=round(fresh["seconds"] / fork["warm_seconds"], 2))
+        run = dict(
+            per_program_s=round(fresh["seconds"], 3),
+            fork_cold_s=round(fork["seconds"], 3),
+            fork_warm_s=round(fork["warm_seconds"], 3),
+            per_program_pps=round(n / fresh["seconds"], 1),
+            fork_cold_pps=round(n / fork["seconds"], 1),
+            fork_warm_pps=round(n / fork["warm_seconds"], 1),
+            ratio_cold=round(fresh["seconds"] / fork["seconds"], 2),
+            ratio_warm=round(fresh["seconds"] / fork["warm_seconds"], 2),
+        )
         runs.append(run)
-        print(f"verifier rep {rep + 1}/{repeat}: per-program {run['per_program_pps']:.0f} programs/s | fork server "
-              f"{run['fork_cold_pps']:.0f}/s cold, {run['fork_warm_pps']:.0f}/s warm | ratio {run['ratio_cold']:.1f}x cold, "
-              f"{run['ratio_warm']:.1f}x warm", flush=True)
+        print(
+            f"verifier rep {rep + 1}/{repeat}: per-program {run['per_program_pps']:.0f} programs/s | fork server "
+            f"{run['fork_cold_pps']:.0f}/s cold, {run['fork_warm_pps']:.0f}/s warm | ratio {run['ratio_cold']:.1f}x cold, "
+            f"{run['ratio_warm']:.1f}x warm",
+            flush=True,
+        )
     n_ok = sum(r for r, _ in json.loads(ref))
-    return dict(n_programs=len(tasks), n_correct=int(n_ok), workers=workers, isolation=sandbox.isolation(), runs=runs,
-                paths_agree=True)
+    return dict(
+        n_programs=len(tasks),
+        n_correct=int(n_ok),
+        workers=workers,
+        isolation=sandbox.isolation(),
+        runs=runs,
+        paths_agree=True,
+    )
 
 
 def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, reward_fn=None) -> TR.Trainer:
-    cfg = TR.TrainConfig(out=str(out / domain), snapshot=snapshot, domain=domain, task_level=0, n_tasks=256, seed=0, steps=100,
-                         prompts_per_step=16, sampling=SamplingConfig(group_size=16, max_new_tokens=12, groups_per_batch=16),
-                         lr=3e-3, lineage_steps=(0,), checkpoint_every=1000, shared_prefix=shared_prefix)
+    cfg = TR.TrainConfig(
+        out=str(out / domain),
+        snapshot=snapshot,
+        domain=domain,
+        task_level=0,
+        n_tasks=256,
+        seed=0,
+        steps=100,
+        prompts_per_step=16,
+        sampling=SamplingConfig(group_size=16, max_new_tokens=12, groups_per_batch=16),
+        lr=3e-3,
+        lineage_steps=(0,),
+        checkpoint_every=1000,
+        shared_prefix=shared_prefix,
+    )
     return TR.Trainer(cfg, reward_fn=reward_fn)
 
 
-ARMS = [("math", "math", None, False), ("code", "code", "process", False), ("code_per_program", "code", "process-per-program", False),
-        ("code_replayed", "code", "replay:code", False),
-        ("math_shared_prefix", "math", None, True), ("code_shared_prefix", "code", "process", True),
-        ("code_shared_prefix_in_process", "code", "thread", True),
-        ("code_shared_prefix_replayed", "code", "replay:code_shared_prefix", True)]    # name, domain, verifier, shared prefix
-CRITERION = [a for a in ARMS if a[0] in ("math", "code", "math_shared_prefix", "code_shared_prefix")]   # the trainer as a run uses it
+ARMS = [
+    ("math", "math", None, False),
+    ("code", "code", "process", False),
+    ("code_per_program", "code", "process-per-program", False),
+    ("code_replayed", "code", "replay:code", False),
+    ("math_shared_prefix", "math", None, True),
+    ("code_shared_prefix", "code", "process", True),
+    ("code_shared_prefix_in_process", "code", "thread", True),
+    ("code_shared_prefix_replayed", "code", "replay:code_shared_prefix", True),
+]  # name, domain, verifier, shared prefix
+CRITERION = [
+    a for a in ARMS if a[0] in ("math", "code", "math_shared_prefix", "code_shared_prefix")
+]  # the trainer as a run uses it
 
 
 def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
@@ -112,8 +161,9 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
     leaves, fork servers), `process-per-program` (the same with fresh sandboxes), `thread` (its verifier thread calling
     `tasks.rewards` in this process: what the trainer did before), `replay:ARM` (ARM's verdicts of this round, looked up)."""
     spent = {"t": 0.0, "programs": 0, "arm": None, "missed": 0}
-    verdicts = {name: {} for name, *_ in arms}                             # (task id, text) -> the arm's verdict this round
+    verdicts = {name: {} for name, *_ in arms}  # (task id, text) -> the arm's verdict this round
     real = TR.batch_rewards
+
     def timed(tasks, texts, *a, **k):
         t0 = time.perf_counter()
         try:
@@ -122,34 +172,65 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
             return got
         finally:
             spent["t"] += time.perf_counter() - t0
-            spent["programs"] += len({(T.code_program(t, x), t.tests) for t, x in zip(tasks, texts)
-                                      if t.domain == "code" and T._code_precheck(t, x)[1] is None})
+            spent["programs"] += len(
+                {
+                    (T.code_program(t, x), t.tests)
+                    for t, x in zip(tasks, texts)
+                    if t.domain == "code" and T._code_precheck(t, x)[1] is None
+                }
+            )
+
     def replay(src):
         def reward_fn(task, text):
-            if (task.id, text) in verdicts[src]: return verdicts[src][task.id, text]
+            if (task.id, text) in verdicts[src]:
+                return verdicts[src][task.id, text]
             spent["missed"] += 1
             return T.reward(task, text)
+
         return reward_fn
+
     TR.batch_rewards = timed
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
-        trs = {name: trainer(dom, snapshot, Path(d) / name, sp, replay(v.split(":")[1]) if (v or "").startswith("replay:") else None)
-               for name, dom, v, sp in arms}
+        trs = {
+            name: trainer(
+                dom, snapshot, Path(d) / name, sp, replay(v.split(":")[1]) if (v or "").startswith("replay:") else None
+            )
+            for name, dom, v, sp in arms
+        }
         for name, _, v, _ in arms:
-            if v == "thread": trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+            if v == "thread":
+                trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         rows = {name: [] for name, *_ in arms}
-        for i in range(steps + 1):                                         # step 0 = warm-up (processes and templates start there)
-            for v in verdicts.values(): v.clear()
+        for i in range(steps + 1):  # step 0 = warm-up (processes and templates start there)
+            for v in verdicts.values():
+                v.clear()
             for name, _, v, _ in arms:
                 spent.update(t=0.0, programs=0, arm=name, missed=0)
-                if v == "process-per-program" and i == 0: os.environ["STALEBOOK_SANDBOX_FORKSERVER"] = "0"
-                try: rec = trs[name].train_step()
-                finally: os.environ.pop("STALEBOOK_SANDBOX_FORKSERVER", None)
-                if i: rows[name].append(dict(t_step=rec["t_step"], t_gen=rec["t_gen"], t_reward=round(spent["t"], 4),
-                                             programs=spent["programs"], completion_tokens=rec["n_tokens"], reward_mean=rec["reward_mean"],
-                                             replay_misses=spent["missed"]))
-            if i: print(f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in arms), flush=True)
+                if v == "process-per-program" and i == 0:
+                    os.environ["STALEBOOK_SANDBOX_FORKSERVER"] = "0"
+                try:
+                    rec = trs[name].train_step()
+                finally:
+                    os.environ.pop("STALEBOOK_SANDBOX_FORKSERVER", None)
+                if i:
+                    rows[name].append(
+                        dict(
+                            t_step=rec["t_step"],
+                            t_gen=rec["t_gen"],
+                            t_reward=round(spent["t"], 4),
+                            programs=spent["programs"],
+                            completion_tokens=rec["n_tokens"],
+                            reward_mean=rec["reward_mean"],
+                            replay_misses=spent["missed"],
+                        )
+                    )
+            if i:
+                print(
+                    f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in arms), flush=True
+                )
         for tr in trs.values():
-            if tr._verifier_proc is not None: tr._verifier_proc.close()
+            if tr._verifier_proc is not None:
+                tr._verifier_proc.close()
     TR.batch_rewards = real
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
     return rows, prompt
@@ -158,18 +239,29 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
 def ratios(rows: dict, a: str, b: str) -> tuple[float, float]:
     "Step time of arm a over arm b: (ratio of the medians, median of the rounds' own ratios)."
     med = lambda n: statistics.median(r["t_step"] for r in rows[n])
-    return round(med(a) / med(b), 2), round(statistics.median(x["t_step"] / y["t_step"] for x, y in zip(rows[a], rows[b])), 2)
+    return round(med(a) / med(b), 2), round(
+        statistics.median(x["t_step"] / y["t_step"] for x, y in zip(rows[a], rows[b])), 2
+    )
 
 
 def bench_criterion(steps: int, snapshot: str) -> dict:
     """The criterion's measurement: the trainer on code against the trainer on math, whole rows and shared prefix, and
     nothing else in the rounds (the diagnostic arms' fresh sandboxes and extra processes would share the same 2 cores)."""
     rows, _ = run_arms(CRITERION, steps, snapshot)
-    return dict(steps=steps, rows=rows, median_step_s={n: round(statistics.median(r["t_step"] for r in rs), 3) for n, rs in rows.items()},
-                code_to_math=dict(zip(("medians", "per_round"), ratios(rows, "code", "math"))),
-                code_to_math_shared_prefix=dict(zip(("medians", "per_round"), ratios(rows, "code_shared_prefix", "math_shared_prefix"))),
-                ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
-                                                           / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
+    return dict(
+        steps=steps,
+        rows=rows,
+        median_step_s={n: round(statistics.median(r["t_step"] for r in rs), 3) for n, rs in rows.items()},
+        code_to_math=dict(zip(("medians", "per_round"), ratios(rows, "code", "math"))),
+        code_to_math_shared_prefix=dict(
+            zip(("medians", "per_round"), ratios(rows, "code_shared_prefix", "math_shared_prefix"))
+        ),
+        ratio_completion_tokens_code_to_math=round(
+            statistics.mean(r["completion_tokens"] for r in rows["code"])
+            / statistics.mean(r["completion_tokens"] for r in rows["math"]),
+            2,
+        ),
+    )
 
 
 def bench_step(steps: int, snapshot: str) -> dict:
@@ -178,25 +270,38 @@ def bench_step(steps: int, snapshot: str) -> dict:
     med = {n: statistics.median(r["t_step"] for r in rs) for n, rs in rows.items()}
     sp = lambda n: round(med[n] / med["math_shared_prefix"], 2)
     paired = lambda a, b: ratios(rows, a, b)[1]
-    return dict(prompts_per_step=16, group_size=16, max_new_tokens=12, steps=steps, rows=rows, mean_prompt_chars=prompt,
-                verifier_workers=TR.verifier_workers(1),
-                median_step_s={n: round(v, 3) for n, v in med.items()},
-                median_reward_s={n: round(statistics.median(r["t_reward"] for r in rs), 3) for n, rs in rows.items()},
-                ratio_code_to_math=round(med["code"] / med["math"], 2),
-                ratio_code_to_math_shared_prefix=sp("code_shared_prefix"),
-                ratio_code_in_process_to_math_shared_prefix=sp("code_shared_prefix_in_process"),
-                ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2),
-                ratio_code_replayed_to_math=round(med["code_replayed"] / med["math"], 2),
-                ratio_code_replayed_to_math_shared_prefix=sp("code_shared_prefix_replayed"),
-                paired_ratio={"code/math": paired("code", "math"), "code_replayed/math": paired("code_replayed", "math"),
-                              "code/math, shared prefix": paired("code_shared_prefix", "math_shared_prefix"),
-                              "code_replayed/math, shared prefix": paired("code_shared_prefix_replayed", "math_shared_prefix"),
-                              "code/code_replayed": paired("code", "code_replayed"),
-                              "code/code_replayed, shared prefix": paired("code_shared_prefix", "code_shared_prefix_replayed")},
-                replay_misses=sum(r["replay_misses"] for rs in rows.values() for r in rs),
-                speedup_shared_prefix={d: round(med[d] / med[f"{d}_shared_prefix"], 2) for d in ("math", "code")},
-                ratio_completion_tokens_code_to_math=round(statistics.mean(r["completion_tokens"] for r in rows["code"])
-                                                           / statistics.mean(r["completion_tokens"] for r in rows["math"]), 2))
+    return dict(
+        prompts_per_step=16,
+        group_size=16,
+        max_new_tokens=12,
+        steps=steps,
+        rows=rows,
+        mean_prompt_chars=prompt,
+        verifier_workers=TR.verifier_workers(1),
+        median_step_s={n: round(v, 3) for n, v in med.items()},
+        median_reward_s={n: round(statistics.median(r["t_reward"] for r in rs), 3) for n, rs in rows.items()},
+        ratio_code_to_math=round(med["code"] / med["math"], 2),
+        ratio_code_to_math_shared_prefix=sp("code_shared_prefix"),
+        ratio_code_in_process_to_math_shared_prefix=sp("code_shared_prefix_in_process"),
+        ratio_code_per_program_to_math=round(med["code_per_program"] / med["math"], 2),
+        ratio_code_replayed_to_math=round(med["code_replayed"] / med["math"], 2),
+        ratio_code_replayed_to_math_shared_prefix=sp("code_shared_prefix_replayed"),
+        paired_ratio={
+            "code/math": paired("code", "math"),
+            "code_replayed/math": paired("code_replayed", "math"),
+            "code/math, shared prefix": paired("code_shared_prefix", "math_shared_prefix"),
+            "code_replayed/math, shared prefix": paired("code_shared_prefix_replayed", "math_shared_prefix"),
+            "code/code_replayed": paired("code", "code_replayed"),
+            "code/code_replayed, shared prefix": paired("code_shared_prefix", "code_shared_prefix_replayed"),
+        },
+        replay_misses=sum(r["replay_misses"] for rs in rows.values() for r in rs),
+        speedup_shared_prefix={d: round(med[d] / med[f"{d}_shared_prefix"], 2) for d in ("math", "code")},
+        ratio_completion_tokens_code_to_math=round(
+            statistics.mean(r["completion_tokens"] for r in rows["code"])
+            / statistics.mean(r["completion_tokens"] for r in rows["math"]),
+            2,
+        ),
+    )
 
 
 def main(argv=None):
@@ -204,37 +309,57 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=2, help="verifier comparisons (each: per-program, then fork server)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=3, help="timed GRPO steps per arm, all arms (after one warm-up step)")
-    p.add_argument("--criterion-steps", type=int, default=16, help="timed GRPO steps per arm, the criterion's four arms alone")
-    p.add_argument("--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)")
+    p.add_argument(
+        "--criterion-steps", type=int, default=16, help="timed GRPO steps per arm, the criterion's four arms alone"
+    )
+    p.add_argument(
+        "--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)"
+    )
     p.add_argument("--no-step", action="store_true", help="skip the GRPO-step part")
     p.add_argument("--json", default=str(HERE / "results" / "bench_verifier.json"))
-    p.add_argument("--append", action="store_true", help="add this invocation to the file's list instead of replacing it")
+    p.add_argument(
+        "--append", action="store_true", help="add this invocation to the file's list instead of replacing it"
+    )
     a = p.parse_args(argv)
     import torch
+
     torch.set_num_threads(1)
-    inv = dict(cores=sandbox.cores(), cpu=platform.processor() or platform.machine(), shared_machine=True,
-               verifier=bench_verifier(a.repeat, a.workers))
-    if not a.no_step: inv["criterion"], inv["step"] = bench_criterion(a.criterion_steps, a.snapshot), bench_step(a.steps, a.snapshot)
+    inv = dict(
+        cores=sandbox.cores(),
+        cpu=platform.processor() or platform.machine(),
+        shared_machine=True,
+        verifier=bench_verifier(a.repeat, a.workers),
+    )
+    if not a.no_step:
+        inv["criterion"], inv["step"] = bench_criterion(a.criterion_steps, a.snapshot), bench_step(a.steps, a.snapshot)
     v = inv["verifier"]["runs"]
-    print(f"verifier: fork server / per-program = {', '.join(str(r['ratio_cold']) for r in v)}x (cold), "
-          f"{', '.join(str(r['ratio_warm']) for r in v)}x (warm)")
+    print(
+        f"verifier: fork server / per-program = {', '.join(str(r['ratio_cold']) for r in v)}x (cold), "
+        f"{', '.join(str(r['ratio_warm']) for r in v)}x (warm)"
+    )
     if "criterion" in inv:
         c = inv["criterion"]
-        print(f"the criterion's arms alone, {c['steps']} rounds: code / math {c['code_to_math']['medians']:.2f}x (per round "
-              f"{c['code_to_math']['per_round']:.2f}x) whole rows, {c['code_to_math_shared_prefix']['medians']:.2f}x (per round "
-              f"{c['code_to_math_shared_prefix']['per_round']:.2f}x) shared prefix; median steps " +
-              ", ".join(f"{k} {v:.2f}s" for k, v in c["median_step_s"].items()))
+        print(
+            f"the criterion's arms alone, {c['steps']} rounds: code / math {c['code_to_math']['medians']:.2f}x (per round "
+            f"{c['code_to_math']['per_round']:.2f}x) whole rows, {c['code_to_math_shared_prefix']['medians']:.2f}x (per round "
+            f"{c['code_to_math_shared_prefix']['per_round']:.2f}x) shared prefix; median steps "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in c["median_step_s"].items())
+        )
     if "step" in inv:
         s = inv["step"]
         m = s["median_step_s"]
-        print(f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
-              f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
-              f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math; "
-              f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s, {s['ratio_code_in_process_to_math_shared_prefix']:.2f}x) | "
-              f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes")
-        print(f"the same trajectory with its verdicts replayed (no verification): code {m['code_replayed']:.2f}s "
-              f"({s['ratio_code_replayed_to_math']:.2f}x math), shared prefix {m['code_shared_prefix_replayed']:.2f}s "
-              f"({s['ratio_code_replayed_to_math_shared_prefix']:.2f}x) | replay misses {s['replay_misses']}")
+        print(
+            f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
+            f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
+            f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math; "
+            f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s, {s['ratio_code_in_process_to_math_shared_prefix']:.2f}x) | "
+            f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes"
+        )
+        print(
+            f"the same trajectory with its verdicts replayed (no verification): code {m['code_replayed']:.2f}s "
+            f"({s['ratio_code_replayed_to_math']:.2f}x math), shared prefix {m['code_shared_prefix_replayed']:.2f}s "
+            f"({s['ratio_code_replayed_to_math_shared_prefix']:.2f}x) | replay misses {s['replay_misses']}"
+        )
         print("median of per-round ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in s["paired_ratio"].items()))
     path = Path(a.json)
     old = json.loads(path.read_text()) if a.append and path.exists() else {"invocations": []}

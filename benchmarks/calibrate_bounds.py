@@ -15,17 +15,29 @@ and the wall time to benchmarks/results/calibrate_bounds_timings.json. The noteb
 
 The committed run: 1,800 points, 36 min wall / 13 min CPU on the shared 2-core machine (one BLAS thread).
 """
+
 import os
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")                 # one core: the machine is shared
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core: the machine is shared
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-import argparse, sys, time
+import argparse
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from stalebook.core import Domain, atomic_write_json
-from stalebook.protocol import (DEFAULT_BOUND, calibrate_cell, calibration_grid, choose_bound, coverage_table, design_power,
-                                rho_from_rel, summarise_cell)
+from stalebook.protocol import (
+    DEFAULT_BOUND,
+    calibrate_cell,
+    calibration_grid,
+    choose_bound,
+    coverage_table,
+    design_power,
+    rho_from_rel,
+    summarise_cell,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,7 +50,11 @@ def main(argv=None):
     p.add_argument("--truth-draws", type=int, default=2000)
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "calibrate_bounds.json"))
-    p.add_argument("--only", default=None, help="run only the cells whose 'regime n=.. K=..' label contains this (a check of reproducibility)")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="run only the cells whose 'regime n=.. K=..' label contains this (a check of reproducibility)",
+    )
     a = p.parse_args(argv)
     D = Domain(a.root, ("calibration", "bounds"))
     cells, t0, per_cell = [], time.perf_counter(), {}
@@ -49,31 +65,76 @@ def main(argv=None):
         rows = calibrate_cell(cell, dom, a.pools, a.seeds, a.n_boot, a.truth_draws)
         s = summarise_cell(cell, rows)
         q = cell.k / cell.n
-        s["pilot"] = dict(p_gate=float(np.mean([
-            design_power(rho_from_rel(r["est"]["rel"], q), cell.n, cell.k, 1, bound="model", pools=20, draws=40, cells=10,
-                         domain=dom.child("pilot", i))["p_gate"] for i, r in enumerate(rows)])))
+        s["pilot"] = dict(
+            p_gate=float(
+                np.mean(
+                    [
+                        design_power(
+                            rho_from_rel(r["est"]["rel"], q),
+                            cell.n,
+                            cell.k,
+                            1,
+                            bound="model",
+                            pools=20,
+                            draws=40,
+                            cells=10,
+                            domain=dom.child("pilot", i),
+                        )["p_gate"]
+                        for i, r in enumerate(rows)
+                    ]
+                )
+            )
+        )
         cells.append(s)
         per_cell[f"{cell.regime} n={cell.n} K={cell.K}"] = round(time.perf_counter() - t1, 1)
         m = s["methods"][DEFAULT_BOUND]
-        print(f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f}, "
-              f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / s['points']:.2f} fresh {m['lb_cover']['gain_fresh'] / s['points']:.2f}, "
-              f"gate {m['gate'] / s['points']:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f}) "
-              f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)", flush=True)
-    out = dict(config=dict(pools=a.pools, seeds=a.seeds, n_boot=a.n_boot, truth_draws=a.truth_draws, root=a.root,
-                           points=sum(c["points"] for c in cells)), cells=cells)
+        print(
+            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f}, "
+            f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / s['points']:.2f} fresh {m['lb_cover']['gain_fresh'] / s['points']:.2f}, "
+            f"gate {m['gate'] / s['points']:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f}) "
+            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+    out = dict(
+        config=dict(
+            pools=a.pools,
+            seeds=a.seeds,
+            n_boot=a.n_boot,
+            truth_draws=a.truth_draws,
+            root=a.root,
+            points=sum(c["points"] for c in cells),
+        ),
+        cells=cells,
+    )
     atomic_write_json(a.out, out)
     wall = time.perf_counter() - t0
-    atomic_write_json(Path(a.out).with_name(Path(a.out).stem + "_timings.json"),
-                      dict(wall_s=round(wall, 1), cells=per_cell, cpus=len(os.sched_getaffinity(0)),
-                           openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS")))
-    if a.only: return 0
+    atomic_write_json(
+        Path(a.out).with_name(Path(a.out).stem + "_timings.json"),
+        dict(
+            wall_s=round(wall, 1),
+            cells=per_cell,
+            cpus=len(os.sched_getaffinity(0)),
+            openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS"),
+        ),
+    )
+    if a.only:
+        return 0
     tab = coverage_table(cells)
     for m, t in tab.items():
-        print(m.ljust(10), "  ".join(f"{r}: Rel {v['rel']:.3f} fresh {v['gain_fresh']:.3f} stale {v['gain_stale']:.3f} "
-                                      f"ctrlFP {v['control_fp']:.3f} power {v['power']:.3f}" for r, v in t.items()))
+        print(
+            m.ljust(10),
+            "  ".join(
+                f"{r}: Rel {v['rel']:.3f} fresh {v['gain_fresh']:.3f} stale {v['gain_stale']:.3f} "
+                f"ctrlFP {v['control_fp']:.3f} power {v['power']:.3f}"
+                for r, v in t.items()
+            ),
+        )
     ch = choose_bound(tab)
-    print(f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}"
-          + (" (closest conservative: none in band)" if ch["conservative_fallback"] else "") + f"; wall {wall:.0f} s")
+    print(
+        f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}"
+        + (" (closest conservative: none in band)" if ch["conservative_fallback"] else "")
+        + f"; wall {wall:.0f} s"
+    )
     return 0
 
 

@@ -26,7 +26,12 @@ pass rate +0.094 ± 0.026, held-out +0.002 ± 0.024; 455 s for 100 steps (4.4 s/
 Runs are resumable (the trainer resumes from its last checkpoint; eval stores resume after their last
 complete group), so an interrupted invocation can simply be repeated.
 """
-import argparse, json, math, os, sys, time
+
+import argparse
+import json
+import math
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +44,7 @@ def pooled_group_stats(recs) -> tuple[float, float, int]:
     each step's `reward_mean`, `reward_se` (= sd of its group means / sqrt(P)) and `n_groups`."""
     n = np.array([r["n_groups"] for r in recs], float)
     m = np.array([r["reward_mean"] for r in recs], float)
-    s2 = np.array([r["reward_se"] for r in recs], float) ** 2 * n           # per-step sample variance of group means
+    s2 = np.array([r["reward_se"] for r in recs], float) ** 2 * n  # per-step sample variance of group means
     N = n.sum()
     mu = float((n * m).sum() / N)
     ss = float(((n - 1) * s2).sum() + (n * (m - mu) ** 2).sum())
@@ -50,23 +55,49 @@ def train_summary(recs, window: int) -> dict:
     first, last = recs[:window], recs[-window:]
     (m0, se0, n0), (m1, se1, n1) = pooled_group_stats(first), pooled_group_stats(last)
     d, se_d = m1 - m0, math.hypot(se0, se1)
-    return dict(window=window, start=m0, start_se=se0, start_groups=n0, end=m1, end_se=se1, end_groups=n1,
-                diff=d, diff_se=se_d, z=d / se_d if se_d > 0 else float("inf"),
-                zero_adv_start=int(sum(r["zero_adv_groups"] for r in first)),
-                zero_adv_end=int(sum(r["zero_adv_groups"] for r in last)),
-                zero_adv_total=int(sum(r["zero_adv_groups"] for r in recs)), groups_total=int(sum(r["n_groups"] for r in recs)),
-                t_step_mean=float(np.mean([r["t_step"] for r in recs])))
+    return dict(
+        window=window,
+        start=m0,
+        start_se=se0,
+        start_groups=n0,
+        end=m1,
+        end_se=se1,
+        end_groups=n1,
+        diff=d,
+        diff_se=se_d,
+        z=d / se_d if se_d > 0 else float("inf"),
+        zero_adv_start=int(sum(r["zero_adv_groups"] for r in first)),
+        zero_adv_end=int(sum(r["zero_adv_groups"] for r in last)),
+        zero_adv_total=int(sum(r["zero_adv_groups"] for r in recs)),
+        groups_total=int(sum(r["n_groups"] for r in recs)),
+        t_step_mean=float(np.mean([r["t_step"] for r in recs])),
+    )
 
 
 def eval_checkpoint(cfg, ckpt: Path, tasks, k: int, out: Path, batch: int = 8) -> np.ndarray:
     "Per-prompt pass rates [n] of the policy in checkpoint `ckpt` on `tasks`, K samples per prompt."
     from stalebook.model import policy_hash
-    from stalebook.rollouts import numerics_of, RolloutStore, SamplingConfig, generate_store, load_run_policy, rollout_domain
+    from stalebook.rollouts import (
+        RolloutStore,
+        SamplingConfig,
+        generate_store,
+        load_run_policy,
+        numerics_of,
+        rollout_domain,
+    )
+
     model, tok = load_run_policy(cfg.snapshot, str(ckpt), cfg.device, cfg.dtype)
     ph = policy_hash(model)
-    sc = SamplingConfig(group_size=k, max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-                        top_p=cfg.sampling.top_p, groups_per_batch=batch)
-    store = RolloutStore(out, ph, rollout_domain(cfg.seed, ph, "learn-eval"), sc, [t.id for t in tasks], numerics=numerics_of(model))
+    sc = SamplingConfig(
+        group_size=k,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        groups_per_batch=batch,
+    )
+    store = RolloutStore(
+        out, ph, rollout_domain(cfg.seed, ph, "learn-eval"), sc, [t.id for t in tasks], numerics=numerics_of(model)
+    )
     generate_store(model, tok, tasks, store, progress=sys.stderr.isatty())
     return np.array([np.mean(r["rewards"]) for r in store.records])
 
@@ -74,55 +105,96 @@ def eval_checkpoint(cfg, ckpt: Path, tasks, k: int, out: Path, batch: int = 8) -
 def eval_summary(p0: np.ndarray, p1: np.ndarray, k: int) -> dict:
     se = lambda x: float(x.std(ddof=1) / math.sqrt(len(x)))
     d = p1 - p0
-    return dict(n_prompts=len(p0), k=k, before=float(p0.mean()), before_se=se(p0), after=float(p1.mean()), after_se=se(p1),
-                diff=float(d.mean()), diff_se=se(d), z=float(d.mean() / se(d)) if se(d) > 0 else float("inf"),
-                solved_any_before=int((p0 > 0).sum()), solved_any_after=int((p1 > 0).sum()))
+    return dict(
+        n_prompts=len(p0),
+        k=k,
+        before=float(p0.mean()),
+        before_se=se(p0),
+        after=float(p1.mean()),
+        after_se=se(p1),
+        diff=float(d.mean()),
+        diff_se=se(d),
+        z=float(d.mean() / se(d)) if se(d) > 0 else float("inf"),
+        solved_any_before=int((p0 > 0).sum()),
+        solved_any_after=int((p1 > 0).sum()),
+    )
 
 
 def run_domain(domain: str, args) -> dict:
     from stalebook.core import Domain, load_config
     from stalebook.tasks import synthetic_tasks
-    from stalebook.trainer import Trainer, TrainConfig
+    from stalebook.trainer import TrainConfig, Trainer
+
     cfgp = Path(args.config_dir) / f"train-{domain}.yaml"
     ov = {"out": str(Path(args.out) / domain)}
-    if args.steps is not None: ov.update(steps=args.steps, lineage_steps=[0, args.steps])
-    if args.snapshot is not None: ov["snapshot"] = args.snapshot
+    if args.steps is not None:
+        ov.update(steps=args.steps, lineage_steps=[0, args.steps])
+    if args.snapshot is not None:
+        ov["snapshot"] = args.snapshot
     cfg = load_config(TrainConfig, cfgp, overrides=ov)
     last = cfg.steps
     if last not in cfg.lineage_steps or 0 not in cfg.lineage_steps:
         raise SystemExit(f"{cfgp}: lineage_steps must contain 0 and steps={last} (the evaluated checkpoints)")
-    print(f"== {domain}: {cfgp} -> {cfg.out}  (P={cfg.prompts_per_step}, K={cfg.sampling.group_size}, lr={cfg.lr}, "
-          f"steps={cfg.steps}, max_new_tokens={cfg.sampling.max_new_tokens})", flush=True)
+    print(
+        f"== {domain}: {cfgp} -> {cfg.out}  (P={cfg.prompts_per_step}, K={cfg.sampling.group_size}, lr={cfg.lr}, "
+        f"steps={cfg.steps}, max_new_tokens={cfg.sampling.max_new_tokens})",
+        flush=True,
+    )
     t0 = time.time()
     tr = Trainer(cfg).run(progress=sys.stderr.isatty())
     t_train = time.time() - t0
     recs = tr.log.records
-    if len(recs) < cfg.steps: raise SystemExit(f"{cfg.out}: only {len(recs)} step records")
+    if len(recs) < cfg.steps:
+        raise SystemExit(f"{cfg.out}: only {len(recs)} step records")
     del tr
     ts = train_summary(recs, min(args.window, len(recs) // 2))
     t1 = time.time()
     from stalebook.trainer import make_tasks
+
     run = Path(cfg.out)
-    pools = {"held-out": synthetic_tasks(domain, args.eval_n, Domain(cfg.seed, ("eval", domain, cfg.task_level)), level=cfg.task_level),
-             "train-pool": make_tasks(cfg)[: args.eval_n]}
+    pools = {
+        "held-out": synthetic_tasks(
+            domain, args.eval_n, Domain(cfg.seed, ("eval", domain, cfg.task_level)), level=cfg.task_level
+        ),
+        "train-pool": make_tasks(cfg)[: args.eval_n],
+    }
     evs = {}
     for name, tasks in pools.items():
         p0 = eval_checkpoint(cfg, run / "lineage" / "step-000000", tasks, args.eval_k, run / "eval")
         p1 = eval_checkpoint(cfg, run / "lineage" / f"step-{last:06d}", tasks, args.eval_k, run / "eval")
         evs[name] = eval_summary(p0, p1, args.eval_k)
     t_eval = time.time() - t1
-    res = dict(domain=domain, config=str(cfgp), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-               group_size=cfg.sampling.group_size, lr=cfg.lr, n_tasks=cfg.n_tasks, train=ts, eval=evs,
-               wall_train_s=round(t_train, 1), wall_eval_s=round(t_eval, 1))
+    res = dict(
+        domain=domain,
+        config=str(cfgp),
+        steps=cfg.steps,
+        prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.sampling.group_size,
+        lr=cfg.lr,
+        n_tasks=cfg.n_tasks,
+        train=ts,
+        eval=evs,
+        wall_train_s=round(t_train, 1),
+        wall_eval_s=round(t_eval, 1),
+    )
     W = ts["window"]
-    print(f"{domain}: training reward  first {W} steps {ts['start']:.3f} ± {ts['start_se']:.3f} ({ts['start_groups']} groups)"
-          f"  ->  last {W} steps {ts['end']:.3f} ± {ts['end_se']:.3f}   diff {ts['diff']:+.3f} ± {ts['diff_se']:.3f} (z = {ts['z']:.1f})")
-    print(f"{domain}: zero-advantage groups  first {W} steps {ts['zero_adv_start']}/{ts['start_groups']}, "
-          f"last {W} steps {ts['zero_adv_end']}/{ts['end_groups']}, all {ts['zero_adv_total']}/{ts['groups_total']}")
+    print(
+        f"{domain}: training reward  first {W} steps {ts['start']:.3f} ± {ts['start_se']:.3f} ({ts['start_groups']} groups)"
+        f"  ->  last {W} steps {ts['end']:.3f} ± {ts['end_se']:.3f}   diff {ts['diff']:+.3f} ± {ts['diff_se']:.3f} (z = {ts['z']:.1f})"
+    )
+    print(
+        f"{domain}: zero-advantage groups  first {W} steps {ts['zero_adv_start']}/{ts['start_groups']}, "
+        f"last {W} steps {ts['zero_adv_end']}/{ts['end_groups']}, all {ts['zero_adv_total']}/{ts['groups_total']}"
+    )
     for name, ev in evs.items():
-        print(f"{domain}: {name} pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
-              f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})")
-    print(f"{domain}: wall time  train {t_train:.0f} s ({ts['t_step_mean']:.2f} s/step as logged), eval {t_eval:.0f} s", flush=True)
+        print(
+            f"{domain}: {name} pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
+            f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})"
+        )
+    print(
+        f"{domain}: wall time  train {t_train:.0f} s ({ts['t_step_mean']:.2f} s/step as logged), eval {t_eval:.0f} s",
+        flush=True,
+    )
     return res
 
 
@@ -137,16 +209,22 @@ def main(argv=None):
     p.add_argument("--eval-n", type=int, default=128, help="held-out prompts")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out prompt")
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
-                        "machine oversubscribed OpenMP threads made steps 10-100x slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
+        "machine oversubscribed OpenMP threads made steps 10-100x slower)",
+    )
     a = p.parse_args(argv)
     import torch
+
     torch.set_num_threads(a.threads)
     t0 = time.time()
     out = {"results": [run_domain(d, a) for d in a.domain]}
     out["wall_s"] = round(time.time() - t0, 1)
     import torch
+
     out["torch_threads"] = torch.get_num_threads()
     print(f"total wall time {out['wall_s']:.0f} s ({out['torch_threads']} torch threads)")
     if a.json:

@@ -25,15 +25,49 @@ import torch
 from fastcore.basics import patch
 from filelock import FileLock
 
-from .core import (Domain, StalebookError, atomic_write_json, config_dict, config_hash, from_dict, hash_file,
-                            hash_json, load_config, save_config)
-from .model import BUILD_FILE, TinySpec, compute_setup, default_snapshot, load_adapter_state, policy_hash, training_pools
-from .rollouts import (RolloutStore, SamplingConfig, completion_logprobs, generate_store, load_run_policy,
-                                numerics_of, rollout_domain, task_pool)
+from stalebook.core import (
+    Domain,
+    StalebookError,
+    atomic_write_json,
+    config_dict,
+    config_hash,
+    from_dict,
+    hash_file,
+    hash_json,
+    load_config,
+    save_config,
+)
+from stalebook.model import (
+    BUILD_FILE,
+    TinySpec,
+    compute_setup,
+    default_snapshot,
+    load_adapter_state,
+    policy_hash,
+    training_pools,
+)
+from stalebook.rollouts import (
+    RolloutStore,
+    SamplingConfig,
+    completion_logprobs,
+    generate_store,
+    load_run_policy,
+    numerics_of,
+    rollout_domain,
+    task_pool,
+)
 from .tasks import load_tasks_jsonl, synthetic_tasks
-from .theory.boltzmann import (binary_ess_fraction, binary_expected_ess, binary_var_Zhat, binary_log_Z, ess,
-                                        mc_bolt_log_weights, mc_log_Z, refit_log_weights)
-from .trainer import Trainer, TrainConfig, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
+from stalebook.theory.boltzmann import (
+    binary_ess_fraction,
+    binary_expected_ess,
+    binary_log_Z,
+    binary_var_Zhat,
+    ess,
+    mc_bolt_log_weights,
+    mc_log_Z,
+    refit_log_weights,
+)
+from .trainer import TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
 
 # %% auto #0
 __all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards',
@@ -48,36 +82,63 @@ __all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'op
 @contextlib.contextmanager
 def _store_lock(root):
     "One writer at a time per store root (arms of a study share reference and evaluation stores)."
-    root = Path(root); root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".stores.lock")): yield root
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".stores.lock")):
+        yield root
 
-def reference_store(model, tok, tasks, root, seed: int, sampling: SamplingConfig, purpose: str = "bolt/reference",
-                    reward_fn=None, progress: bool = False) -> RolloutStore:
+
+def reference_store(
+    model,
+    tok,
+    tasks,
+    root,
+    seed: int,
+    sampling: SamplingConfig,
+    purpose: str = "bolt/reference",
+    reward_fn=None,
+    progress: bool = False,
+) -> RolloutStore:
     """N = `sampling.group_size` completions per prompt from `model` (pi_ref) with verifier rewards, in a store bound to
     its policy hash and the domain (seed, 'rollout', hash, purpose): generated, resumed, or reused when complete."""
     ph = policy_hash(model)
     with _store_lock(root):
-        store = RolloutStore(root, ph, rollout_domain(seed, ph, purpose), sampling, [t.id for t in tasks], numerics=numerics_of(model))
+        store = RolloutStore(
+            root, ph, rollout_domain(seed, ph, purpose), sampling, [t.id for t in tasks], numerics=numerics_of(model)
+        )
         return generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress)
+
 
 def open_reference(path, policy_hash: str) -> RolloutStore:
     "A complete rollout store at `path` used as a reference dataset; refused unless it was sampled by the policy `policy_hash`."
-    path = Path(path); mf = path / "manifest.json"
-    if not mf.is_file(): raise StalebookError(f"{mf}: not a rollout store (no manifest)")
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.is_file():
+        raise StalebookError(f"{mf}: not a rollout store (no manifest)")
     m = json.loads(mf.read_text())
     if m.get("policy_hash") != policy_hash:
-        raise StalebookError(f"{mf}: reference dataset was sampled by policy {str(m.get('policy_hash'))[:16]}…, not by "
-                             f"this arm's pi_ref {policy_hash[:16]}…; its weights would target another policy")
+        raise StalebookError(
+            f"{mf}: reference dataset was sampled by policy {str(m.get('policy_hash'))[:16]}…, not by "
+            f"this arm's pi_ref {policy_hash[:16]}…; its weights would target another policy"
+        )
     d = m["rng_domain"]
-    store = RolloutStore(path.parent, policy_hash, Domain(d["root"], tuple(d["path"])),
-                         from_dict(SamplingConfig, m["sampling"], src=str(mf), prefix="sampling."), m["task_ids"],
-                         path=path, numerics=m["numerics"])
-    if not store.complete: raise StalebookError(f"{path}: reference store is incomplete ({store.n_done}/{len(store.task_ids)} groups)")
+    store = RolloutStore(
+        path.parent,
+        policy_hash,
+        Domain(d["root"], tuple(d["path"])),
+        from_dict(SamplingConfig, m["sampling"], src=str(mf), prefix="sampling."),
+        m["task_ids"],
+        path=path,
+        numerics=m["numerics"],
+    )
+    if not store.complete:
+        raise StalebookError(f"{path}: reference store is incomplete ({store.n_done}/{len(store.task_ids)} groups)")
     store.verify()
     return store
 
 # %% ../nbs/30_bolt.ipynb #220453a7
 WEIGHTINGS = ("bolt", "refit")
+
 
 def reference_rewards(store: RolloutStore) -> np.ndarray:
     "[G, N] float64 verifier rewards of a reference store; an empty or ragged group or a non-finite reward is refused, naming its line."
@@ -85,21 +146,32 @@ def reference_rewards(store: RolloutStore) -> np.ndarray:
     for i, rec in enumerate(store.records):
         r, c = rec.get("rewards") or [], rec.get("tokens") or []
         where = f"{f}:{i + 1}: group '{rec.get('task_id')}'"
-        if not r or not c: raise StalebookError(f"{where} is empty (field 'rewards' has {len(r)} values, 'tokens' {len(c)} completions)")
-        if len(r) != N or len(c) != N: raise StalebookError(f"{where} has {len(r)} rewards and {len(c)} completions; the store's group_size is {N}")
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in r): raise StalebookError(f"{where}: field 'rewards' holds a non-finite value")
+        if not r or not c:
+            raise StalebookError(
+                f"{where} is empty (field 'rewards' has {len(r)} values, 'tokens' {len(c)} completions)"
+            )
+        if len(r) != N or len(c) != N:
+            raise StalebookError(
+                f"{where} has {len(r)} rewards and {len(c)} completions; the store's group_size is {N}"
+            )
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in r):
+            raise StalebookError(f"{where}: field 'rewards' holds a non-finite value")
         R.append(r)
-    if not R: raise StalebookError(f"{f}: reference store has no groups")
+    if not R:
+        raise StalebookError(f"{f}: reference store has no groups")
     return np.asarray(R, np.float64)
+
 
 def sample_log_weights(R, weighting: str, beta: float) -> np.ndarray:
     """log-weights [G, N] of stored rewards: 'bolt' r/beta - log Z-hat(x) (mean weight 1 per prompt), 'refit' log r.
     Both are `theory.boltzmann`'s functions: one implementation for the tabular and the real case."""
     if weighting == "bolt":
-        if not beta > 0: raise StalebookError(f"beta must be > 0 for BOLT weights, got {beta} (beta -> 0 is positive-only SFT)")
+        if not beta > 0:
+            raise StalebookError(f"beta must be > 0 for BOLT weights, got {beta} (beta -> 0 is positive-only SFT)")
         return mc_bolt_log_weights(R, beta)
     if weighting == "refit":
-        if (np.asarray(R) < 0).any(): raise StalebookError("Refit's weights are the raw rewards: they must be >= 0")
+        if (np.asarray(R) < 0).any():
+            raise StalebookError("Refit's weights are the raw rewards: they must be >= 0")
         return refit_log_weights(R)
     raise StalebookError(f"unknown weighting {weighting!r} (one of {', '.join(WEIGHTINGS)})")
 
@@ -109,65 +181,119 @@ def reference_stats(R, beta: float) -> dict:
     lw = sample_log_weights(R, "bolt", beta)
     return dict(log_Z=mc_log_Z(R, beta), ess_frac=ess(lw) / R.shape[1], mean_reward=R.mean(1), no_pass=R.max(1) <= 0)
 
+
 def reference_summary(store: RolloutStore, R, weighting: str, beta: float) -> dict:
     "The weighted dataset as a record: its binding (store, policy hash, groups sha256, weighting, beta), totals and per-prompt values."
     st, lw = reference_stats(R, beta), sample_log_weights(R, weighting, beta)
-    return dict(kind="stalebook.bolt.reference", version=1, store=store.path.name, policy_hash=store.policy_hash,
-                groups_sha256=hash_file(store.path / "groups.jsonl"), weighting=weighting, beta=beta,
-                n_prompts=int(R.shape[0]), n_samples=int(R.shape[1]), mean_reward=float(R.mean()),
-                no_pass_frac=float(st["no_pass"].mean()), ess_frac_mean=float(st["ess_frac"].mean()),
-                per_prompt=dict(task_id=store.task_ids, log_Z=st["log_Z"].tolist(), ess_frac=st["ess_frac"].tolist(),
-                                mean_reward=st["mean_reward"].tolist(), weight=np.exp(lw).tolist()))
+    return dict(
+        kind="stalebook.bolt.reference",
+        version=1,
+        store=store.path.name,
+        policy_hash=store.policy_hash,
+        groups_sha256=hash_file(store.path / "groups.jsonl"),
+        weighting=weighting,
+        beta=beta,
+        n_prompts=int(R.shape[0]),
+        n_samples=int(R.shape[1]),
+        mean_reward=float(R.mean()),
+        no_pass_frac=float(st["no_pass"].mean()),
+        ess_frac_mean=float(st["ess_frac"].mean()),
+        per_prompt=dict(
+            task_id=store.task_ids,
+            log_Z=st["log_Z"].tolist(),
+            ess_frac=st["ess_frac"].tolist(),
+            mean_reward=st["mean_reward"].tolist(),
+            weight=np.exp(lw).tolist(),
+        ),
+    )
 
 # %% ../nbs/30_bolt.ipynb #02d39005
 def _bind(f: Path, rec: dict) -> None:
     "Record `rec` in `f`, or refuse if `f` already records something else."
     if f.exists() and (old := json.loads(f.read_text())) != rec:
         diff = [k for k in rec if old.get(k) != rec[k]]
-        raise StalebookError(f"{f}: run was started with another {', '.join(diff)} ({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new folder")
-    f.parent.mkdir(parents=True, exist_ok=True); atomic_write_json(f, rec)
+        raise StalebookError(
+            f"{f}: run was started with another {', '.join(diff)} ({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new folder"
+        )
+    f.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(f, rec)
+
 
 class ReferenceTrainer(Trainer):
     """Weighted SFT on reference datasets through the Trainer's step, loop and lineage: the step's prompts' stored
     groups instead of samples, their stored rewards, the weighted cross-entropy; round k of `rounds` trains on the
     reference sampled by lineage checkpoint k*steps/rounds (1 round: BOLT/Refit; more: iterative BOLT)."""
-    def __init__(self, cfg: TrainConfig, weighting: str = "bolt", beta: float = 0.5, rounds: int = 1, stores=None,
-                 reference: str = "", **kw):
-        if cfg.objective != "sft": raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
-        if cfg.async_training.enabled: raise StalebookError(f"{cfg.out}: async_training: weighted SFT samples nothing during training")
-        if rounds < 1 or cfg.steps % rounds: raise StalebookError(f"rounds={rounds} must be >= 1 and divide steps={cfg.steps}")
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        weighting: str = "bolt",
+        beta: float = 0.5,
+        rounds: int = 1,
+        stores=None,
+        reference: str = "",
+        **kw,
+    ):
+        if cfg.objective != "sft":
+            raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
+        if cfg.async_training.enabled:
+            raise StalebookError(f"{cfg.out}: async_training: weighted SFT samples nothing during training")
+        if rounds < 1 or cfg.steps % rounds:
+            raise StalebookError(f"rounds={rounds} must be >= 1 and divide steps={cfg.steps}")
         self.round_len, self.rounds, self.round = cfg.steps // rounds, rounds, 0
         starts = [k * self.round_len for k in range(rounds)]
         if not set(starts) <= set(cfg.lineage_steps):
             raise StalebookError(f"lineage_steps {list(cfg.lineage_steps)} must hold every round start {starts}")
-        sample_log_weights(np.ones((1, 1)), weighting, beta)             # a bad weighting or beta fails before any work
+        sample_log_weights(np.ones((1, 1)), weighting, beta)  # a bad weighting or beta fails before any work
         self.weighting, self.beta, self.ref_path, self.refs = weighting, beta, reference, {}
         self.stores = Path(stores) if stores else Path(cfg.out) / "stores"
-        _bind(Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference))
+        _bind(
+            Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference)
+        )
         super().__init__(cfg, **kw)
 
 # %% ../nbs/30_bolt.ipynb #016444b3
 @patch
 def reference(self: ReferenceTrainer, k: int) -> dict:
     "Round k's weighted dataset {store, R, logw, index}, sampled by lineage checkpoint k*round_len (generated now if the model is it)."
-    if k in self.refs: return self.refs[k]
+    if k in self.refs:
+        return self.refs[k]
     step, t0 = k * self.round_len, time.perf_counter()
     ref_hash = json.loads((lineage_checkpoint(self.dir, step) / "meta.json").read_text())["policy_hash"]
-    if k == 0 and self.ref_path: store = open_reference(self.ref_path, ref_hash)
+    if k == 0 and self.ref_path:
+        store = open_reference(self.ref_path, ref_hash)
     elif policy_hash(self.model) == ref_hash:
-        store = reference_store(self.model, self.tok, self.tasks, self.stores, self.cfg.seed, self.cfg.sampling, reward_fn=self.reward_fn)
+        store = reference_store(
+            self.model, self.tok, self.tasks, self.stores, self.cfg.seed, self.cfg.sampling, reward_fn=self.reward_fn
+        )
     else:
-        store = RolloutStore(self.stores, ref_hash, rollout_domain(self.cfg.seed, ref_hash, "bolt/reference"), self.cfg.sampling,
-                             [t.id for t in self.tasks], numerics=numerics_of(self.model))
-        if not store.complete: raise StalebookError(f"{store.path}: round {k}'s reference is incomplete and its policy (step {step}) is gone")
+        store = RolloutStore(
+            self.stores,
+            ref_hash,
+            rollout_domain(self.cfg.seed, ref_hash, "bolt/reference"),
+            self.cfg.sampling,
+            [t.id for t in self.tasks],
+            numerics=numerics_of(self.model),
+        )
+        if not store.complete:
+            raise StalebookError(
+                f"{store.path}: round {k}'s reference is incomplete and its policy (step {step}) is gone"
+            )
         store.verify()
     R, index = reference_rewards(store), {t: i for i, t in enumerate(store.task_ids)}
     missing = [t.id for t in self.tasks if t.id not in index]
-    if missing: raise StalebookError(f"{store.path}: reference dataset lacks {len(missing)} training prompts (first: {missing[0]})")
-    atomic_write_json(self.dir / f"reference-{k}.json", reference_summary(store, R, self.weighting, self.beta) | dict(round=k, step=step))
+    if missing:
+        raise StalebookError(
+            f"{store.path}: reference dataset lacks {len(missing)} training prompts (first: {missing[0]})"
+        )
+    atomic_write_json(
+        self.dir / f"reference-{k}.json",
+        reference_summary(store, R, self.weighting, self.beta) | dict(round=k, step=step),
+    )
     tf = self.dir / "reference-timings.json"
     times = json.loads(tf.read_text()) if tf.exists() else {}
-    if str(k) not in times: atomic_write_json(tf, times | {str(k): round(time.perf_counter() - t0, 4)})
+    if str(k) not in times:
+        atomic_write_json(tf, times | {str(k): round(time.perf_counter() - t0, 4)})
     self.refs[k] = dict(store=store, R=R, logw=sample_log_weights(R, self.weighting, self.beta), index=index)
     return self.refs[k]
 
@@ -182,10 +308,12 @@ def _generate(self: ReferenceTrainer, batch, ph: str):
     self._R, self._w = torch.from_numpy(ref["R"][rows]), torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1))
     return [r["prompt_ids"] for r in recs for _ in r["tokens"]], [c for r in recs for c in r["tokens"]]
 
+
 @patch
 def _reward_soon(self: ReferenceTrainer, batch, comps) -> torch.Tensor:
     "The stored verifier rewards [P, N] (no verifier call)."
     return self._R
+
 
 @patch
 def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
@@ -193,14 +321,16 @@ def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
     lens = torch.tensor([len(c) for c in comps])
     return None, torch.arange(int(lens.max()) if len(lens) else 0)[None, :] < lens[:, None]
 
+
 @patch
 def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
     """Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass;
     its gradient accumulated into the LoRA tensors (the Trainer's contract), the loss returned detached."""
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
-    logp, mask = completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
-                                     shared_prefix=self.cfg.shared_prefix)
+    logp, mask = completion_logprobs(
+        self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id, shared_prefix=self.cfg.shared_prefix
+    )
     loss, st = weighted_sft_loss(logp, self._w, mask, self.cfg.loss_agg)
     loss.backward()
     return loss.detach(), {**st, "bolt/round": self.round}
@@ -208,57 +338,82 @@ def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
 # %% ../nbs/30_bolt.ipynb #ff86e4c1
 ARMS = ("bolt", "refit", "positive", "grpo", "iterative")
 
+
 def _bolt_train() -> TrainConfig:
     # the tiny model's learning setting (16 prompts x 16 samples, lr 3e-3: benchmarks/learn_tiny.py); unnormalised advantages
     # so that GRPO's kl_beta and BOLT's beta weigh the same E[r] - beta KL
-    return TrainConfig(out="", steps=100, prompts_per_step=16, lr=3e-3, std_normalize=False, lineage_steps=(0,),
-                       sampling=SamplingConfig(group_size=16, max_new_tokens=8, groups_per_batch=16))
+    return TrainConfig(
+        out="",
+        steps=100,
+        prompts_per_step=16,
+        lr=3e-3,
+        std_normalize=False,
+        lineage_steps=(0,),
+        sampling=SamplingConfig(group_size=16, max_new_tokens=8, groups_per_batch=16),
+    )
+
 
 @dataclass
 class EvalConfig:
     "How an arm's checkpoints are measured."
-    n_heldout: int = 128                  # held-out prompts: never trained on (prompt text outside the training pool)
-    n_train: int = 64                     # the first training prompts, re-measured (the objective being fitted); 0 = skip
-    k: int = 8                            # fresh samples per prompt
-    n_retention: int = 128                # warm-start (prompt, answer) pairs per domain of a tiny snapshot; 0 = skip
-    at: int = 4                           # measured lineage steps: i * steps / at, i = 0..at
-    seed: int = 0                         # RNG root of the held-out pool (shared by the seeds of a study)
-    tasks_jsonl: str = ""                 # optional held-out JSONL instead of synthetic prompts
+
+    n_heldout: int = 128  # held-out prompts: never trained on (prompt text outside the training pool)
+    n_train: int = 64  # the first training prompts, re-measured (the objective being fitted); 0 = skip
+    k: int = 8  # fresh samples per prompt
+    n_retention: int = 128  # warm-start (prompt, answer) pairs per domain of a tiny snapshot; 0 = skip
+    at: int = 4  # measured lineage steps: i * steps / at, i = 0..at
+    seed: int = 0  # RNG root of the held-out pool (shared by the seeds of a study)
+    tasks_jsonl: str = ""  # optional held-out JSONL instead of synthetic prompts
     tasks_format: Literal["gsm8k", "humaneval", "mbpp"] = "gsm8k"
     groups_per_batch: int = 16
 
     def __post_init__(self):
-        if self.n_heldout < 1 or self.k < 1 or self.at < 1: raise ValueError("eval: n_heldout, k and at must be >= 1")
+        if self.n_heldout < 1 or self.k < 1 or self.at < 1:
+            raise ValueError("eval: n_heldout, k and at must be >= 1")
+
 
 @dataclass
 class BoltConfig:
     "One arm of the BOLT comparison; `train` is the budget every arm shares (prompts, updates, LoRA, N = K)."
+
     arm: Literal["bolt", "refit", "positive", "grpo", "iterative"] = "bolt"
-    beta: float = 0.5                     # BOLT/Refit temperature, GRPO's kl_beta, the objective's beta
-    rounds: int = 1                       # iterative BOLT: reference rounds (steps split evenly); 1 for every other arm
+    beta: float = 0.5  # BOLT/Refit temperature, GRPO's kl_beta, the objective's beta
+    rounds: int = 1  # iterative BOLT: reference rounds (steps split evenly); 1 for every other arm
     train: TrainConfig = field(default_factory=_bolt_train)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    stores: str = ""                      # root of the reference and evaluation stores, relative to the arm's folder ("" = <out>/stores)
-    reference: str = ""                   # optional existing store as round 0's reference (must be sampled by pi_ref)
+    stores: str = ""  # root of the reference and evaluation stores, relative to the arm's folder ("" = <out>/stores)
+    reference: str = ""  # optional existing store as round 0's reference (must be sampled by pi_ref)
 
     def __post_init__(self):
-        if not self.beta > 0: raise ValueError(f"beta must be > 0, got {self.beta}")
-        if self.arm == "iterative" and self.rounds < 2: raise ValueError("arm 'iterative' needs rounds >= 2")
-        if self.arm != "iterative" and self.rounds != 1: raise ValueError(f"arm '{self.arm}' has rounds = 1 (got {self.rounds})")
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.arm == "iterative" and self.rounds < 2:
+            raise ValueError("arm 'iterative' needs rounds >= 2")
+        if self.arm != "iterative" and self.rounds != 1:
+            raise ValueError(f"arm '{self.arm}' has rounds = 1 (got {self.rounds})")
         if self.train.steps % self.rounds or self.train.steps % self.eval.at:
-            raise ValueError(f"train.steps={self.train.steps} must be a multiple of rounds={self.rounds} and eval.at={self.eval.at}")
+            raise ValueError(
+                f"train.steps={self.train.steps} must be a multiple of rounds={self.rounds} and eval.at={self.eval.at}"
+            )
 
 # %% ../nbs/30_bolt.ipynb #cf0a66df
 def eval_steps(cfg: BoltConfig) -> list[int]:
     "The lineage steps an arm is measured at."
     return [i * cfg.train.steps // cfg.eval.at for i in range(cfg.eval.at + 1)]
 
+
 def arm_train_config(cfg: BoltConfig, out_dir) -> TrainConfig:
     "The arm's TrainConfig: `train` with its run folder, objective, KL coefficient and every round start and measured step as lineage steps."
     S, R = cfg.train.steps, cfg.rounds
     marks = set(eval_steps(cfg)) | {k * S // R for k in range(R)}
-    return dataclasses.replace(cfg.train, out=str(Path(out_dir) / "train"), objective="grpo" if cfg.arm == "grpo" else "sft",
-                               kl_beta=cfg.beta if cfg.arm == "grpo" else 0.0, lineage_steps=tuple(sorted(marks)))
+    return dataclasses.replace(
+        cfg.train,
+        out=str(Path(out_dir) / "train"),
+        objective="grpo" if cfg.arm == "grpo" else "sft",
+        kl_beta=cfg.beta if cfg.arm == "grpo" else 0.0,
+        lineage_steps=tuple(sorted(marks)),
+    )
+
 
 def stores_root(cfg: BoltConfig, out_dir) -> Path:
     "Where an arm's reference and evaluation stores live: `stores` (a relative path is taken from the arm's folder), else <out>/stores."
@@ -267,52 +422,85 @@ def stores_root(cfg: BoltConfig, out_dir) -> Path:
 # %% ../nbs/30_bolt.ipynb #55bf81a9
 def _status_kib(key: str) -> int | None:
     "A `/proc/self/status` memory field in KiB (None off Linux)."
-    try: return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
-    except (OSError, AttributeError): return None
+    try:
+        return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+    except (OSError, AttributeError):
+        return None
+
 
 def _cpu_seconds() -> float:
     "CPU seconds of this process and its finished children (the sandboxed verifier runs in child processes)."
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
+
 def _reset_peak_rss() -> bool:
-    try: Path("/proc/self/clear_refs").write_text("5"); return True
-    except OSError: return False
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
 
 class Meter:
     "Wall time and peak memory (RSS high-water mark, CUDA peak allocation) of named phases of this process."
-    def __init__(self, device: str = "cpu"): self.phases, self.cuda = {}, str(device).startswith("cuda")
+
+    def __init__(self, device: str = "cpu"):
+        self.phases, self.cuda = {}, str(device).startswith("cuda")
 
     @contextlib.contextmanager
     def phase(self, name: str):
         reset, start = _reset_peak_rss(), _status_kib("VmRSS")
-        if self.cuda: torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         t0, c0 = time.perf_counter(), _cpu_seconds()
-        try: yield self
+        try:
+            yield self
         finally:
-            if self.cuda: torch.cuda.synchronize()
+            if self.cuda:
+                torch.cuda.synchronize()
             peak = _status_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            rec = dict(seconds=time.perf_counter() - t0, cpu_seconds=_cpu_seconds() - c0, peak_rss_mib=peak / 1024,
-                       start_rss_mib=(start or 0) / 1024, peak_reset=reset)
-            if self.cuda: rec["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+            rec = dict(
+                seconds=time.perf_counter() - t0,
+                cpu_seconds=_cpu_seconds() - c0,
+                peak_rss_mib=peak / 1024,
+                start_rss_mib=(start or 0) / 1024,
+                peak_reset=reset,
+            )
+            if self.cuda:
+                rec["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
             self.phases[name] = rec
 
 # %% ../nbs/30_bolt.ipynb #4c25e491
 def heldout_tasks(cfg: BoltConfig, train_tasks) -> list:
     "`eval.n_heldout` distinct prompts of the arm's domain whose text is not in the training pool."
     t, e, seen = cfg.train, cfg.eval, {x.prompt for x in train_tasks}
-    cand = (load_tasks_jsonl(e.tasks_jsonl, e.tasks_format) if e.tasks_jsonl else
-            synthetic_tasks(t.domain, 4 * e.n_heldout + 64, Domain(e.seed, ("bolt", "heldout", t.domain, t.task_level)), t.task_level))
+    cand = (
+        load_tasks_jsonl(e.tasks_jsonl, e.tasks_format)
+        if e.tasks_jsonl
+        else synthetic_tasks(
+            t.domain, 4 * e.n_heldout + 64, Domain(e.seed, ("bolt", "heldout", t.domain, t.task_level)), t.task_level
+        )
+    )
     out = []
     for x in cand:
-        if x.prompt not in seen: out.append(x); seen.add(x.prompt)
+        if x.prompt not in seen:
+            out.append(x)
+            seen.add(x.prompt)
     if len(out) < e.n_heldout:
-        raise StalebookError(f"eval.n_heldout={e.n_heldout}: only {len(out)} distinct {t.domain} prompts lie outside the training pool")
+        raise StalebookError(
+            f"eval.n_heldout={e.n_heldout}: only {len(out)} distinct {t.domain} prompts lie outside the training pool"
+        )
     return out[: e.n_heldout]
+
 
 def eval_pools(cfg: BoltConfig, train_tasks) -> dict:
     "The measured prompt pools: held-out and (if n_train > 0) the first training prompts."
-    return {"heldout": heldout_tasks(cfg, train_tasks)} | ({"train": list(train_tasks[: cfg.eval.n_train])} if cfg.eval.n_train else {})
+    return {"heldout": heldout_tasks(cfg, train_tasks)} | (
+        {"train": list(train_tasks[: cfg.eval.n_train])} if cfg.eval.n_train else {}
+    )
+
 
 def eval_sampling(cfg: BoltConfig) -> SamplingConfig:
     "The training sampler's temperature, top-p and length with the evaluation's K."
@@ -325,25 +513,35 @@ def sequence_logprobs(model, tok, records, micro_batch: int = 64) -> tuple[np.nd
     comps = [c for r in records for c in r["tokens"]]
     with torch.no_grad():
         lp, m = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
-        with model.disable_adapter(): lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
+        with model.disable_adapter():
+            lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
     seq = lambda x: (x.double() * m).sum(-1).cpu().numpy().reshape(len(records), -1)
     return seq(lp), seq(lr)
 
-def _se(x) -> float: return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+def _se(x) -> float:
+    return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
 
 def pool_metrics(R, lp, lr, beta: float) -> dict:
     "Pass rate, KL(pi||pi_ref) and E[r] - beta KL on one pool: means over prompts of per-prompt sample means, with SEs."
     d = np.asarray(lp) - np.asarray(lr)
     per = dict(pass_rate=R.mean(1), kl=d.mean(1), objective=(R - beta * d).mean(1))
-    return {k: float(v.mean()) for k, v in per.items()} | {f"{k}_se": _se(v) for k, v in per.items()} | {"n_prompts": int(len(R))}
+    return (
+        {k: float(v.mean()) for k, v in per.items()}
+        | {f"{k}_se": _se(v) for k, v in per.items()}
+        | {"n_prompts": int(len(R))}
+    )
 
 # %% ../nbs/30_bolt.ipynb #300b1e09
 def retention_pairs(snapshot, n: int) -> dict:
     "The first n warm-start (prompt, answer) pairs per domain of a tiny snapshot's SFT pools ({} for another snapshot, or n = 0)."
     f = Path(snapshot) / BUILD_FILE
-    if n <= 0 or not f.is_file() or (rec := json.loads(f.read_text())).get("kind") != "stalebook-tiny": return {}
+    if n <= 0 or not f.is_file() or (rec := json.loads(f.read_text())).get("kind") != "stalebook-tiny":
+        return {}
     spec = from_dict(TinySpec, rec["spec"], src=str(f), prefix="spec.")
     return {d: [(t.prompt, t.answer) for t in pool[:n]] for d, pool in training_pools(spec).items()}
+
 
 def retention_nll(model, tok, pairs: dict, micro_batch: int = 64) -> dict:
     "Token-mean NLL of the warm-start answers (+ EOS) under pi and under pi_ref (adapter off), per domain."
@@ -353,78 +551,128 @@ def retention_nll(model, tok, pairs: dict, micro_batch: int = 64) -> dict:
         comps = [tok(a, add_special_tokens=False).input_ids + [tok.eos_token_id] for _, a in ps]
         with torch.no_grad():
             lp, m = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
-            with model.disable_adapter(): lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
+            with model.disable_adapter():
+                lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
         n = m.sum()
-        out[d] = dict(nll=float(-(lp.double() * m).sum() / n), nll_ref=float(-(lr.double() * m).sum() / n), n_pairs=len(ps), n_tokens=int(n))
+        out[d] = dict(
+            nll=float(-(lp.double() * m).sum() / n),
+            nll_ref=float(-(lr.double() * m).sum() / n),
+            n_pairs=len(ps),
+            n_tokens=int(n),
+        )
     return out
 
 # %% ../nbs/30_bolt.ipynb #d02b1f33
-def measure_policy(cfg: BoltConfig, model, tok, pools: dict, pairs: dict, stores, progress: bool = False, reward_fn=None) -> dict:
+def measure_policy(
+    cfg: BoltConfig, model, tok, pools: dict, pairs: dict, stores, progress: bool = False, reward_fn=None
+) -> dict:
     "One policy's pool metrics (K fresh samples per prompt in hash-bound stores) and retention NLL."
     ph, sc, out = policy_hash(model), eval_sampling(cfg), {}
     for name, tasks in pools.items():
         with _store_lock(stores):
-            st = RolloutStore(stores, ph, rollout_domain(cfg.train.seed, ph, f"bolt/eval/{name}"), sc, [t.id for t in tasks],
-                              numerics=numerics_of(model))
+            st = RolloutStore(
+                stores,
+                ph,
+                rollout_domain(cfg.train.seed, ph, f"bolt/eval/{name}"),
+                sc,
+                [t.id for t in tasks],
+                numerics=numerics_of(model),
+            )
             generate_store(model, tok, tasks, st, reward_fn=reward_fn, progress=progress)
         lp, lr = sequence_logprobs(model, tok, st.records, cfg.train.micro_batch)
         out[name] = pool_metrics(np.array([r["rewards"] for r in st.records], np.float64), lp, lr, cfg.beta)
     return dict(policy_hash=ph, **out, retention=retention_nll(model, tok, pairs, cfg.train.micro_batch))
 
+
 def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, reward_fn=None) -> list[dict]:
     "Measure every evaluation step of a trained arm; each step's record is cached in <out>/eval, bound to its policy hash."
     out = Path(out_dir)
-    pools, pairs = eval_pools(cfg, tr.tasks), retention_pairs(tr.cfg.snapshot or default_snapshot(), cfg.eval.n_retention)
+    pools, pairs = (
+        eval_pools(cfg, tr.tasks),
+        retention_pairs(tr.cfg.snapshot or default_snapshot(), cfg.eval.n_retention),
+    )
     res = []
     for s in eval_steps(cfg):
         d, f = lineage_checkpoint(tr.dir, s), out / "eval" / f"step-{s:06d}.json"
         ph = json.loads((d / "meta.json").read_text())["policy_hash"]
-        if f.exists() and (r := json.loads(f.read_text()))["policy_hash"] == ph: res.append(r); continue
+        if f.exists() and (r := json.loads(f.read_text()))["policy_hash"] == ph:
+            res.append(r)
+            continue
         load_adapter_state(tr.model, d / "adapter")
-        r = dict(step=s, **measure_policy(cfg, tr.model, tr.tok, pools, pairs, stores_root(cfg, out), progress, reward_fn))
-        atomic_write_json(f, r); res.append(r)
+        r = dict(
+            step=s, **measure_policy(cfg, tr.model, tr.tok, pools, pairs, stores_root(cfg, out), progress, reward_fn)
+        )
+        atomic_write_json(f, r)
+        res.append(r)
     return res
 
 # %% ../nbs/30_bolt.ipynb #7d01e6f9
 def arm_trainer(cfg: BoltConfig, out_dir, reward_fn=None) -> Trainer:
     "The arm's trainer, restored at its last checkpoint: the stock `Trainer` for grpo and positive, `ReferenceTrainer` for the weighted-SFT arms."
     tcfg = arm_train_config(cfg, out_dir)
-    if cfg.arm in ("grpo", "positive"): return Trainer(tcfg, reward_fn=reward_fn)
-    return ReferenceTrainer(tcfg, "refit" if cfg.arm == "refit" else "bolt", cfg.beta, cfg.rounds, stores_root(cfg, out_dir),
-                            cfg.reference, reward_fn=reward_fn)
+    if cfg.arm in ("grpo", "positive"):
+        return Trainer(tcfg, reward_fn=reward_fn)
+    return ReferenceTrainer(
+        tcfg,
+        "refit" if cfg.arm == "refit" else "bolt",
+        cfg.beta,
+        cfg.rounds,
+        stores_root(cfg, out_dir),
+        cfg.reference,
+        reward_fn=reward_fn,
+    )
+
 
 def train_arm(cfg: BoltConfig, out_dir, progress: bool = False, reward_fn=None, meter: Meter | None = None) -> Trainer:
     "Train (or resume) an arm's lineage: 'reference' (static arms: sampling the round-0 dataset) and 'train' phases on `meter`."
     meter, tr = meter or Meter(cfg.train.device), arm_trainer(cfg, out_dir, reward_fn)
     if isinstance(tr, ReferenceTrainer):
-        with meter.phase("reference"): tr.reference(0)
+        with meter.phase("reference"):
+            tr.reference(0)
     n0 = tr.step
-    with meter.phase("train"): tr.run(progress=progress)
-    meter.phases["train"]["steps"] = tr.step - n0                     # optimizer steps this process ran
+    with meter.phase("train"):
+        tr.run(progress=progress)
+    meter.phases["train"]["steps"] = tr.step - n0  # optimizer steps this process ran
     return tr
+
 
 def prompt_schedule(tcfg: TrainConfig, tasks) -> list[list[str]]:
     "The prompt ids of every optimizer step, replayed with the Trainer's own data order (`next_tasks`)."
     cur, out = [0, 0], []
     for _ in range(tcfg.steps):
-        batch, cur = next_tasks(tasks, cur, tcfg.prompts_per_step, tcfg.seed, tcfg.domain); out.append([t.id for t in batch])
+        batch, cur = next_tasks(tasks, cur, tcfg.prompts_per_step, tcfg.seed, tcfg.domain)
+        out.append([t.id for t in batch])
     return out
+
 
 def _bind_config(cfg: BoltConfig, f: Path) -> None:
     "Record the arm's config in `f`, or refuse if the folder was started under another one."
     if f.exists() and config_hash(old := load_config(BoltConfig, f)) != config_hash(cfg):
         a, b = config_dict(cfg), config_dict(old)
-        raise StalebookError(f"{f}: arm was started with another config (fields differ: {', '.join(k for k in a if a[k] != b.get(k))}); use a new out_dir")
+        raise StalebookError(
+            f"{f}: arm was started with another config (fields differ: {', '.join(k for k in a if a[k] != b.get(k))}); use a new out_dir"
+        )
     save_config(cfg, f)
 
 # %% ../nbs/30_bolt.ipynb #afd3a34e
 def arm_budget(cfg: BoltConfig, tr: Trainer) -> dict:
     "What the arms of a seed share (prompt schedule, updates, LoRA, lr, N = K) and how many completions each sampled."
     t = tr.cfg
-    n_gen = (len(tr.tasks) * cfg.rounds if isinstance(tr, ReferenceTrainer) else t.steps * t.prompts_per_step) * t.sampling.group_size
-    return dict(optimizer_updates=len(tr.log.records), prompts_per_step=t.prompts_per_step, n_tasks=len(tr.tasks), group_size=t.sampling.group_size,
-                lr=t.lr, lora=config_dict(t.lora), prompt_schedule_hash=hash_json(prompt_schedule(t, tr.tasks)), completions_sampled=n_gen,
-                epochs=t.steps * t.prompts_per_step / len(tr.tasks))
+    n_gen = (
+        len(tr.tasks) * cfg.rounds if isinstance(tr, ReferenceTrainer) else t.steps * t.prompts_per_step
+    ) * t.sampling.group_size
+    return dict(
+        optimizer_updates=len(tr.log.records),
+        prompts_per_step=t.prompts_per_step,
+        n_tasks=len(tr.tasks),
+        group_size=t.sampling.group_size,
+        lr=t.lr,
+        lora=config_dict(t.lora),
+        prompt_schedule_hash=hash_json(prompt_schedule(t, tr.tasks)),
+        completions_sampled=n_gen,
+        epochs=t.steps * t.prompts_per_step / len(tr.tasks),
+    )
+
 
 def arm_timings(cfg: BoltConfig, tr: Trainer, phases: dict) -> dict:
     "Timing sidecar: the measured phases, reference-generation seconds per round, cumulative seconds at each measured step."
@@ -432,12 +680,17 @@ def arm_timings(cfg: BoltConfig, tr: Trainer, phases: dict) -> dict:
     ref = json.loads(tf.read_text()) if tf.exists() else {}
     cum = np.cumsum([0.0] + [r["t_step"] for r in tr.log.records])
     t_ref0 = ref.get("0", 0.0)
-    return dict(phases=phases, reference_seconds=ref, train_seconds=float(cum[-1]),
-                train_seconds_excl_reference=float(cum[-1]) - sum(v for k, v in ref.items() if k != "0"),
-                cumulative_seconds={str(s): t_ref0 + float(cum[s]) for s in eval_steps(cfg)})
+    return dict(
+        phases=phases,
+        reference_seconds=ref,
+        train_seconds=float(cum[-1]),
+        train_seconds_excl_reference=float(cum[-1]) - sum(v for k, v in ref.items() if k != "0"),
+        cumulative_seconds={str(s): t_ref0 + float(cum[s]) for s in eval_steps(cfg)},
+    )
 
 # %% ../nbs/30_bolt.ipynb #d049342e
 ARM_STAGES = ("train", "eval", "result")
+
 
 def _meter_sidecar(out: Path, meter: Meter) -> dict:
     "This process's measured phases merged into <out>/meter.json (stages may run in different processes)."
@@ -446,52 +699,95 @@ def _meter_sidecar(out: Path, meter: Meter) -> dict:
     atomic_write_json(f, have)
     return have
 
+
 def _content_config(cfg: BoltConfig) -> BoltConfig:
     "The config as the result records it: the snapshot is named by its revision (`snapshot_revision`), not by where it lies."
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=""))
 
+
 def arm_result(cfg: BoltConfig, tr: Trainer, ev: list[dict]) -> dict:
     "The arm's result record (numbers only: a rerun reproduces it byte for byte)."
-    refs = [json.loads(f.read_text()) for f in sorted(tr.dir.glob("reference-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))]
+    refs = [
+        json.loads(f.read_text())
+        for f in sorted(tr.dir.glob("reference-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    ]
     recs, c = tr.log.records, _content_config(cfg)
-    return dict(kind="stalebook.bolt.arm", version=1, arm=cfg.arm, domain=cfg.train.domain, seed=cfg.train.seed, beta=cfg.beta,
-                rounds=cfg.rounds, config=config_dict(c), config_hash=config_hash(c),
-                snapshot_revision=tr.model.stalebook_base_revision, budget=arm_budget(cfg, tr),
-                train=dict(reward_first=float(np.mean([r["reward_mean"] for r in recs[:10]])), reward_last=float(np.mean([r["reward_mean"] for r in recs[-10:]])),
-                           zero_adv_groups=int(sum(r["zero_adv_groups"] for r in recs)), loss_last=float(recs[-1]["loss"])),
-                reference=[{k: v for k, v in r.items() if k != "per_prompt"} for r in refs], eval=ev)
+    return dict(
+        kind="stalebook.bolt.arm",
+        version=1,
+        arm=cfg.arm,
+        domain=cfg.train.domain,
+        seed=cfg.train.seed,
+        beta=cfg.beta,
+        rounds=cfg.rounds,
+        config=config_dict(c),
+        config_hash=config_hash(c),
+        snapshot_revision=tr.model.stalebook_base_revision,
+        budget=arm_budget(cfg, tr),
+        train=dict(
+            reward_first=float(np.mean([r["reward_mean"] for r in recs[:10]])),
+            reward_last=float(np.mean([r["reward_mean"] for r in recs[-10:]])),
+            zero_adv_groups=int(sum(r["zero_adv_groups"] for r in recs)),
+            loss_last=float(recs[-1]["loss"]),
+        ),
+        reference=[{k: v for k, v in r.items() if k != "per_prompt"} for r in refs],
+        eval=ev,
+    )
 
 # %% ../nbs/30_bolt.ipynb #5e1a7b20
-def arm_stage(cfg: BoltConfig, out_dir, stage: str, progress: bool = False, reward_fn=None, log=print, trainer: Trainer | None = None) -> Trainer:
+def arm_stage(
+    cfg: BoltConfig,
+    out_dir,
+    stage: str,
+    progress: bool = False,
+    reward_fn=None,
+    log=print,
+    trainer: Trainer | None = None,
+) -> Trainer:
     """One stage of an arm, idempotent and resumable, in this process or another: 'train' (the round-0 reference dataset and
     the lineage), 'eval' (every measured step, cached per step), 'result' (<out>/result.json and the <out>/timings.json sidecar)."""
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    if stage not in ARM_STAGES: raise StalebookError(f"unknown arm stage {stage!r} (one of {', '.join(ARM_STAGES)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if stage not in ARM_STAGES:
+        raise StalebookError(f"unknown arm stage {stage!r} (one of {', '.join(ARM_STAGES)})")
     _bind_config(cfg, out / "bolt.yaml")
     meter = Meter(cfg.train.device)
     if stage == "train":
         tr = train_arm(cfg, out, progress, reward_fn, meter)
-        if probs := check_lineage(tr.dir): raise StalebookError(f"{tr.dir}: lineage check failed: {probs[0]}")
-        _meter_sidecar(out, meter); return tr
+        if probs := check_lineage(tr.dir):
+            raise StalebookError(f"{tr.dir}: lineage check failed: {probs[0]}")
+        _meter_sidecar(out, meter)
+        return tr
     tr = trainer or arm_trainer(cfg, out, reward_fn)
-    if tr.step != cfg.train.steps: raise StalebookError(f"{tr.dir}: the arm trained {tr.step} of {cfg.train.steps} steps; stage 'train' comes first")
+    if tr.step != cfg.train.steps:
+        raise StalebookError(
+            f"{tr.dir}: the arm trained {tr.step} of {cfg.train.steps} steps; stage 'train' comes first"
+        )
     if stage == "eval":
-        with meter.phase("eval"): evaluate_arm(cfg, tr, out, progress, reward_fn)
-        _meter_sidecar(out, meter); return tr
-    ev = evaluate_arm(cfg, tr, out, progress, reward_fn)                # every step cached by stage 'eval'
+        with meter.phase("eval"):
+            evaluate_arm(cfg, tr, out, progress, reward_fn)
+        _meter_sidecar(out, meter)
+        return tr
+    ev = evaluate_arm(cfg, tr, out, progress, reward_fn)  # every step cached by stage 'eval'
     atomic_write_json(out / "timings.json", arm_timings(cfg, tr, _meter_sidecar(out, meter)))
     atomic_write_json(out / "result.json", arm_result(cfg, tr, ev))
     h, e0 = ev[-1]["heldout"], ev[0]["heldout"]
-    log(f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> {h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}")
+    log(
+        f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> {h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}"
+    )
     return tr
+
 
 def run_arm(cfg: BoltConfig, out_dir, progress: bool = False, log=print, reward_fn=None) -> dict:
     """One arm as one idempotent, resumable unit: its stages in order (`arm_stage`). A finished arm returns its result untouched."""
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     _bind_config(cfg, out / "bolt.yaml")
-    if (out / "result.json").exists(): return json.loads((out / "result.json").read_text())
+    if (out / "result.json").exists():
+        return json.loads((out / "result.json").read_text())
     tr = None
-    for s in ARM_STAGES: tr = arm_stage(cfg, out, s, progress, reward_fn, log, trainer=tr)
+    for s in ARM_STAGES:
+        tr = arm_stage(cfg, out, s, progress, reward_fn, log, trainer=tr)
     return json.loads((out / "result.json").read_text())
 
 # %% ../nbs/30_bolt.ipynb #b31936ea
@@ -503,47 +799,73 @@ def beta_sweep(R_a, R_b, R_c, betas) -> dict:
     for b in betas:
         za, zb = np.exp(mc_log_Z(R_a, b)), np.exp(mc_log_Z(R_b, b))
         e_ab = np.concatenate([ess(mc_bolt_log_weights(R_a, b)), ess(mc_bolt_log_weights(R_b, b))]) / N
-        rows.append(dict(beta=float(b), ess=float(e_ab.mean()), ess_se=_se(e_ab),
-                         ess_exact=float(np.array([binary_expected_ess(u, b, N) for u in ups])[inv].mean()),
-                         ess_pop=float(binary_ess_fraction(p, b).mean()),
-                         relvar=float(((za - zb) ** 2 / 2).sum() / (za * zb).sum()),
-                         relvar_closed=float(binary_var_Zhat(p, b, N).sum() / np.exp(2 * binary_log_Z(p, b)).sum())))
+        rows.append(
+            dict(
+                beta=float(b),
+                ess=float(e_ab.mean()),
+                ess_se=_se(e_ab),
+                ess_exact=float(np.array([binary_expected_ess(u, b, N) for u in ups])[inv].mean()),
+                ess_pop=float(binary_ess_fraction(p, b).mean()),
+                relvar=float(((za - zb) ** 2 / 2).sum() / (za * zb).sum()),
+                relvar_closed=float(binary_var_Zhat(p, b, N).sum() / np.exp(2 * binary_log_Z(p, b)).sum()),
+            )
+        )
     binary = bool(np.isin(np.concatenate([R_a, R_b, R_c]), (0.0, 1.0)).all())
-    return dict(n_prompts=int(len(p)), n=int(N), binary=binary, no_pass_frac=float((np.asarray(R_a).max(1) <= 0).mean()),
-                pass_rate_c=p.tolist(), rows=rows)
+    return dict(
+        n_prompts=int(len(p)),
+        n=int(N),
+        binary=binary,
+        no_pass_frac=float((np.asarray(R_a).max(1) <= 0).mean()),
+        pass_rate_c=p.tolist(),
+        rows=rows,
+    )
+
 
 def run_sweep(cfg: BoltConfig, out_dir, betas, progress: bool = False) -> dict:
     "The beta-sweep unit: reference datasets A, B, C from the arm's pi_ref (A shared with the arms), then `beta_sweep`; <out>/sweep.json."
-    out = Path(out_dir); f = out / "sweep.json"
-    if f.exists() and (have := json.loads(f.read_text()))["betas"] == list(betas): return have
+    out = Path(out_dir)
+    f = out / "sweep.json"
+    if f.exists() and (have := json.loads(f.read_text()))["betas"] == list(betas):
+        return have
     t = cfg.train
     compute_setup(t.threads)
-    model, tok = load_run_policy(                                      # pi_ref exactly as the trainer builds its root policy
-        t.snapshot, "", t.device, t.dtype, lora=t.lora, seed=t.seed)
+    model, tok = load_run_policy(  # pi_ref exactly as the trainer builds its root policy
+        t.snapshot, "", t.device, t.dtype, lora=t.lora, seed=t.seed
+    )
     tasks = task_pool(t.domain, t.n_tasks, t.seed, t.task_level, t.tasks_jsonl, t.tasks_format)
-    R = [reference_rewards(reference_store(model, tok, tasks, stores_root(cfg, out), t.seed, t.sampling, purpose, progress=progress))
-         for purpose in ("bolt/reference", "bolt/reference-b", "bolt/reference-c")]
+    R = [
+        reference_rewards(
+            reference_store(model, tok, tasks, stores_root(cfg, out), t.seed, t.sampling, purpose, progress=progress)
+        )
+        for purpose in ("bolt/reference", "bolt/reference-b", "bolt/reference-c")
+    ]
     res = dict(kind="stalebook.bolt.sweep", policy_hash=policy_hash(model), betas=list(betas), **beta_sweep(*R, betas))
-    out.mkdir(parents=True, exist_ok=True); atomic_write_json(f, res)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(f, res)
     return res
 
 # %% ../nbs/30_bolt.ipynb #7c83eb11
 def _code_arm() -> BoltConfig:
     t = _bolt_train()
-    return BoltConfig(train=dataclasses.replace(t, domain="code", sampling=dataclasses.replace(t.sampling, max_new_tokens=12)))
+    return BoltConfig(
+        train=dataclasses.replace(t, domain="code", sampling=dataclasses.replace(t.sampling, max_new_tokens=12))
+    )
+
 
 @dataclass
 class BoltStudy:
     "The comparison: every (domain, seed, arm) at its section's matched budget, and BOLT at each beta of the sweep."
-    model: str = "tiny"                               # the model (a registry's `models` entry) every arm starts from
+
+    model: str = "tiny"  # the model (a registry's `models` entry) every arm starts from
     domains: tuple[str, ...] = ("math",)
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ARMS
-    rounds: int = 4                                   # iterative BOLT's rounds
+    rounds: int = 4  # iterative BOLT's rounds
     betas: tuple[float, ...] = (0.125, 0.25, 1.0, 2.0)  # the beta sweep (BOLT), besides the section's own beta
     sweep_domains: tuple[str, ...] = ("math",)
     math: BoltConfig = field(default_factory=BoltConfig)
     code: BoltConfig = field(default_factory=_code_arm)
+
 
 def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, str, BoltConfig]]:
     """(id, kind 'arm' | 'sweep', config) of every unit, id `<domain>-s<seed>-<label>` (label: the arm, `bolt-beta<b>`, or
@@ -551,14 +873,24 @@ def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, s
     units = []
     for d in s.domains:
         base = getattr(s, d)
-        if base.train.domain != d: raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
+        if base.train.domain != d:
+            raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
         for seed in s.seeds:
-            mk = lambda **kw: dataclasses.replace(base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw)
-            units += [(f"{d}-s{seed}-{a}", "arm", mk(arm=a, rounds=s.rounds if a == "iterative" else 1)) for a in s.arms]
+            mk = lambda **kw: dataclasses.replace(
+                base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw
+            )
+            units += [
+                (f"{d}-s{seed}-{a}", "arm", mk(arm=a, rounds=s.rounds if a == "iterative" else 1)) for a in s.arms
+            ]
             if d in s.sweep_domains:
-                units += [(f"{d}-s{seed}-bolt-beta{b:g}", "arm", mk(arm="bolt", beta=b, rounds=1)) for b in s.betas if b != base.beta]
+                units += [
+                    (f"{d}-s{seed}-bolt-beta{b:g}", "arm", mk(arm="bolt", beta=b, rounds=1))
+                    for b in s.betas
+                    if b != base.beta
+                ]
                 units.append((f"{d}-s{seed}-sweep", "sweep", mk(arm="bolt", rounds=1)))
     return units
+
 
 def unit_label(uid: str) -> tuple[str, int, str]:
     "(domain, seed, label) of a unit id `<domain>-s<seed>-<label>`."
@@ -566,20 +898,29 @@ def unit_label(uid: str) -> tuple[str, int, str]:
     return d, int(s[1:]), label
 
 # %% ../nbs/30_bolt.ipynb #f19acd19
-METRICS = {"heldout pass": ("heldout", "pass_rate"), "heldout KL": ("heldout", "kl"), "heldout E[r]-bKL": ("heldout", "objective"),
-           "train pass": ("train", "pass_rate"), "train E[r]-bKL": ("train", "objective")}
+METRICS = {
+    "heldout pass": ("heldout", "pass_rate"),
+    "heldout KL": ("heldout", "kl"),
+    "heldout E[r]-bKL": ("heldout", "objective"),
+    "train pass": ("train", "pass_rate"),
+    "train E[r]-bKL": ("train", "objective"),
+}
+
 
 def _metric(ev: dict, name: str) -> float:
     "One metric of a measured step: a METRICS entry, or 'dNLL <domain>' = retention NLL minus pi_ref's."
     if name.startswith("dNLL "):
-        r = ev["retention"].get(name[5:]); return r["nll"] - r["nll_ref"] if r else float("nan")
+        r = ev["retention"].get(name[5:])
+        return r["nll"] - r["nll_ref"] if r else float("nan")
     pool, key = METRICS[name]
     return ev[pool][key] if pool in ev else float("nan")
+
 
 def _ms(x) -> list:
     "[mean, SE, n] of the finite values of x."
     x = [v for v in x if v == v]
     return [float(np.mean(x)), _se(x), len(x)] if x else [float("nan"), float("nan"), 0]
+
 
 def paired(D: dict, a: str, b: str, m: str) -> list:
     "[mean, SE, n] over the seeds both arms ran of metric m of arm a minus arm b."
@@ -592,39 +933,67 @@ def aggregate_study(units: dict) -> dict:
     per-seed values, seconds (NaN without timings) and curves."""
     by, out = {}, {}
     for name, u in units.items():
-        d, s, label = unit_label(name); by.setdefault(d, {}).setdefault(label, {})[s] = u
+        d, s, label = unit_label(name)
+        by.setdefault(d, {}).setdefault(label, {})[s] = u
     for d, arms in by.items():
-        names = list(METRICS) + sorted({f"dNLL {k}" for a in arms.values() for u in a.values() for k in u["result"]["eval"][-1]["retention"]})
+        names = list(METRICS) + sorted(
+            {f"dNLL {k}" for a in arms.values() for u in a.values() for k in u["result"]["eval"][-1]["retention"]}
+        )
         D = out[d] = {}
         for a, seeds in arms.items():
             ev = {s: u["result"]["eval"] for s, u in seeds.items()}
             tm = {s: u.get("timings") or {} for s, u in seeds.items()}
             tget = lambda t, k: t.get(k, float("nan"))
             steps = [e["step"] for e in next(iter(ev.values()))]
-            D[a] = dict(n_seeds=len(seeds), per_seed={m: {s: _metric(e[-1], m) for s, e in ev.items()} for m in names},
-                        metrics={m: _ms([_metric(e[-1], m) for e in ev.values()]) for m in names},
-                        base={m: _ms([_metric(e[0], m) for e in ev.values()]) for m in names},
-                        seconds={k: _ms([tget(t, k) for t in tm.values()]) for k in ("train_seconds", "train_seconds_excl_reference")}
-                                | {"reference": _ms([sum(t["reference_seconds"].values()) if t else float("nan") for t in tm.values()])},
-                        curve=dict(steps=steps, seconds=[_ms([t["cumulative_seconds"][str(st)] if t else float("nan") for t in tm.values()])[0] for st in steps],
-                                   **{m: [_ms([_metric(e[i], m) for e in ev.values()]) for i in range(len(steps))] for m in ("heldout pass", "train pass")}))
+            D[a] = dict(
+                n_seeds=len(seeds),
+                per_seed={m: {s: _metric(e[-1], m) for s, e in ev.items()} for m in names},
+                metrics={m: _ms([_metric(e[-1], m) for e in ev.values()]) for m in names},
+                base={m: _ms([_metric(e[0], m) for e in ev.values()]) for m in names},
+                seconds={
+                    k: _ms([tget(t, k) for t in tm.values()]) for k in ("train_seconds", "train_seconds_excl_reference")
+                }
+                | {
+                    "reference": _ms([sum(t["reference_seconds"].values()) if t else float("nan") for t in tm.values()])
+                },
+                curve=dict(
+                    steps=steps,
+                    seconds=[
+                        _ms([t["cumulative_seconds"][str(st)] if t else float("nan") for t in tm.values()])[0]
+                        for st in steps
+                    ],
+                    **{
+                        m: [_ms([_metric(e[i], m) for e in ev.values()]) for i in range(len(steps))]
+                        for m in ("heldout pass", "train pass")
+                    },
+                ),
+            )
     return out
 
 # %% ../nbs/30_bolt.ipynb #926cf696
 def arm_table(agg: dict, domain: str, metrics=None) -> str:
     "Markdown table arm x metric (mean ± SE over seeds) of one domain's aggregate, with pi_ref's values and the training seconds."
-    D = agg[domain]; metrics = metrics or list(next(iter(D.values()))["metrics"])
+    D = agg[domain]
+    metrics = metrics or list(next(iter(D.values()))["metrics"])
     f = lambda v: f"{v[0]:.3f} ± {v[1]:.3f}" if v[2] else "–"
     lines = ["| arm | seeds | " + " | ".join(metrics) + " | train s |", "|---|---|" + "---|" * (len(metrics) + 1)]
-    lines += [f"| {a} | {r['n_seeds']} | " + " | ".join(f(r["metrics"][m]) for m in metrics) + f" | {r['seconds']['train_seconds'][0]:.0f} |" for a, r in D.items()]
+    lines += [
+        f"| {a} | {r['n_seeds']} | "
+        + " | ".join(f(r["metrics"][m]) for m in metrics)
+        + f" | {r['seconds']['train_seconds'][0]:.0f} |"
+        for a, r in D.items()
+    ]
     base = next(iter(D.values()))["base"]
     return "\n".join(lines + ["| pi_ref (step 0) | | " + " | ".join(f(base[m]) for m in metrics) + " | |"])
+
 
 def _verdict(v, sign: int = +1) -> str:
     "A paired difference [mean, SE, n] against a claimed direction: > 2 SE that way 'supported', > 2 SE the other 'contradicted'."
     m, se, n = v
-    if n < 2 or m != m: return "not measured"
-    if sign * m > 2 * se: return "supported"
+    if n < 2 or m != m:
+        return "not measured"
+    if sign * m > 2 * se:
+        return "supported"
     return "contradicted" if -sign * m > 2 * se else "not resolved (within 2 SE)"
 
 # %% ../nbs/30_bolt.ipynb #c63701fe
@@ -635,30 +1004,85 @@ def claim_rows(agg: dict, bench: dict | None = None) -> list[tuple[str, str, str
     for d, D in agg.items():
         for pool in ("heldout", "train"):
             v = paired(D, "bolt", "refit", f"{pool} pass")
-            rows.append((f"{d}: BOLT beats Refit on the same data ({pool} pass, BOLT − Refit)", "+1.44 (GSM8K), +3.60 (MATH) test accuracy", fm(v), _verdict(v)))
-        match = lambda v: {"supported": "supported (BOLT higher)", "contradicted": "contradicted"}.get(_verdict(v), "supported (no significant gap)" if v[2] >= 2 else "not measured")
+            rows.append(
+                (
+                    f"{d}: BOLT beats Refit on the same data ({pool} pass, BOLT − Refit)",
+                    "+1.44 (GSM8K), +3.60 (MATH) test accuracy",
+                    fm(v),
+                    _verdict(v),
+                )
+            )
+        match = lambda v: {"supported": "supported (BOLT higher)", "contradicted": "contradicted"}.get(
+            _verdict(v), "supported (no significant gap)" if v[2] >= 2 else "not measured"
+        )
         for m in ("heldout pass", "train pass"):
             v = paired(D, "bolt", "grpo", m)
-            rows.append((f"{d}: BOLT matches online GRPO ({m}, BOLT − GRPO)", "equal or slightly better accuracy", fm(v), match(v)))
+            rows.append(
+                (
+                    f"{d}: BOLT matches online GRPO ({m}, BOLT − GRPO)",
+                    "equal or slightly better accuracy",
+                    fm(v),
+                    match(v),
+                )
+            )
         v = paired(D, "bolt", "grpo", "train E[r]-bKL")
-        rows.append((f"{d}: BOLT reaches GRPO's regularised objective (train E[r] − βKL, BOLT − GRPO)", "same target π* (theory)", fm(v), match(v)))
+        rows.append(
+            (
+                f"{d}: BOLT reaches GRPO's regularised objective (train E[r] − βKL, BOLT − GRPO)",
+                "same target π* (theory)",
+                fm(v),
+                match(v),
+            )
+        )
         for k in sorted(m[5:] for m in D.get("bolt", {}).get("metrics", {}) if m.startswith("dNLL ")):
             for a in ("bolt", "refit"):
                 v = paired(D, "positive", a, f"dNLL {k}")
-                rows.append((f"{d}: {a} forgets less than positive-only SFT (rise of {k} warm-start NLL, positive − {a})",
-                             "less forgetting (PIQA, HellaSwag)", fm(v), _verdict(v)))
+                rows.append(
+                    (
+                        f"{d}: {a} forgets less than positive-only SFT (rise of {k} warm-start NLL, positive − {a})",
+                        "less forgetting (PIQA, HellaSwag)",
+                        fm(v),
+                        _verdict(v),
+                    )
+                )
         if "iterative" in D and "bolt" in D:
             v = paired(D, "iterative", "bolt", "train pass")
-            rows.append((f"{d}: iterative BOLT beats one-shot at the same budget (train-pool pass, iterative − one-shot)",
-                         "one-shot saturates after a few epochs, iterative keeps improving", fm(v), _verdict(v)))
+            rows.append(
+                (
+                    f"{d}: iterative BOLT beats one-shot at the same budget (train-pool pass, iterative − one-shot)",
+                    "one-shot saturates after a few epochs, iterative keeps improving",
+                    fm(v),
+                    _verdict(v),
+                )
+            )
     if bench:
-        rows.append(("training time BOLT / GRPO", "≈ 0.15–0.25×", f"{bench['time_ratio_train']:.2f}× training phase, "
-                     f"{bench['time_ratio_total']:.2f}× with reference sampling", "supported" if bench["time_ratio_train"] <= 0.25 else "not reproduced"))
-        rows.append(("peak memory BOLT / GRPO", "≈ 0.69–0.82×", f"{bench['peak_ratio']:.2f}× peak RSS, {bench['alloc_ratio']:.2f}× of the phase's own allocation",
-                     "supported" if bench["peak_ratio"] <= 0.82 else
-                     "peak RSS: not reproduced (the runtime dominates); own allocation: in range" if bench["alloc_ratio"] <= 0.82 else "not reproduced"))
+        rows.append(
+            (
+                "training time BOLT / GRPO",
+                "≈ 0.15–0.25×",
+                f"{bench['time_ratio_train']:.2f}× training phase, "
+                f"{bench['time_ratio_total']:.2f}× with reference sampling",
+                "supported" if bench["time_ratio_train"] <= 0.25 else "not reproduced",
+            )
+        )
+        rows.append(
+            (
+                "peak memory BOLT / GRPO",
+                "≈ 0.69–0.82×",
+                f"{bench['peak_ratio']:.2f}× peak RSS, {bench['alloc_ratio']:.2f}× of the phase's own allocation",
+                "supported"
+                if bench["peak_ratio"] <= 0.82
+                else "peak RSS: not reproduced (the runtime dominates); own allocation: in range"
+                if bench["alloc_ratio"] <= 0.82
+                else "not reproduced",
+            )
+        )
     return rows
+
 
 def claim_table(rows) -> str:
     "The claim rows as a Markdown table."
-    return "\n".join(["| claim | paper | embedded model | verdict |", "|---|---|---|---|"] + [f"| {a} | {b} | {c} | {v} |" for a, b, c, v in rows])
+    return "\n".join(
+        ["| claim | paper | embedded model | verdict |", "|---|---|---|---|"]
+        + [f"| {a} | {b} | {c} | {v} |" for a, b, c, v in rows]
+    )

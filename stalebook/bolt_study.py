@@ -18,8 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .bolt import (ARM_STAGES, BoltConfig, BoltStudy, _content_config, aggregate_study, arm_stage, arm_train_config,
-                            claim_rows, eval_steps, run_sweep, stores_root, study_units, unit_label)
+from stalebook.bolt import (
+    ARM_STAGES,
+    BoltConfig,
+    BoltStudy,
+    _content_config,
+    aggregate_study,
+    arm_stage,
+    arm_train_config,
+    claim_rows,
+    eval_steps,
+    run_sweep,
+    stores_root,
+    study_units,
+    unit_label,
+)
 from .contracts import aggregator, contract, register_checks, unit_phase_problems
 from .core import ConfigError, config_hash, hash_file, load_config, read_jsonl
 from .registry import Registry, UnitKind, register_kind
@@ -31,71 +44,115 @@ __all__ = ['STORES', 'BOLT_COLUMNS', 'BoltUnit', 'bolt_units', 'static_arm', 'st
            'bolt_objective', 'bolt_lineage', 'bolt_reference', 'bolt_budget', 'bolt_table']
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a006
-STORES = "../../stores"              # from a unit's folder <root>/units/<id> to the registry's shared store root <root>/stores
+STORES = "../../stores"  # from a unit's folder <root>/units/<id> to the registry's shared store root <root>/stores
+
 
 @dataclass
 class BoltUnit:
     "One unit of a bolt registry: an arm of one domain and seed at the study's budget, or that seed's beta sweep."
+
     kind: Literal["arm", "sweep"]
-    model: str                       # the registry's model the arm starts from (its snapshot is filled in where it runs)
-    arm: BoltConfig                  # stores: STORES; train.snapshot: '' here
-    betas: tuple[float, ...] = ()    # the sweep's temperatures (kind 'sweep')
+    model: str  # the registry's model the arm starts from (its snapshot is filled in where it runs)
+    arm: BoltConfig  # stores: STORES; train.snapshot: '' here
+    betas: tuple[float, ...] = ()  # the sweep's temperatures (kind 'sweep')
+
 
 def bolt_units(reg: Registry) -> dict:
     "{unit id: BoltUnit} of a bolt registry, in `study_units` order."
     s: BoltStudy = reg.spec
     if s.model not in reg.models:
-        raise ConfigError(f"{reg.source}: field 'study.model': unknown model '{s.model}' (models: {', '.join(reg.models) or 'none'})")
+        raise ConfigError(
+            f"{reg.source}: field 'study.model': unknown model '{s.model}' (models: {', '.join(reg.models) or 'none'})"
+        )
     for d in s.domains:
-        if getattr(s, d).train.snapshot: raise ConfigError(f"{reg.source}: field 'study.{d}.train.snapshot': set by the registry's model")
-    return {uid: BoltUnit(kind, s.model, cfg, (*s.betas, cfg.beta) if kind == "sweep" else ()) for uid, kind, cfg in study_units(s, STORES)}
+        if getattr(s, d).train.snapshot:
+            raise ConfigError(f"{reg.source}: field 'study.{d}.train.snapshot': set by the registry's model")
+    return {
+        uid: BoltUnit(kind, s.model, cfg, (*s.betas, cfg.beta) if kind == "sweep" else ())
+        for uid, kind, cfg in study_units(s, STORES)
+    }
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a008
 def _arm_config(u: Unit) -> BoltConfig:
     "The unit's arm with the model's snapshot folder on this machine ('' = the embedded tiny model)."
     c = u.config.arm
-    return dataclasses.replace(c, train=dataclasses.replace(c.train, snapshot=u.registry.models[u.config.model].folder()))
+    return dataclasses.replace(
+        c, train=dataclasses.replace(c.train, snapshot=u.registry.models[u.config.model].folder())
+    )
 
-def static_arm(cfg: BoltConfig) -> bool: return cfg.arm not in ("grpo", "positive")
+
+def static_arm(cfg: BoltConfig) -> bool:
+    return cfg.arm not in ("grpo", "positive")
+
 
 def stage_outputs(cfg: BoltConfig, stage: str) -> tuple[str, ...]:
     "What stage `stage` of an arm leaves in its folder (relative paths)."
     if stage == "train":
         refs = tuple(f"train/reference-{k}.json" for k in range(cfg.rounds)) if static_arm(cfg) else ()
-        return ("train/lineage.json", *(f"train/lineage/{checkpoint_name(s)}" for s in arm_train_config(cfg, ".").lineage_steps), *refs)
-    if stage == "eval": return tuple(f"eval/step-{s:06d}.json" for s in eval_steps(cfg))
+        return (
+            "train/lineage.json",
+            *(f"train/lineage/{checkpoint_name(s)}" for s in arm_train_config(cfg, ".").lineage_steps),
+            *refs,
+        )
+    if stage == "eval":
+        return tuple(f"eval/step-{s:06d}.json" for s in eval_steps(cfg))
     return ("result.json",)
+
 
 def _stage(cfg: BoltConfig, udir: Path, stage: str, progress: bool, log) -> None:
     arm_stage(cfg, udir, stage, progress, log=log)
 
+
 def _sweep(cfg: BoltConfig, udir: Path, betas, progress: bool) -> None:
     run_sweep(cfg, udir, betas, progress)
+
 
 def bolt_phases(u: Unit) -> list[Phase]:
     "An arm: train -> eval -> result (`arm_stage`); the beta sweep: sweep (`run_sweep`)."
     cfg, udir = _arm_config(u), Path(u.dir)
-    if u.config.kind == "sweep": return [Phase("sweep", functools.partial(_sweep, cfg, udir, u.config.betas, u.progress), ("sweep.json",))]
-    return [Phase(s, functools.partial(_stage, cfg, udir, s, u.progress, u.log), stage_outputs(cfg, s),
-                  check=functools.partial(check_lineage, udir / "train") if s == "train" else None) for s in ARM_STAGES]
+    if u.config.kind == "sweep":
+        return [Phase("sweep", functools.partial(_sweep, cfg, udir, u.config.betas, u.progress), ("sweep.json",))]
+    return [
+        Phase(
+            s,
+            functools.partial(_stage, cfg, udir, s, u.progress, u.log),
+            stage_outputs(cfg, s),
+            check=functools.partial(check_lineage, udir / "train") if s == "train" else None,
+        )
+        for s in ARM_STAGES
+    ]
 
-register_kind(UnitKind("bolt", BoltStudy, bolt_units, bolt_phases,
-                       doc="the BOLT comparison: one unit per arm x domain x seed (and a beta-sweep unit per seed)"))
+
+register_kind(
+    UnitKind(
+        "bolt",
+        BoltStudy,
+        bolt_units,
+        bolt_phases,
+        doc="the BOLT comparison: one unit per arm x domain x seed (and a beta-sweep unit per seed)",
+    )
+)
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a00c
 def _json(f: Path):
-    try: return json.loads(Path(f).read_text())
-    except (FileNotFoundError, ValueError): return None
+    try:
+        return json.loads(Path(f).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
 
 def bolt_missing(u: Unit) -> str | None:
     "What a bolt unit still waits for (None once its last phase has a record)."
     phases = bolt_phases(u)
-    if record_path(u.dir, phases[-1].name).is_file(): return None
-    if u.config.kind == "sweep": return "sweep (not run)"
+    if record_path(u.dir, phases[-1].name).is_file():
+        return None
+    if u.config.kind == "sweep":
+        return "sweep (not run)"
     if not record_path(u.dir, "train").is_file():
         steps = u.dir / "train" / "steps.jsonl"
         return f"train (step {len(read_jsonl(steps, warn=False).records) if steps.is_file() else 0}/{u.config.arm.train.steps})"
     return "eval" if not record_path(u.dir, "eval").is_file() else "result"
+
 
 register_checks("bolt", lambda u, item: u, bolt_missing, lambda u: [p.name for p in bolt_phases(u)])
 contract("bolt", "phases")(unit_phase_problems)
@@ -103,94 +160,173 @@ contract("bolt", "phases")(unit_phase_problems)
 # %% ../nbs/37_bolt_study.ipynb #b0e1a00d
 @contract("bolt", "objective")
 def bolt_objective(u: Unit) -> list[str]:
-    if u.config.kind == "sweep": return []
+    if u.config.kind == "sweep":
+        return []
     cfg, t = u.config.arm, u.dir / "train"
     want, kl = ("grpo", cfg.beta) if cfg.arm == "grpo" else ("sft", 0.0)
-    if not (t / "config.yaml").is_file(): return ["train/config.yaml missing"]
+    if not (t / "config.yaml").is_file():
+        return ["train/config.yaml missing"]
     tc, probs = load_config(TrainConfig, t / "config.yaml"), []
-    if tc.objective != want: probs.append(f"the training run's objective is '{tc.objective}'; arm '{cfg.arm}' trains '{want}'")
-    if tc.kl_beta != kl: probs.append(f"the training run's kl_beta is {tc.kl_beta}; arm '{cfg.arm}' has {kl}")
-    probs += [f"lineage step {e['step']} is '{e.get('objective')}', not '{want}'" for e in (_json(t / "lineage.json") or {}).get("chain", [])
-              if e.get("objective") != want]
+    if tc.objective != want:
+        probs.append(f"the training run's objective is '{tc.objective}'; arm '{cfg.arm}' trains '{want}'")
+    if tc.kl_beta != kl:
+        probs.append(f"the training run's kl_beta is {tc.kl_beta}; arm '{cfg.arm}' has {kl}")
+    probs += [
+        f"lineage step {e['step']} is '{e.get('objective')}', not '{want}'"
+        for e in (_json(t / "lineage.json") or {}).get("chain", [])
+        if e.get("objective") != want
+    ]
     if static_arm(cfg):
         w = _json(t / "weighting.json") or {}
         need = dict(weighting="refit" if cfg.arm == "refit" else "bolt", beta=cfg.beta, rounds=cfg.rounds)
-        probs += [f"train/weighting.json: {k} is {w.get(k)!r}, the arm's is {v!r}" for k, v in need.items() if w.get(k) != v]
+        probs += [
+            f"train/weighting.json: {k} is {w.get(k)!r}, the arm's is {v!r}" for k, v in need.items() if w.get(k) != v
+        ]
     return probs
+
 
 @contract("bolt", "lineage")
 def bolt_lineage(u: Unit) -> list[str]:
-    if u.config.kind == "sweep": return []
+    if u.config.kind == "sweep":
+        return []
     t = u.dir / "train"
     probs = [x.replace(f"{u.dir}/", "") for x in check_lineage(t)]
     for s in eval_steps(u.config.arm):
         m, e = _json(lineage_checkpoint(t, s) / "meta.json"), _json(u.dir / "eval" / f"step-{s:06d}.json")
-        if m is None or e is None: probs.append(f"step {s}: {'checkpoint meta.json' if m is None else 'evaluation record'} missing")
+        if m is None or e is None:
+            probs.append(f"step {s}: {'checkpoint meta.json' if m is None else 'evaluation record'} missing")
         elif e.get("policy_hash") != m.get("policy_hash"):
-            probs.append(f"eval/step-{s:06d}.json measured policy {str(e.get('policy_hash'))[:12]}, not the lineage's {str(m.get('policy_hash'))[:12]}")
+            probs.append(
+                f"eval/step-{s:06d}.json measured policy {str(e.get('policy_hash'))[:12]}, not the lineage's {str(m.get('policy_hash'))[:12]}"
+            )
     return probs
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a00e
 @contract("bolt", "reference")
 def bolt_reference(u: Unit) -> list[str]:
     cfg = u.config.arm
-    if u.config.kind == "sweep" or not static_arm(cfg): return []
+    if u.config.kind == "sweep" or not static_arm(cfg):
+        return []
     t, probs, L = u.dir / "train", [], cfg.train.steps // cfg.rounds
     for k in range(cfg.rounds):
         r, m = _json(t / f"reference-{k}.json"), _json(lineage_checkpoint(t, k * L) / "meta.json")
-        if r is None or m is None: probs.append(f"round {k}: {'train/reference-%d.json' % k if r is None else 'checkpoint meta.json'} missing"); continue
+        if r is None or m is None:
+            probs.append(f"round {k}: {'train/reference-%d.json' % k if r is None else 'checkpoint meta.json'} missing")
+            continue
         if r["policy_hash"] != m["policy_hash"]:
-            probs.append(f"round {k}: the reference dataset was sampled by policy {r['policy_hash'][:12]}, not by the round's pi_ref "
-                         f"(step {k * L}, {m['policy_hash'][:12]})")
+            probs.append(
+                f"round {k}: the reference dataset was sampled by policy {r['policy_hash'][:12]}, not by the round's pi_ref "
+                f"(step {k * L}, {m['policy_hash'][:12]})"
+            )
         sd = stores_root(cfg, u.dir) / r["store"]
         sm, done = _json(sd / "manifest.json"), _json(sd / "complete.json")
-        if sm is None or done is None: probs.append(f"round {k}: store {r['store']} is missing or incomplete in the shared store root"); continue
-        if sm.get("policy_hash") != m["policy_hash"]: probs.append(f"round {k}: store {r['store']} is bound to policy {str(sm.get('policy_hash'))[:12]}")
+        if sm is None or done is None:
+            probs.append(f"round {k}: store {r['store']} is missing or incomplete in the shared store root")
+            continue
+        if sm.get("policy_hash") != m["policy_hash"]:
+            probs.append(f"round {k}: store {r['store']} is bound to policy {str(sm.get('policy_hash'))[:12]}")
         if hash_file(sd / "groups.jsonl") != r["groups_sha256"]:
-            probs.append(f"round {k}: store {r['store']}/groups.jsonl is not the data the weights were computed on (sha256 changed)")
+            probs.append(
+                f"round {k}: store {r['store']}/groups.jsonl is not the data the weights were computed on (sha256 changed)"
+            )
     return probs
+
 
 @contract("bolt", "budget")
 def bolt_budget(u: Unit) -> list[str]:
-    if u.config.kind == "sweep": return []
+    if u.config.kind == "sweep":
+        return []
     res, cfg = _json(u.dir / "result.json"), u.config.arm
-    if res is None: return ["result.json missing"]
-    probs = [] if res["config_hash"] == config_hash(_content_config(cfg)) else ["result.json is of another config than the registered arm's"]
+    if res is None:
+        return ["result.json missing"]
+    probs = (
+        []
+        if res["config_hash"] == config_hash(_content_config(cfg))
+        else ["result.json is of another config than the registered arm's"]
+    )
     if res["budget"]["optimizer_updates"] != cfg.train.steps:
         probs.append(f"{res['budget']['optimizer_updates']} optimizer updates, the budget is {cfg.train.steps}")
     d, s, _ = unit_label(u.id)
     keys = ("prompt_schedule_hash", "lora", "lr", "group_size", "prompts_per_step")
     for uid, other in u.registry.units().items():
-        if other.kind != "arm" or uid == u.id or unit_label(uid)[:2] != (d, s): continue
+        if other.kind != "arm" or uid == u.id or unit_label(uid)[:2] != (d, s):
+            continue
         o = _json(unit_dir(u.dir.parent.parent, uid) / "result.json")
-        if o is None: continue
+        if o is None:
+            continue
         probs += [f"budget not matched with {uid}: {k} differs" for k in keys if o["budget"][k] != res["budget"][k]]
     return probs
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a013
-BOLT_COLUMNS = ("domain", "arm", "seeds", "heldout_pass", "heldout_pass_se", "heldout_kl", "heldout_objective", "train_pass",
-                "train_objective", "dnll_math", "dnll_code", "ref_heldout_pass")
-_COL_METRIC = dict(heldout_pass="heldout pass", heldout_kl="heldout KL", heldout_objective="heldout E[r]-bKL", train_pass="train pass",
-                   train_objective="train E[r]-bKL", dnll_math="dNLL math", dnll_code="dNLL code")
+BOLT_COLUMNS = (
+    "domain",
+    "arm",
+    "seeds",
+    "heldout_pass",
+    "heldout_pass_se",
+    "heldout_kl",
+    "heldout_objective",
+    "train_pass",
+    "train_objective",
+    "dnll_math",
+    "dnll_code",
+    "ref_heldout_pass",
+)
+_COL_METRIC = dict(
+    heldout_pass="heldout pass",
+    heldout_kl="heldout KL",
+    heldout_objective="heldout E[r]-bKL",
+    train_pass="train pass",
+    train_objective="train E[r]-bKL",
+    dnll_math="dNLL math",
+    dnll_code="dNLL code",
+)
 
-def _r4(x): return None if x is None or x != x else round(float(x), 4)
+
+def _r4(x):
+    return None if x is None or x != x else round(float(x), 4)
+
 
 @aggregator("bolt")
 def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
     "Arm x domain rows over the seeds of the passing units, the claim rows, the sweep rows and the sources."
     ok = {r["item"] for r in status["rows"] if r["state"] == "pass"}
-    arms = {uid: dict(result=_json(unit_dir(root, uid) / "result.json")) for uid, c in reg.units().items() if uid in ok and c.kind == "arm"}
+    arms = {
+        uid: dict(result=_json(unit_dir(root, uid) / "result.json"))
+        for uid, c in reg.units().items()
+        if uid in ok and c.kind == "arm"
+    }
     agg = aggregate_study(arms)
     rows = []
     for d, D in agg.items():
         for a, r in D.items():
             m = r["metrics"]
-            rows.append(dict(domain=d, arm=a, seeds=r["n_seeds"], **{c: _r4(m[k][0]) if k in m else None for c, k in _COL_METRIC.items()},
-                             heldout_pass_se=_r4(m["heldout pass"][1]), ref_heldout_pass=_r4(r["base"]["heldout pass"][0])))
+            rows.append(
+                dict(
+                    domain=d,
+                    arm=a,
+                    seeds=r["n_seeds"],
+                    **{c: _r4(m[k][0]) if k in m else None for c, k in _COL_METRIC.items()},
+                    heldout_pass_se=_r4(m["heldout pass"][1]),
+                    ref_heldout_pass=_r4(r["base"]["heldout pass"][0]),
+                )
+            )
     core = {d: {a: v for a, v in D.items() if not a.startswith("bolt-beta")} for d, D in agg.items()}
-    sweeps = {uid: _json(unit_dir(root, uid) / "sweep.json")["rows"] for uid, c in reg.units().items() if uid in ok and c.kind == "sweep"}
-    sources = {uid: hash_file(unit_dir(root, uid) / ("result.json" if c.kind == "arm" else "sweep.json"))
-               for uid, c in reg.units().items() if uid in ok}
-    return dict(title=f"BOLT vs Refit, positive-only SFT, online GRPO and iterative BOLT at a matched budget (model '{reg.spec.model}')",
-                columns=list(BOLT_COLUMNS), rows=[{c: r[c] for c in BOLT_COLUMNS} for r in rows],
-                claims=[list(x) for x in claim_rows(core)], sweeps=sweeps, sources=dict(sorted(sources.items())))
+    sweeps = {
+        uid: _json(unit_dir(root, uid) / "sweep.json")["rows"]
+        for uid, c in reg.units().items()
+        if uid in ok and c.kind == "sweep"
+    }
+    sources = {
+        uid: hash_file(unit_dir(root, uid) / ("result.json" if c.kind == "arm" else "sweep.json"))
+        for uid, c in reg.units().items()
+        if uid in ok
+    }
+    return dict(
+        title=f"BOLT vs Refit, positive-only SFT, online GRPO and iterative BOLT at a matched budget (model '{reg.spec.model}')",
+        columns=list(BOLT_COLUMNS),
+        rows=[{c: r[c] for c in BOLT_COLUMNS} for r in rows],
+        claims=[list(x) for x in claim_rows(core)],
+        sweeps=sweeps,
+        sources=dict(sorted(sources.items())),
+    )

@@ -17,39 +17,79 @@ import pkgutil
 import sys
 
 from . import __version__
-from .core import CHECKS, Check, CheckRows, CommandParser, StalebookError, run_checks
+from .core import CHECKS, CheckRows, CommandParser, StalebookError, run_checks
 
 # %% auto #0
 __all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'cmd_verify']
 
 # %% ../nbs/01_cli.ipynb #ac588821
 COMMANDS: dict[str, tuple[str, str]] = {
-    "version":   ("stalebook.cli:cmd_version", "print the stalebook version"),
-    "verify":    ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
-    "snapshot":  ("stalebook.model:cmd_snapshot", "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)"),
-    "preflight": ("stalebook.preflight:cmd_preflight", "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)"),
-    "rollouts":  ("stalebook.rollouts:cmd_rollouts", "generate or resume a hash-bound rollout store from a config (RolloutsConfig)"),
-    "train":     ("stalebook.trainer:cmd_train", "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)"),
-    "point":     ("stalebook.point:cmd_point", "run or resume one experiment point (stale vs fresh prompt scoring) via papermill"),
-    "run":       ("stalebook.executors:cmd_run", "run or resume a registry's units (REGISTRY [--only UNIT] [--root DIR] [--executor local|shared|ray])"),
-    "work":      ("stalebook.executors:cmd_work", "this node's workers of a registry on a shared volume (REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])"),
-    "status":    ("stalebook.contracts:cmd_status", "one line per point of a registry: contract states, what is missing, elapsed time (--json)"),
-    "freeze":    ("stalebook.contracts:cmd_freeze", "freeze a registry's aggregate table once every registered point passes every contract"),
-    "report":    ("stalebook.report:cmd_report", "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)"),
-    "design":    ("stalebook.protocol:cmd_design", "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target"),
-    "demo":      ("stalebook.report:cmd_demo", "the main job: status -> run -> freeze -> report on the tiny registry's demo slice"),
+    "version": ("stalebook.cli:cmd_version", "print the stalebook version"),
+    "verify": ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
+    "snapshot": (
+        "stalebook.model:cmd_snapshot",
+        "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)",
+    ),
+    "preflight": (
+        "stalebook.preflight:cmd_preflight",
+        "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)",
+    ),
+    "rollouts": (
+        "stalebook.rollouts:cmd_rollouts",
+        "generate or resume a hash-bound rollout store from a config (RolloutsConfig)",
+    ),
+    "train": (
+        "stalebook.trainer:cmd_train",
+        "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)",
+    ),
+    "point": (
+        "stalebook.point:cmd_point",
+        "run or resume one experiment point (stale vs fresh prompt scoring) via papermill",
+    ),
+    "run": (
+        "stalebook.executors:cmd_run",
+        "run or resume a registry's units (REGISTRY [--only UNIT] [--root DIR] [--executor local|shared|ray])",
+    ),
+    "work": (
+        "stalebook.executors:cmd_work",
+        "this node's workers of a registry on a shared volume (REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])",
+    ),
+    "status": (
+        "stalebook.contracts:cmd_status",
+        "one line per point of a registry: contract states, what is missing, elapsed time (--json)",
+    ),
+    "freeze": (
+        "stalebook.contracts:cmd_freeze",
+        "freeze a registry's aggregate table once every registered point passes every contract",
+    ),
+    "report": (
+        "stalebook.report:cmd_report",
+        "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)",
+    ),
+    "design": (
+        "stalebook.protocol:cmd_design",
+        "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target",
+    ),
+    "demo": (
+        "stalebook.report:cmd_demo",
+        "the main job: status -> run -> freeze -> report on the tiny registry's demo slice",
+    ),
 }
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stalebook",
         description="stalebook: stale rollouts in RL with verifiable rewards.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands:\n" + "\n".join(f"  {k:<11} {h}" for k, (_, h) in COMMANDS.items())
-               + "\n\nRun 'stalebook COMMAND --help' for a command's options.")
+        epilog="commands:\n"
+        + "\n".join(f"  {k:<11} {h}" for k, (_, h) in COMMANDS.items())
+        + "\n\nRun 'stalebook COMMAND --help' for a command's options.",
+    )
     p.add_argument("command", metavar="COMMAND", help="one of: " + ", ".join(COMMANDS))
     p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
+
 
 def _resolve(target: str):
     mod, fn = target.split(":")
@@ -61,10 +101,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = _parser()
     if not argv:
-        p.print_help(); return 2
+        p.print_help()
+        return 2
     if argv[0] in ("-h", "--help"):
-        p.print_help(); return 0
-    if argv[0] == "--version": argv[0] = "version"
+        p.print_help()
+        return 0
+    if argv[0] == "--version":
+        argv[0] = "version"
     ns = p.parse_args(argv[:1])
     if ns.command not in COMMANDS:
         print(f"stalebook: error: unknown command '{ns.command}' (choose from: {', '.join(COMMANDS)})", file=sys.stderr)
@@ -75,7 +118,8 @@ def main(argv=None) -> int:
         print(f"stalebook: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("stalebook: interrupted", file=sys.stderr); return 130
+        print("stalebook: interrupted", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 # %% ../nbs/01_cli.ipynb #3aa7db66
@@ -86,18 +130,28 @@ def cmd_version(argv) -> int:
     return 0
 
 # %% ../nbs/01_cli.ipynb #adf15fa8
-CHECK_MODULES = ["stalebook.protocol", "stalebook.staleness_study"]   # non-theory modules whose checks join the table (imported if present)
+CHECK_MODULES = [
+    "stalebook.protocol",
+    "stalebook.staleness_study",
+]  # non-theory modules whose checks join the table (imported if present)
+
 
 def load_check_modules() -> list[str]:
     "Import every `stalebook.theory.*` module and `CHECK_MODULES` (registering their checks); return their names."
     names = []
-    try: pkg = importlib.import_module("stalebook.theory")
-    except ModuleNotFoundError: pkg = None
+    try:
+        pkg = importlib.import_module("stalebook.theory")
+    except ModuleNotFoundError:
+        pkg = None
     if pkg is not None:
-        names += [f"stalebook.theory.{m.name}" for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)]
+        names += [
+            f"stalebook.theory.{m.name}" for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
+        ]
     names += [m for m in CHECK_MODULES if importlib.util.find_spec(m) is not None]
-    for n in names: importlib.import_module(n)
+    for n in names:
+        importlib.import_module(n)
     return names
+
 
 def cmd_verify(argv) -> int:
     "Run the registered numerical checks; exit 1 if any fails."
@@ -108,7 +162,8 @@ def cmd_verify(argv) -> int:
     load_check_modules()
     fns = [(k, f) for k, f in CHECKS.items() if a.only in k]
     rows = run_checks(fns)
-    if a.json: print(json.dumps([r.row() for r in rows], indent=1))
+    if a.json:
+        print(json.dumps([r.row() for r in rows], indent=1))
     else:
         print(repr(CheckRows(rows)))
         print(f"\n{sum(r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")

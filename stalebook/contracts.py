@@ -30,15 +30,38 @@ from typing import Callable
 
 import numpy as np
 
-from .core import CommandParser, StalebookError, atomic_dir, config_hash, hash_file, hash_json, load_config, read_jsonl
-from .point import PointConfig, load_point, point_tasks
+from stalebook.core import (
+    CommandParser,
+    StalebookError,
+    atomic_dir,
+    config_hash,
+    hash_file,
+    hash_json,
+    load_config,
+    read_jsonl,
+)
+from .point import load_point, point_tasks
 from .protocol import pool_cell
 from .registry import Registry, load_registry, registry_hash, registry_problems, registry_root
 from .rollouts import rollout_domain
 from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
-from .units import (POINT_FILES, POINT_MANIFEST, REPLICATES, STORE_FILES, FamilyConfig, Unit, output_hash, phase_problems,
-                             point_name, point_phase, queue_state, record_digest, record_path, unit_dir)
+from stalebook.units import (
+    POINT_FILES,
+    POINT_MANIFEST,
+    REPLICATES,
+    STORE_FILES,
+    FamilyConfig,
+    Unit,
+    output_hash,
+    phase_problems,
+    point_name,
+    point_phase,
+    queue_state,
+    record_digest,
+    record_path,
+    unit_dir,
+)
 
 # %% auto #0
 __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'COLUMNS', 'KindChecks', 'register_checks', 'contract', 'aggregator',
@@ -52,31 +75,40 @@ __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'COLUMNS', 'KindChecks', 'regist
 @dataclass
 class KindChecks:
     "How the items of a kind are checked: their context, what is missing, the named contracts, the aggregate table."
-    context: Callable                              # (Unit, item id) -> the object the contracts read
-    missing: Callable                              # (context) -> what the item lacks, or None (then the contracts run)
-    phases: Callable                               # (context) -> names of the phases whose wall time the item took
+
+    context: Callable  # (Unit, item id) -> the object the contracts read
+    missing: Callable  # (context) -> what the item lacks, or None (then the contracts run)
+    phases: Callable  # (context) -> names of the phases whose wall time the item took
     contracts: dict = field(default_factory=dict)  # name -> (context) -> [problems]
-    aggregate: Callable | None = None              # (registry, root, status) -> table dict (see `freeze`)
+    aggregate: Callable | None = None  # (registry, root, status) -> table dict (see `freeze`)
+
 
 CHECKS: dict[str, KindChecks] = {}
+
 
 def register_checks(kind: str, context: Callable, missing: Callable, phases: Callable) -> KindChecks:
     "Declare how the items of `kind` are checked (contracts and aggregate are added with the decorators below)."
     CHECKS[kind] = KindChecks(context, missing, phases)
     return CHECKS[kind]
 
+
 def contract(kind: str, name: str):
     "Decorator: `fn(context) -> [problems]` becomes contract `name` of every item of `kind` (in registration order)."
+
     def deco(fn):
         CHECKS[kind].contracts[name] = fn
         return fn
+
     return deco
+
 
 def aggregator(kind: str):
     "Decorator: `fn(registry, root, status) -> table` is what `freeze` writes for `kind`."
+
     def deco(fn):
         CHECKS[kind].aggregate = fn
         return fn
+
     return deco
 
 # %% ../nbs/33_contracts.ipynb #ce60f0a8
@@ -86,17 +118,26 @@ def unit_phase_problems(u: Unit) -> list[str]:
     for ph in u.registry.unit_kind.phases(u):
         deps = {n: digests[n] for n in (ph.after if ph.after is not None else list(digests))}
         p = phase_problems(u.dir, ph, deps)
-        if p: probs.append(f"phase {ph.name}: {p[0]}")
+        if p:
+            probs.append(f"phase {ph.name}: {p[0]}")
         digests[ph.name] = record_digest(u.dir, ph.name)
     return probs
 
+
 def default_checks() -> KindChecks:
-    ck = KindChecks(context=lambda u, item: u, missing=lambda u: None if record_path(u.dir, u.registry.unit_kind.phases(u)[0].name).is_file()
-                    else "not started", phases=lambda u: [p.name for p in u.registry.unit_kind.phases(u)])
+    ck = KindChecks(
+        context=lambda u, item: u,
+        missing=lambda u: (
+            None if record_path(u.dir, u.registry.unit_kind.phases(u)[0].name).is_file() else "not started"
+        ),
+        phases=lambda u: [p.name for p in u.registry.unit_kind.phases(u)],
+    )
     ck.contracts["phases"] = unit_phase_problems
     return ck
 
-def checks_of(kind: str) -> KindChecks: return CHECKS.get(kind) or default_checks()
+
+def checks_of(kind: str) -> KindChecks:
+    return CHECKS.get(kind) or default_checks()
 
 # %% ../nbs/33_contracts.ipynb #c90ca4e8
 def elapsed(udir: Path, phases) -> float:
@@ -104,31 +145,58 @@ def elapsed(udir: Path, phases) -> float:
     recs = read_jsonl(Path(udir) / "attempts.jsonl", warn=False).records
     return float(sum(r.get("wall_s", 0.0) for r in recs if r["event"] == "done" and r["phase"] in set(phases)))
 
+
 def item_row(reg: Registry, ck: KindChecks, u: Unit, item: str) -> dict:
     "One status row: state, each contract's problems (None when missing), what is missing, elapsed seconds."
     ctx = ck.context(u, item)
     miss = ck.missing(ctx)
     res = {n: None if miss else fn(ctx) for n, fn in ck.contracts.items()}
     state = "missing" if miss else "fail" if any(res.values()) else "pass"
-    return dict(item=item, unit=u.id, state=state, missing=miss, contracts=res, elapsed_s=round(elapsed(u.dir, ck.phases(ctx)), 1))
+    return dict(
+        item=item,
+        unit=u.id,
+        state=state,
+        missing=miss,
+        contracts=res,
+        elapsed_s=round(elapsed(u.dir, ck.phases(ctx)), 1),
+    )
 
 # %% ../nbs/33_contracts.ipynb #1f17793f
 def unit_progress(reg: Registry, root: Path, rows: list[dict], now: float | None = None) -> tuple[dict, dict]:
     "({unit: state, owner, heartbeat age, lease generation}, {units, done, running, units_per_hour, eta_s}) of a registry's root."
     now, ok, units, starts, ends = now or time.time(), {}, {}, [], []
-    for r in rows: ok[r["unit"]] = ok.get(r["unit"], True) and r["state"] == "pass"
+    for r in rows:
+        ok[r["unit"]] = ok.get(r["unit"], True) and r["state"] == "pass"
     for uid in reg.units():
         q = queue_state(root, uid, now)
-        recs = read_jsonl(unit_dir(root, uid) / "attempts.jsonl", warn=False).records if (unit_dir(root, uid) / "attempts.jsonl").is_file() else []
+        recs = (
+            read_jsonl(unit_dir(root, uid) / "attempts.jsonl", warn=False).records
+            if (unit_dir(root, uid) / "attempts.jsonl").is_file()
+            else []
+        )
         starts += [x["time"] for x in recs if x["event"] == "start"][:1]
-        if ok.get(uid) and recs: ends.append(max(x["time"] for x in recs))
-        state = "done" if ok.get(uid) else q["state"] if q["state"] in ("running", "stale", "failed") else "started" if recs else "queued"
+        if ok.get(uid) and recs:
+            ends.append(max(x["time"] for x in recs))
+        state = (
+            "done"
+            if ok.get(uid)
+            else q["state"]
+            if q["state"] in ("running", "stale", "failed")
+            else "started"
+            if recs
+            else "queued"
+        )
         units[uid] = dict(state=state, owner=q["owner"], heartbeat_age_s=q["age_s"], gen=q["gen"])
     span = (max(ends) - min(starts)) if ends and starts else 0.0
     rate = len(ends) / span * 3600 if span > 0 else None
     left = len(units) - len(ends)
-    return units, dict(units=len(units), done=len(ends), running=sum(u["state"] == "running" for u in units.values()),
-                       units_per_hour=round(rate, 2) if rate else None, eta_s=round(left / rate * 3600) if rate and left else (0 if not left else None))
+    return units, dict(
+        units=len(units),
+        done=len(ends),
+        running=sum(u["state"] == "running" for u in units.values()),
+        units_per_hour=round(rate, 2) if rate else None,
+        eta_s=round(left / rate * 3600) if rate and left else (0 if not left else None),
+    )
 
 # %% ../nbs/33_contracts.ipynb #8d6cb850
 def registry_status(registry, root=None) -> dict:
@@ -137,194 +205,304 @@ def registry_status(registry, root=None) -> dict:
     root, ck, h = registry_root(reg, root), checks_of(reg.kind), registry_hash(reg)
     bound = root / "registry.json"
     if bound.is_file() and json.loads(bound.read_text()).get("hash") != h:
-        raise StalebookError(f"{root} holds the results of another version of registry {reg.name} "
-                             f"(hash {json.loads(bound.read_text()).get('hash', '')[:12]}, now {h[:12]}); use --root")
+        raise StalebookError(
+            f"{root} holds the results of another version of registry {reg.name} "
+            f"(hash {json.loads(bound.read_text()).get('hash', '')[:12]}, now {h[:12]}); use --root"
+        )
     rows = []
     for uid, cfg in reg.units().items():
         u = Unit(reg, uid, cfg, unit_dir(root, uid), progress=False, log=lambda *a: None)
         items = reg.unit_kind.items(reg, uid, cfg) if reg.unit_kind.items else [uid]
         rows += [item_row(reg, ck, u, it) for it in items]
     tot = {s: sum(r["state"] == s for r in rows) for s in ("pass", "fail", "missing")}
-    state = "partial" if tot["pass"] < len(rows) else "frozen" if (root / "frozen" / "table.json").is_file() else "complete"
+    state = (
+        "partial" if tot["pass"] < len(rows) else "frozen" if (root / "frozen" / "table.json").is_file() else "complete"
+    )
     units, prog = unit_progress(reg, root, rows)
-    return dict(registry=reg.name, hash=h, root=str(root), state=state, contracts=list(ck.contracts), totals=tot | {"items": len(rows)},
-                rows=rows, units=units, progress=prog)
+    return dict(
+        registry=reg.name,
+        hash=h,
+        root=str(root),
+        state=state,
+        contracts=list(ck.contracts),
+        totals=tot | {"items": len(rows)},
+        rows=rows,
+        units=units,
+        progress=prog,
+    )
 
 # %% ../nbs/33_contracts.ipynb #7b982c28
 @dataclass
 class PointCheck:
     "Point `c` of a family, as its contracts read it (files are read once, on first use)."
+
     unit: Unit
     c: int
     fam: FamilyConfig = field(init=False)
 
-    def __post_init__(self): self.fam = self.unit.config
+    def __post_init__(self):
+        self.fam = self.unit.config
+
     @property
-    def item(self) -> str: return f"{self.unit.id}/c{self.c}"
+    def item(self) -> str:
+        return f"{self.unit.id}/c{self.c}"
+
     @property
-    def dir(self) -> Path: return self.unit.dir / "points" / point_name(self.c)
+    def dir(self) -> Path:
+        return self.unit.dir / "points" / point_name(self.c)
+
     @property
-    def train(self) -> Path: return self.unit.dir / "train"
+    def train(self) -> Path:
+        return self.unit.dir / "train"
 
     @functools.cached_property
-    def result(self) -> dict | None: return _json(self.dir / "result.json")
+    def result(self) -> dict | None:
+        return _json(self.dir / "result.json")
+
     @functools.cached_property
-    def lineage(self) -> dict | None: return _json(self.train / "lineage.json")
+    def lineage(self) -> dict | None:
+        return _json(self.train / "lineage.json")
+
     @functools.cached_property
     def train_config(self) -> TrainConfig | None:
         f = self.train / "config.yaml"
         return load_config(TrainConfig, f) if f.is_file() else None
-    def meta(self, step: int) -> dict | None: return _json(lineage_checkpoint(self.train, step) / "meta.json")
-    def rel(self, s: str) -> str: return s.replace(f"{self.unit.dir}/", "")
+
+    def meta(self, step: int) -> dict | None:
+        return _json(lineage_checkpoint(self.train, step) / "meta.json")
+
+    def rel(self, s: str) -> str:
+        return s.replace(f"{self.unit.dir}/", "")
+
 
 def _json(f: Path):
-    try: return json.loads(Path(f).read_text())
-    except (FileNotFoundError, ValueError): return None
+    try:
+        return json.loads(Path(f).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
 
 # %% ../nbs/33_contracts.ipynb #665148d9
 def point_missing(p: PointCheck) -> str | None:
     "What point `p` still waits for (None once its phase has run)."
     u = p.unit.dir
-    if (p.dir / "manifest.json").is_file() or record_path(u, point_phase(p.c)).is_file(): return None
+    if (p.dir / "manifest.json").is_file() or record_path(u, point_phase(p.c)).is_file():
+        return None
     if not record_path(u, "train").is_file():
         n = len(read_jsonl(p.train / "steps.jsonl", warn=False).records) if (p.train / "steps.jsonl").is_file() else 0
         return f"train (step {n}/{p.fam.train.steps})"
     return "stale rollouts" if not record_path(u, "stale").is_file() else "point (not run)"
 
-register_checks("ranking", lambda u, item: PointCheck(u, int(item.rsplit("/c", 1)[1])), point_missing,
-                lambda p: [point_phase(p.c)])
+
+register_checks(
+    "ranking", lambda u, item: PointCheck(u, int(item.rsplit("/c", 1)[1])), point_missing, lambda p: [point_phase(p.c)]
+)
 
 # %% ../nbs/33_contracts.ipynb #40ec8947
 @contract("ranking", "objective")
 def objective_contract(p: PointCheck) -> list[str]:
     want, probs = p.fam.objective, []
-    rule = "the appendix takes the SFT ablation only" if want == "sft" else f"the {p.fam.table} table takes GRPO runs only"
+    rule = (
+        "the appendix takes the SFT ablation only" if want == "sft" else f"the {p.fam.table} table takes GRPO runs only"
+    )
+
     def check(what, got):
-        if got != want: probs.append(f"{what} is '{got}'; {rule}")
-    if p.train_config is None: return ["train/config.yaml missing"]
+        if got != want:
+            probs.append(f"{what} is '{got}'; {rule}")
+
+    if p.train_config is None:
+        return ["train/config.yaml missing"]
     check("the training run's objective", p.train_config.objective)
-    for e in (p.lineage or {}).get("chain", []): check(f"lineage step {e['step']}", e.get("objective"))
+    for e in (p.lineage or {}).get("chain", []):
+        check(f"lineage step {e['step']}", e.get("objective"))
     for s in sorted({p.c, p.fam.behaviour}):
-        if (m := p.meta(s)) is not None: check(f"checkpoint step {s} (meta.json)", m.get("objective"))
-    if p.result: check("the result's objective", p.result["manifest"].get("objective"))
+        if (m := p.meta(s)) is not None:
+            check(f"checkpoint step {s} (meta.json)", m.get("objective"))
+    if p.result:
+        check("the result's objective", p.result["manifest"].get("objective"))
     return probs
 
 # %% ../nbs/33_contracts.ipynb #24cde2ed
 @contract("ranking", "lineage")
 def lineage_contract(p: PointCheck) -> list[str]:
-    if p.lineage is None or p.train_config is None: return ["train/lineage.json or train/config.yaml missing"]
+    if p.lineage is None or p.train_config is None:
+        return ["train/lineage.json or train/config.yaml missing"]
     probs, tc = [p.rel(x) for x in check_lineage(p.train)], p.train_config
     if run_identity(tc) != run_identity(dataclasses.replace(p.fam.train, out=tc.out, snapshot=tc.snapshot)):
         probs.append("the training run's config is not the family's registered config")
     ident, chain = run_identity(tc), {e["step"]: e for e in p.lineage.get("chain", [])}
     for s in sorted({p.c, p.fam.behaviour}):
         m = p.meta(s)
-        if m is None: probs.append(f"checkpoint step {s}: no meta.json"); continue
+        if m is None:
+            probs.append(f"checkpoint step {s}: no meta.json")
+            continue
         if m.get("config_hash") != ident:
-            probs.append(f"checkpoint step {s} belongs to another run (identity {str(m.get('config_hash'))[:12]}, this run's {ident[:12]}): a foreign checkpoint")
+            probs.append(
+                f"checkpoint step {s} belongs to another run (identity {str(m.get('config_hash'))[:12]}, this run's {ident[:12]}): a foreign checkpoint"
+            )
         if s in chain and m.get("parent") != chain[s]["parent"]:
-            probs.append(f"checkpoint step {s}: parent {str(m.get('parent'))[:12]} is not the chain's {str(chain[s]['parent'])[:12]}")
+            probs.append(
+                f"checkpoint step {s}: parent {str(m.get('parent'))[:12]} is not the chain's {str(chain[s]['parent'])[:12]}"
+            )
     if p.result and not probs:
         man = p.result["manifest"]
         for key, s, who in (("policy_hash_pi", p.c, "π"), ("policy_hash_beta", p.fam.behaviour, "β")):
             if man.get(key) != p.meta(s).get("policy_hash"):
-                probs.append(f"the result's {who} ({str(man.get(key))[:12]}) is not the policy of checkpoint step {s} ({p.meta(s)['policy_hash'][:12]})")
-        if man.get("run_identity") != ident: probs.append("the result was computed on another training run")
+                probs.append(
+                    f"the result's {who} ({str(man.get(key))[:12]}) is not the policy of checkpoint step {s} ({p.meta(s)['policy_hash'][:12]})"
+                )
+        if man.get("run_identity") != ident:
+            probs.append("the result was computed on another training run")
     return probs
 
 # %% ../nbs/33_contracts.ipynb #c79d8c49
 def expected_stores(p: PointCheck) -> dict:
     "{store key: (policy hash, RNG purpose, registered task ids)} of point `p`."
     pc = dataclasses.replace(p.fam.point, checkpoint=p.c)
-    ids = {role: [t.id for t in point_tasks(pc, p.fam.domain, role, n)] for role, n in
-           (("candidates", pc.n_candidates), ("validation", pc.n_validation))}
+    ids = {
+        role: [t.id for t in point_tasks(pc, p.fam.domain, role, n)]
+        for role, n in (("candidates", pc.n_candidates), ("validation", pc.n_validation))
+    }
     pi, beta = (p.meta(p.c) or {}).get("policy_hash"), (p.meta(p.fam.behaviour) or {}).get("policy_hash")
     out = {"stale": (beta, "stale/candidates", ids["candidates"])}
     out |= {f"{role}/{h}": (pi, f"{h}/{role}", ids[role]) for role in ("candidates", "validation") for h in "RAB"}
     return out
 
+
 def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str, ids: list) -> list[str]:
     "The generation contract for one store."
     sd, pc, who = p.train / "rollouts" / name, p.fam.point, "β" if key == "stale" else "π"
     man = _json(sd / "manifest.json")
-    if man is None: return [f"store {key} ({name[:16]}): no manifest.json"]
+    if man is None:
+        return [f"store {key} ({name[:16]}): no manifest.json"]
     probs, K = [], pc.group_size
     if man.get("policy_hash") != policy:
-        probs.append(f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, the point's {who} is {str(policy)[:12]}")
-    if man.get("numerics") != (num := f"{pc.dtype}/{pc.device.split(':')[0]}"): probs.append(f"store {key} ran in {man.get('numerics')}, the point in {num}")
+        probs.append(
+            f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, the point's {who} is {str(policy)[:12]}"
+        )
+    if man.get("numerics") != (num := f"{pc.dtype}/{pc.device.split(':')[0]}"):
+        probs.append(f"store {key} ran in {man.get('numerics')}, the point in {num}")
     if man.get("rng_domain", {}).get("key") != rollout_domain(pc.seed, policy or "", purpose).hex:
-        probs.append(f"store {key} was drawn from another RNG domain than (seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})")
-    if man.get("sampling_hash") != config_hash(pc.sampling): probs.append(f"store {key} was sampled under another sampling config")
-    if man.get("task_ids") != ids: probs.append(f"store {key} holds another prompt list than the registered pool")
+        probs.append(
+            f"store {key} was drawn from another RNG domain than (seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})"
+        )
+    if man.get("sampling_hash") != config_hash(pc.sampling):
+        probs.append(f"store {key} was sampled under another sampling config")
+    if man.get("task_ids") != ids:
+        probs.append(f"store {key} holds another prompt list than the registered pool")
     recs = read_jsonl(sd / "groups.jsonl", warn=False).records
     have = {r.get("task_id") for r in recs if len(r.get("tokens", [])) == K and len(r.get("rewards", [])) == K}
     lost = [t for t in ids if t not in have]
-    if lost: probs.append(f"store {key}: {len(ids) - len(lost)} of {len(ids)} registered prompt groups complete (missing: {', '.join(lost[:3])}"
-                          + (", ..." if len(lost) > 3 else "") + ")")
+    if lost:
+        probs.append(
+            f"store {key}: {len(ids) - len(lost)} of {len(ids)} registered prompt groups complete (missing: {', '.join(lost[:3])}"
+            + (", ..." if len(lost) > 3 else "")
+            + ")"
+        )
     done = _json(sd / "complete.json")
-    if done is None: probs.append(f"store {key} is not sealed (no complete.json)")
+    if done is None:
+        probs.append(f"store {key} is not sealed (no complete.json)")
     elif (sd / "groups.jsonl").is_file() and done.get("groups_sha256") != hash_file(sd / "groups.jsonl"):
         probs.append(f"store {key}: groups.jsonl is not the file complete.json sealed")
     return probs
 
+
 @contract("ranking", "generation")
 def generation_contract(p: PointCheck) -> list[str]:
-    if p.result is None: return ["result.json missing"]
+    if p.result is None:
+        return ["result.json missing"]
     names, probs = p.result["manifest"].get("rollout_stores", {}), []
     for key, (policy, purpose, ids) in expected_stores(p).items():
-        if key not in names: probs.append(f"store {key}: not in the result"); continue
+        if key not in names:
+            probs.append(f"store {key}: not in the result")
+            continue
         probs += store_problems(p, key, names[key], policy, purpose, ids)
     return probs
 
 # %% ../nbs/33_contracts.ipynb #e8ae0bf3
 BOUND_METHODS = ("percentile", "bc", "bca", "basic", "gaussian", "model")
 
+
 @contract("ranking", "analysis")
 def analysis_contract(p: PointCheck) -> list[str]:
-    if p.result is None: return ["result.json missing"]
+    if p.result is None:
+        return ["result.json missing"]
     r, m, probs = p.result["result"], p.result["manifest"], []
     for what, n in (("the result has", r.get("n_boot")), ("the manifest records", m.get("replicates"))):
-        if n != REPLICATES: probs.append(f"{what} {n:,} bootstrap replicates; the contract needs exactly {REPLICATES:,}")
+        if n != REPLICATES:
+            probs.append(f"{what} {n:,} bootstrap replicates; the contract needs exactly {REPLICATES:,}")
     for ab in ESTIMATORS:
-        if ab not in r.get("gain_stale", {}) or f"gain_stale_{ab}_bounds" not in r: probs.append(f"estimator g{ab} missing")
+        if ab not in r.get("gain_stale", {}) or f"gain_stale_{ab}_bounds" not in r:
+            probs.append(f"estimator g{ab} missing")
     try:
         with np.load(p.dir / "boot.npz") as z:
             for k in ["rel", "gain_fresh", *(f"gain_stale__{ab}" for ab in ESTIMATORS)]:
                 n = len(z[k]) if k in z.files else 0
-                if n != REPLICATES: probs.append(f"boot.npz: {k.replace('__', '/')} has {n:,} replicates, not {REPLICATES:,}")
-    except (OSError, ValueError, zipfile.BadZipFile) as e: probs.append(f"boot.npz unreadable ({type(e).__name__})")
-    if m.get("bound") not in BOUND_METHODS: probs.append(f"bound method {m.get('bound')!r} not recorded or unknown (known: {', '.join(BOUND_METHODS)})")
+                if n != REPLICATES:
+                    probs.append(f"boot.npz: {k.replace('__', '/')} has {n:,} replicates, not {REPLICATES:,}")
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        probs.append(f"boot.npz unreadable ({type(e).__name__})")
+    if m.get("bound") not in BOUND_METHODS:
+        probs.append(f"bound method {m.get('bound')!r} not recorded or unknown (known: {', '.join(BOUND_METHODS)})")
     return probs
 
 # %% ../nbs/33_contracts.ipynb #130ca5dd
 @contract("ranking", "manifest")
 def manifest_contract(p: PointCheck) -> list[str]:
     m = _json(p.dir / "manifest.json")
-    if m is None: return [f"points/{point_name(p.c)}/manifest.json missing or not JSON"]
+    if m is None:
+        return [f"points/{point_name(p.c)}/manifest.json missing or not JSON"]
     want = dict(kind=POINT_MANIFEST, version=1, unit=p.unit.id, checkpoint=p.c, objective=p.fam.objective)
     probs = [f"schema: {k} is {m.get(k)!r}, expected {v!r}" for k, v in want.items() if m.get(k) != v]
     files = m.get("files")
-    if not isinstance(files, dict) or not all(isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h) for h in files.values()):
+    if not isinstance(files, dict) or not all(
+        isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h) for h in files.values()
+    ):
         return probs + ["schema: files must map paths to sha256 hashes"]
-    need = [f"points/{point_name(p.c)}/{f}" for f in POINT_FILES] + [f"train/lineage/step-{s:06d}" for s in sorted({p.c, p.fam.behaviour})]
+    need = [f"points/{point_name(p.c)}/{f}" for f in POINT_FILES] + [
+        f"train/lineage/step-{s:06d}" for s in sorted({p.c, p.fam.behaviour})
+    ]
     stores = sorted({n for n in ((p.result or {}).get("manifest", {}).get("rollout_stores", {})).values()})
     need += [f"train/rollouts/{n}/{f}" for n in stores for f in STORE_FILES]
     probs += [f"schema: the file table lacks {f}" for f in need if f not in files]
     for rel, h in files.items():
         got = output_hash(p.unit.dir / rel)
-        if got is None: probs.append(f"{rel}: missing")
-        elif got != h: probs.append(f"{rel}: sha256 {got[:12]} does not match the manifest's {h[:12]}")
+        if got is None:
+            probs.append(f"{rel}: missing")
+        elif got != h:
+            probs.append(f"{rel}: sha256 {got[:12]} does not match the manifest's {h[:12]}")
     return probs
 
 # %% ../nbs/33_contracts.ipynb #976aba7a
-TITLES = dict(main="Main table - RLVR (GRPO + LoRA): stale vs fresh prompt rankings",
-              extension="Extension table - RLVR (GRPO + LoRA) replications (architecture and capacity confounded)",
-              demo="Tiny-model demonstration of the main table - RLVR (GRPO + LoRA) on the embedded model; not a result about 7B models",
-              appendix="Appendix - supervised policy-shift ablation (positive-only SFT with LoRA; not RLVR)")
-COLUMNS = ("model", "domain", "tag", "checkpoint", "estimator", "seeds", "points", "admissible", "rel", "fresh_gain", "fresh_lb",
-           "stale_gain", "stale_lb", "stale_ub", "ratio", "kl_pi_beta", "verdict")
+TITLES = dict(
+    main="Main table - RLVR (GRPO + LoRA): stale vs fresh prompt rankings",
+    extension="Extension table - RLVR (GRPO + LoRA) replications (architecture and capacity confounded)",
+    demo="Tiny-model demonstration of the main table - RLVR (GRPO + LoRA) on the embedded model; not a result about 7B models",
+    appendix="Appendix - supervised policy-shift ablation (positive-only SFT with LoRA; not RLVR)",
+)
+COLUMNS = (
+    "model",
+    "domain",
+    "tag",
+    "checkpoint",
+    "estimator",
+    "seeds",
+    "points",
+    "admissible",
+    "rel",
+    "fresh_gain",
+    "fresh_lb",
+    "stale_gain",
+    "stale_lb",
+    "stale_ub",
+    "ratio",
+    "kl_pi_beta",
+    "verdict",
+)
 
-def _mean(xs): return float(np.mean(xs)) if xs else None
+
+def _mean(xs):
+    return float(np.mean(xs)) if xs else None
+
 
 def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
     """{(model, domain, arm, checkpoint): [(PointResult, result summary, item) per registered seed]} of a ranking
@@ -335,8 +513,10 @@ def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
             d, item = unit_dir(root, uid) / "points" / point_name(c), f"{uid}/c{c}"
             got = item in ok
             cells.setdefault((fam.model, fam.domain, fam.tag, c), []).append(
-                (load_point(d) if got else None, _json(d / "result.json")["result"] if got else None, item))
+                (load_point(d) if got else None, _json(d / "result.json")["result"] if got else None, item)
+            )
     return cells
+
 
 @aggregator("ranking")
 def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
@@ -348,60 +528,108 @@ def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
         for ab in ESTIMATORS:
             cell = pool_cell([p for p, _, _ in pts], ab)
             fg, sg = cell.get("fresh_gain"), cell.get("stale_gain")
-            rows.append(dict(model=m, domain=dom, tag=tag, checkpoint=c, estimator=f"g{ab}", seeds=len(pts), points=len(res),
-                             admissible=int(sum(cell["admissible"])), rel=_mean([r["rel"] for r in res]), fresh_gain=fg,
-                             fresh_lb=cell.get("fresh_lb"), stale_gain=sg, stale_lb=cell.get("stale_lb"), stale_ub=cell.get("stale_ub"),
-                             ratio=sg / fg if fg and sg is not None else None, kl_pi_beta=_mean([r["kl_pi_beta"] for r in res]),
-                             verdict=cell["verdict"]))
-    sources = {it: hash_file(unit_dir(root, it.split("/")[0]) / "points" / point_name(int(it.rsplit("/c", 1)[1])) / "manifest.json")
-               for _, _, it in (x for pts in cells.values() for x in pts) if it in ok}
-    return dict(title=TITLES[reg.spec.table], table=reg.spec.table, objective=reg.spec.objective, rlvr=reg.spec.objective == "grpo",
-                columns=list(COLUMNS), rows=rows, sources=dict(sorted(sources.items())))
+            rows.append(
+                dict(
+                    model=m,
+                    domain=dom,
+                    tag=tag,
+                    checkpoint=c,
+                    estimator=f"g{ab}",
+                    seeds=len(pts),
+                    points=len(res),
+                    admissible=int(sum(cell["admissible"])),
+                    rel=_mean([r["rel"] for r in res]),
+                    fresh_gain=fg,
+                    fresh_lb=cell.get("fresh_lb"),
+                    stale_gain=sg,
+                    stale_lb=cell.get("stale_lb"),
+                    stale_ub=cell.get("stale_ub"),
+                    ratio=sg / fg if fg and sg is not None else None,
+                    kl_pi_beta=_mean([r["kl_pi_beta"] for r in res]),
+                    verdict=cell["verdict"],
+                )
+            )
+    sources = {
+        it: hash_file(
+            unit_dir(root, it.split("/")[0]) / "points" / point_name(int(it.rsplit("/c", 1)[1])) / "manifest.json"
+        )
+        for _, _, it in (x for pts in cells.values() for x in pts)
+        if it in ok
+    }
+    return dict(
+        title=TITLES[reg.spec.table],
+        table=reg.spec.table,
+        objective=reg.spec.objective,
+        rlvr=reg.spec.objective == "grpo",
+        columns=list(COLUMNS),
+        rows=rows,
+        sources=dict(sorted(sources.items())),
+    )
 
 # %% ../nbs/33_contracts.ipynb #185850e1
 def _fmt(v, col):
-    if v is None: return "-"
-    if col in ("fresh_gain", "fresh_lb", "stale_gain", "stale_lb", "stale_ub"): return f"{v:+.4f}"
-    if col in ("rel", "ratio", "kl_pi_beta"): return f"{v:.3f}"
+    if v is None:
+        return "-"
+    if col in ("fresh_gain", "fresh_lb", "stale_gain", "stale_lb", "stale_ub"):
+        return f"{v:+.4f}"
+    if col in ("rel", "ratio", "kl_pi_beta"):
+        return f"{v:.3f}"
     return str(v)
+
 
 def table_markdown(t: dict, content_hash: str, partial: bool = False) -> str:
     "The aggregate table in Markdown (PARTIAL in the title unless frozen)."
     head = ("PARTIAL - " if partial else "") + t["title"]
-    note = (f"{'PARTIAL: not every registered point passes its contracts; not paper numbers. ' if partial else 'Frozen. '}"
-            f"Registry `{t['registry']}` (hash `{t['registry_hash'][:16]}`), {len(t['sources'])} points; content hash `{content_hash}`.")
+    note = (
+        f"{'PARTIAL: not every registered point passes its contracts; not paper numbers. ' if partial else 'Frozen. '}"
+        f"Registry `{t['registry']}` (hash `{t['registry_hash'][:16]}`), {len(t['sources'])} points; content hash `{content_hash}`."
+    )
     cols = t["columns"]
     lines = [f"# {head}", "", note, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r[c], c) for c in cols) + " |" for r in t["rows"]]
     return "\n".join(lines) + "\n"
+
 
 def table_csv(t: dict) -> str:
     "The aggregate table as CSV (a header line, then one line per cell; empty = no value)."
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(t["columns"])
-    for r in t["rows"]: w.writerow(["" if r[c] is None else repr(r[c]) if isinstance(r[c], float) else r[c] for c in t["columns"]])
+    for r in t["rows"]:
+        w.writerow(["" if r[c] is None else repr(r[c]) if isinstance(r[c], float) else r[c] for c in t["columns"]])
     return buf.getvalue()
 
 # %% ../nbs/33_contracts.ipynb #3db16ce8
 class FreezeRefused(StalebookError):
     "Not every registered point passes: `.lines` lists each failing or missing point with its contract."
+
     def __init__(self, msg: str, lines: list[str]):
-        super().__init__(msg); self.lines = lines
+        super().__init__(msg)
+        self.lines = lines
+
 
 def problem_lines(status: dict) -> list[str]:
     "One line per (item, contract, problem) of the items that do not pass; missing items say what they wait for."
     out = []
     for r in status["rows"]:
-        if r["state"] == "missing": out.append(f"{r['item']}: missing ({r['missing']})")
+        if r["state"] == "missing":
+            out.append(f"{r['item']}: missing ({r['missing']})")
         for name, probs in r["contracts"].items():
             out += [f"{r['item']} {name}: {x}" for x in (probs or [])]
     return out
 
+
 def frozen_content(reg: Registry, root: Path, status: dict) -> dict:
     agg = checks_of(reg.kind).aggregate
-    if agg is None: raise StalebookError(f"registry {reg.name}: kind '{reg.kind}' has no aggregate table to freeze")
-    return dict(kind="stalebook.frozen-table", version=1, registry=reg.name, registry_hash=registry_hash(reg), **agg(reg, root, status))
+    if agg is None:
+        raise StalebookError(f"registry {reg.name}: kind '{reg.kind}' has no aggregate table to freeze")
+    return dict(
+        kind="stalebook.frozen-table",
+        version=1,
+        registry=reg.name,
+        registry_hash=registry_hash(reg),
+        **agg(reg, root, status),
+    )
 
 # %% ../nbs/33_contracts.ipynb #c7a8d90f
 def freeze(registry, root=None) -> dict:
@@ -411,55 +639,87 @@ def freeze(registry, root=None) -> dict:
     st = registry_status(reg, root)
     bad = [r for r in st["rows"] if r["state"] != "pass"]
     if bad:
-        raise FreezeRefused(f"freeze refused: {len(bad)} of {len(st['rows'])} registered points of {reg.name} do not pass every "
-                            f"contract ({st['totals']['fail']} failing, {st['totals']['missing']} missing); nothing was written",
-                            problem_lines(st))
+        raise FreezeRefused(
+            f"freeze refused: {len(bad)} of {len(st['rows'])} registered points of {reg.name} do not pass every "
+            f"contract ({st['totals']['fail']} failing, {st['totals']['missing']} missing); nothing was written",
+            problem_lines(st),
+        )
     t = frozen_content(reg, root, st)
     ch, fdir = hash_json(t), root / "frozen"
     if (fdir / "table.json").is_file():
         old = _json(fdir / "table.json") or {}
-        if old.get("content_hash") == ch: return dict(content_hash=ch, dir=str(fdir), written=False, table=t)
-        raise StalebookError(f"{fdir}: a different table is frozen there (content hash {str(old.get('content_hash'))[:16]}, "
-                             f"this one {ch[:16]}); refusing to overwrite it")
+        if old.get("content_hash") == ch:
+            return dict(content_hash=ch, dir=str(fdir), written=False, table=t)
+        raise StalebookError(
+            f"{fdir}: a different table is frozen there (content hash {str(old.get('content_hash'))[:16]}, "
+            f"this one {ch[:16]}); refusing to overwrite it"
+        )
     with atomic_dir(fdir) as d:
-        (d / "table.json").write_text(json.dumps(t | {"content_hash": ch}, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-        (d / "table.md").write_text(table_markdown(t, ch)); (d / "table.csv").write_text(table_csv(t))
+        (d / "table.json").write_text(
+            json.dumps(t | {"content_hash": ch}, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        )
+        (d / "table.md").write_text(table_markdown(t, ch))
+        (d / "table.csv").write_text(table_csv(t))
     return dict(content_hash=ch, dir=str(fdir), written=True, table=t)
 
 # %% ../nbs/33_contracts.ipynb #ee523efa
 def watermark(st: dict) -> str:
     t = st["totals"]
     if st["state"] == "partial":
-        return (f"PARTIAL - registry {st['registry']}: {t['pass']} of {t['items']} points pass every contract "
-                f"({t['fail']} failing, {t['missing']} missing); not paper numbers")
+        return (
+            f"PARTIAL - registry {st['registry']}: {t['pass']} of {t['items']} points pass every contract "
+            f"({t['fail']} failing, {t['missing']} missing); not paper numbers"
+        )
     if st["state"] == "frozen":
         ch = (_json(Path(st["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
         return f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; table content hash {ch[:16]}"
     return f"COMPLETE - registry {st['registry']}: all {t['items']} points pass every contract; `stalebook freeze {st['registry']}` freezes the table"
 
-def _dur(s) -> str: return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+def _dur(s) -> str:
+    return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
 
 def progress_lines(st: dict) -> list[str]:
     "The throughput line, then one line per unit: state, owner and heartbeat age."
     pg, us = st["progress"], st["units"]
-    head = (f"units: {pg['done']} of {pg['units']} done, {pg['running']} running; "
-            + (f"{pg['units_per_hour']:.1f} units/hour, ETA {_dur(pg['eta_s'])}" if pg["units_per_hour"] else "throughput: -"))
+    head = f"units: {pg['done']} of {pg['units']} done, {pg['running']} running; " + (
+        f"{pg['units_per_hour']:.1f} units/hour, ETA {_dur(pg['eta_s'])}" if pg["units_per_hour"] else "throughput: -"
+    )
     w = max(map(len, us), default=0)
-    body = [f"  {u.ljust(w)}  {x['state']:<7}" + (f"  {x['owner']}" if x["owner"] else "")
-            + (f"  heartbeat {_dur(x['heartbeat_age_s'])} ago (lease {x['gen']})" if x["heartbeat_age_s"] is not None else "")
-            for u, x in us.items()]
+    body = [
+        f"  {u.ljust(w)}  {x['state']:<7}"
+        + (f"  {x['owner']}" if x["owner"] else "")
+        + (
+            f"  heartbeat {_dur(x['heartbeat_age_s'])} ago (lease {x['gen']})"
+            if x["heartbeat_age_s"] is not None
+            else ""
+        )
+        for u, x in us.items()
+    ]
     return [head, *body]
+
 
 def format_status(st: dict) -> str:
     "Watermark, the units' progress, one line per item, then the problems."
     hdr = ("point", *st["contracts"], "missing", "elapsed")
     cell = lambda v: "·" if v is None else "ok" if not v else "FAIL"
-    body = [(r["item"].replace("/c", " c="), *(cell(r["contracts"][c]) for c in st["contracts"]), r["missing"] or "",
-             f"{r['elapsed_s']:.0f} s" if r["elapsed_s"] else "-") for r in st["rows"]]
+    body = [
+        (
+            r["item"].replace("/c", " c="),
+            *(cell(r["contracts"][c]) for c in st["contracts"]),
+            r["missing"] or "",
+            f"{r['elapsed_s']:.0f} s" if r["elapsed_s"] else "-",
+        )
+        for r in st["rows"]
+    ]
     w = [max(len(str(x[i])) for x in [hdr, *body]) for i in range(len(hdr))]
     line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
     probs = [p for p in problem_lines(st) if ": missing (" not in p]
-    return "\n".join([watermark(st), "", *progress_lines(st), "", line(hdr), *map(line, body)] + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else []))
+    return "\n".join(
+        [watermark(st), "", *progress_lines(st), "", line(hdr), *map(line, body)]
+        + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else [])
+    )
 
 # %% ../nbs/33_contracts.ipynb #0980067e
 def cmd_status(argv) -> int:
@@ -472,25 +732,33 @@ def cmd_status(argv) -> int:
     reg = load_registry(a.registry)
     probs = registry_problems(reg)
     if probs:
-        for x in probs: print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
+        for x in probs:
+            print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
         return 2
     st = registry_status(reg, a.root)
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 1 if st["totals"]["fail"] else 0
 
+
 def cmd_freeze(argv) -> int:
     "Freeze a registry's aggregate table (refused, with the failing points listed, unless all pass)."
-    p = CommandParser(prog="stalebook freeze", description="Freeze the aggregate table once every registered point passes.")
+    p = CommandParser(
+        prog="stalebook freeze", description="Freeze the aggregate table once every registered point passes."
+    )
     p.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
     p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
     a = p.parse_args(argv)
-    try: res = freeze(a.registry, a.root)
+    try:
+        res = freeze(a.registry, a.root)
     except FreezeRefused as e:
-        for x in e.lines: print(f"  {x}", file=sys.stderr)
+        for x in e.lines:
+            print(f"  {x}", file=sys.stderr)
         print(f"stalebook: error: {e}", file=sys.stderr)
         return 1
     md = Path(res["dir"]) / "table.md"
     print(md.read_text())
-    print(f"[freeze] {'frozen' if res['written'] else 'already frozen, identical'}: {res['dir']}/table.{{md,csv,json}} "
-          f"(content hash {res['content_hash'][:16]})")
+    print(
+        f"[freeze] {'frozen' if res['written'] else 'already frozen, identical'}: {res['dir']}/table.{{md,csv,json}} "
+        f"(content hash {res['content_hash'][:16]})"
+    )
     return 0

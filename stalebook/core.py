@@ -45,17 +45,22 @@ __all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonica
 class StalebookError(Exception):
     "A user-facing error: the CLI prints `stalebook: error: <message>` on one line and exits 2."
 
+
 class ConfigError(StalebookError):
     "A config file is malformed: the message names the file and the field."
 
+
 class CommandParser(argparse.ArgumentParser):
     "An `ArgumentParser` for a subcommand: a bad argument is a one-line `StalebookError`, not a usage dump."
-    def error(self, message): raise StalebookError(f"{self.prog}: {message}")
+
+    def error(self, message):
+        raise StalebookError(f"{self.prog}: {message}")
 
 # %% ../nbs/00_core.ipynb #60059105
 def canonical_json(obj: Any) -> str:
     "Canonical JSON: sorted keys, no whitespace, UTF-8 (not ASCII-escaped), NaN/inf refused."
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 
 def _check_part(p):
     if isinstance(p, bool) or not isinstance(p, (str, int)):
@@ -66,12 +71,14 @@ def _check_part(p):
 @dataclass(frozen=True)
 class Domain:
     "A named, reproducible random stream: root seed + path of str/int parts."
+
     root: int
     path: tuple = ()
 
     def __post_init__(self):
         _check_part(self.root)
-        if not isinstance(self.root, int): raise TypeError("root seed must be an int")
+        if not isinstance(self.root, int):
+            raise TypeError("root seed must be an int")
         object.__setattr__(self, "path", tuple(_check_part(p) for p in self.path))
 
     def child(self, *parts) -> Domain:
@@ -83,7 +90,8 @@ class Domain:
         return hashlib.sha256(canonical_json({"root": self.root, "path": list(self.path)}).encode()).digest()
 
     @property
-    def hex(self) -> str: return self.key.hex()
+    def hex(self) -> str:
+        return self.key.hex()
 
     def seed64(self) -> int:
         "First 8 bytes of the key as an unsigned 64-bit integer."
@@ -95,29 +103,36 @@ class Domain:
 
     def torch(self, device="cpu"):
         "A fresh `torch.Generator` on `device` seeded with `seed64()`."
-        import torch                              # lazy: core, the theory and `stalebook preflight` never load torch
+        import torch  # lazy: core, the theory and `stalebook preflight` never load torch
+
         g = torch.Generator(device=device)
         g.manual_seed(self.seed64())
         return g
 
-    def __str__(self): return "/".join([str(self.root), *map(str, self.path)])
+    def __str__(self):
+        return "/".join([str(self.root), *map(str, self.path)])
+
 
 def rng(root: int, *path) -> np.random.Generator:
     "Shorthand: `Domain(root, path).numpy()`."
     return Domain(root, tuple(path)).numpy()
 
 # %% ../nbs/00_core.ipynb #d6d32217
-def hash_bytes(b: bytes) -> str: return hashlib.sha256(b).hexdigest()
+def hash_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
 
 def hash_json(obj: Any) -> str:
     "sha256 of the canonical JSON of `obj`."
     return hash_bytes(canonical_json(obj).encode("utf-8"))
 
+
 def hash_file(path, chunk=1 << 20) -> str:
     "sha256 of a file's bytes, streamed."
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while b := f.read(chunk): h.update(b)
+        while b := f.read(chunk):
+            h.update(b)
     return h.hexdigest()
 
 # %% ../nbs/00_core.ipynb #3ac6637c
@@ -130,14 +145,17 @@ def dir_listing(path, exclude: Iterable[str] = ()) -> list[tuple[str, str]]:
         for fn in filenames:
             p = Path(dirpath) / fn
             rel = p.relative_to(root).as_posix()
-            if rel in excl or not p.is_file(): continue
+            if rel in excl or not p.is_file():
+                continue
             out.append((rel, hash_file(p)))
     return sorted(out, key=lambda t: t[0].encode("utf-8"))
+
 
 def hash_listing(files) -> str:
     "sha256 over the lines `relpath\\0sha256\\n` of `(relpath, sha256)` pairs (or a dict), sorted by UTF-8 path."
     items = sorted(files.items() if isinstance(files, dict) else files, key=lambda t: t[0].encode("utf-8"))
     return hash_bytes("".join(f"{r}\0{h}\n" for r, h in items).encode("utf-8"))
+
 
 def hash_dir(path, exclude: Iterable[str] = ()) -> str:
     "The content hash of a folder: `hash_listing(dir_listing(path, exclude))`."
@@ -147,13 +165,16 @@ def hash_dir(path, exclude: Iterable[str] = ()) -> str:
 def _tensor_bytes(t) -> tuple[str, list, bytes]:
     if isinstance(t, np.ndarray) or np.isscalar(t):
         a = np.ascontiguousarray(t)
-        if a.dtype.byteorder == ">": a = a.astype(a.dtype.newbyteorder("<"))
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
         return a.dtype.name, list(a.shape), a.tobytes()
-    import torch                                  # lazy: core never loads torch for numpy-only callers
+    import torch  # lazy: core never loads torch for numpy-only callers
+
     if isinstance(t, torch.Tensor):
         x = t.detach().to("cpu").contiguous()
         return str(x.dtype).removeprefix("torch."), list(x.shape), x.reshape(-1).view(torch.uint8).numpy().tobytes()
     raise TypeError(f"cannot hash object of type {type(t).__name__} as a tensor")
+
 
 def hash_state_dict(sd: dict) -> str:
     "sha256 of a state dict: per sorted key, `canonical_json([key, dtype, shape])\\n` then the raw bytes."
@@ -164,6 +185,7 @@ def hash_state_dict(sd: dict) -> str:
         h.update(b)
     return h.hexdigest()
 
+
 def hash_tensor(t) -> str:
     "A tensor hashes as the state dict `{'': t}`."
     return hash_state_dict({"": t})
@@ -173,26 +195,36 @@ def fsync_dir(path):
     "fsync a directory so that a rename inside it is durable (no-op where unsupported)."
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError: return
-    try: os.fsync(fd)
-    except OSError: pass
-    finally: os.close(fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 def atomic_write(path, data: bytes | str) -> Path:
     "Write `data` to `path` atomically: temp file + fsync + `os.replace` + directory fsync."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str): data = data.encode("utf-8")
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data); f.flush(); os.fsync(f.fileno())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError): os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     fsync_dir(path.parent)
     return path
+
 
 def atomic_write_json(path, obj, indent=2) -> Path:
     "Atomically write `obj` as (sorted-key) JSON."
@@ -204,20 +236,23 @@ def atomic_dir(path, overwrite=False):
     "Yield a temporary sibling directory; on success rename it to `path` (atomic commit)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists")
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     try:
         yield tmp
         for dp, _, fns in os.walk(tmp):
             for fn in fns:
-                with open(Path(dp) / fn, "rb") as f: os.fsync(f.fileno())
+                with open(Path(dp) / fn, "rb") as f:
+                    os.fsync(f.fileno())
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old-"))
             os.replace(path, old / "d")
         os.replace(tmp, path)
         fsync_dir(path.parent)
-        if old is not None: shutil.rmtree(old, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -226,14 +261,17 @@ def atomic_dir(path, overwrite=False):
 @dataclass
 class JsonlRead:
     "Result of reading a JSONL log: the intact records and what was dropped from the tail."
+
     records: list
-    valid_bytes: int              # length of the intact prefix of the file
-    dropped: str | None = None    # description of a dropped truncated tail, if any
+    valid_bytes: int  # length of the intact prefix of the file
+    dropped: str | None = None  # description of a dropped truncated tail, if any
+
 
 def read_jsonl(path, warn=True) -> JsonlRead:
     "Read an append-only JSONL log; drop and report a truncated trailing record."
     path = Path(path)
-    if not path.exists(): return JsonlRead([], 0)
+    if not path.exists():
+        return JsonlRead([], 0)
     data = path.read_bytes()
     recs, pos, lineno = [], 0, 0
     while pos < len(data):
@@ -244,11 +282,12 @@ def read_jsonl(path, warn=True) -> JsonlRead:
             rec = json.loads(line) if nl >= 0 else None
         except ValueError:
             rec = None
-            if data.find(b"\n", nl + 1) >= 0 or data[nl + 1:].strip():
+            if data.find(b"\n", nl + 1) >= 0 or data[nl + 1 :].strip():
                 raise StalebookError(f"{path}:{lineno}: corrupt JSONL record (not at the tail)")
         if rec is None:
             msg = f"{path}:{lineno}: dropped truncated trailing record ({len(data) - pos} bytes)"
-            if warn: warnings.warn(msg)
+            if warn:
+                warnings.warn(msg)
             return JsonlRead(recs, pos, msg)
         recs.append(rec)
         pos = nl + 1
@@ -257,25 +296,33 @@ def read_jsonl(path, warn=True) -> JsonlRead:
 # %% ../nbs/00_core.ipynb #6c4cfea0
 class JsonlLog:
     "Append-only JSONL record log: one fsynced line per record; a truncated tail is cut on open."
+
     def __init__(self, path):
         self.path = Path(path)
         r = read_jsonl(self.path)
         self.records, self.dropped = r.records, r.dropped
         if r.dropped is not None:
             with open(self.path, "r+b") as f:
-                f.truncate(r.valid_bytes); f.flush(); os.fsync(f.fileno())
+                f.truncate(r.valid_bytes)
+                f.flush()
+                os.fsync(f.fileno())
 
     def append(self, rec) -> None:
         line = (canonical_json(rec) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line); os.fsync(fd)
-        finally: os.close(fd)
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         self.records.append(rec)
 
-    def __len__(self): return len(self.records)
-    def __iter__(self): return iter(self.records)
+    def __len__(self):
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
 
 # %% ../nbs/00_core.ipynb #ab54a84b
 def fault_point(kind: str, index) -> None:
@@ -287,79 +334,112 @@ def fault_point(kind: str, index) -> None:
 # %% ../nbs/00_core.ipynb #e810606c
 class Progress:
     "Progress of `total` units: a tqdm bar on a terminal, else a plain line at each quarter; `enabled=False` is silent."
+
     def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it", enabled: bool = True, stream=None):
         self.total, self.desc, self.n, self.unit, self.stream = total, desc, initial, unit, stream or sys.stderr
-        mode = os.environ.get("STALEBOOK_PROGRESS") or ("bar" if getattr(self.stream, "isatty", lambda: False)() else "lines")
+        mode = os.environ.get("STALEBOOK_PROGRESS") or (
+            "bar" if getattr(self.stream, "isatty", lambda: False)() else "lines"
+        )
         self.mode = mode if enabled and total > initial else "off"
         self.t0, self.post, self.bar, self.next = time.perf_counter(), "", None, self._mark(initial)
         if self.mode == "bar":
-            from tqdm.auto import tqdm          # imported only when a terminal shows the bar
+            from tqdm.auto import tqdm  # imported only when a terminal shows the bar
+
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False, file=self.stream)
 
-    def _mark(self, n): return min(self.total, (n * 4 // max(self.total, 1) + 1) * -(-self.total // 4))
+    def _mark(self, n):
+        return min(self.total, (n * 4 // max(self.total, 1) + 1) * -(-self.total // 4))
 
     def update(self, k: int = 1, **postfix):
         self.n += k
-        if postfix: self.post = "  " + "  ".join(f"{a}={b}" for a, b in postfix.items())
+        if postfix:
+            self.post = "  " + "  ".join(f"{a}={b}" for a, b in postfix.items())
         if self.bar is not None:
             self.bar.update(k)
-            if postfix: self.bar.set_postfix(**postfix)
+            if postfix:
+                self.bar.set_postfix(**postfix)
         elif self.mode == "lines" and self.n >= self.next:
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit} ({time.perf_counter() - self.t0:.0f} s){self.post}",
-                  file=self.stream, flush=True)
+            print(
+                f"{self.desc}: {self.n}/{self.total} {self.unit} ({time.perf_counter() - self.t0:.0f} s){self.post}",
+                file=self.stream,
+                flush=True,
+            )
             self.next = self._mark(self.n)
 
     def close(self):
-        if self.bar is not None: self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 # %% ../nbs/00_core.ipynb #55458494
-def _type_name(tp) -> str: return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
 
 def _coerce(tp, v, where: str, src: str):
     "Check/convert value `v` against annotation `tp`; raise ConfigError naming `where` in `src`."
+
     def bad(what=None):
-        raise ConfigError(f"{src}: field '{where}': {what or f'expected {_type_name(tp)}, got {type(v).__name__} {v!r}'}")
+        raise ConfigError(
+            f"{src}: field '{where}': {what or f'expected {_type_name(tp)}, got {type(v).__name__} {v!r}'}"
+        )
+
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any: return v
+    if tp is Any:
+        return v
     if origin in (typing.Union, types.UnionType):
-        if v is None and type(None) in args: return None
+        if v is None and type(None) in args:
+            return None
         for a in args:
-            if a is type(None): continue
-            try: return _coerce(a, v, where, src)
-            except ConfigError: pass
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, v, where, src)
+            except ConfigError:
+                pass
         bad()
     if origin is typing.Literal:
-        if v in args: return v
+        if v in args:
+            return v
         bad(f"must be one of {list(args)}, got {v!r}")
     if dataclasses.is_dataclass(tp):
-        if isinstance(v, tp): return v
-        if not isinstance(v, dict): bad()
+        if isinstance(v, tp):
+            return v
+        if not isinstance(v, dict):
+            bad()
         return from_dict(tp, v, src=src, prefix=where + ".")
     if origin in (list, tuple) or tp in (list, tuple):
-        if not isinstance(v, (list, tuple)): bad()
+        if not isinstance(v, (list, tuple)):
+            bad()
         if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(v): bad(f"expected {len(args)} items, got {len(v)}")
+            if len(args) != len(v):
+                bad(f"expected {len(args)} items, got {len(v)}")
             return tuple(_coerce(a, x, f"{where}[{i}]", src) for i, (a, x) in enumerate(zip(args, v)))
         a = args[0] if args else Any
         out = [_coerce(a, x, f"{where}[{i}]", src) for i, x in enumerate(v)]
         return tuple(out) if (origin is tuple or tp is tuple) else out
     if origin is dict or tp is dict:
-        if not isinstance(v, dict): bad()
+        if not isinstance(v, dict):
+            bad()
         kt, vt = args if args else (Any, Any)
         return {_coerce(kt, k, where, src): _coerce(vt, x, f"{where}.{k}", src) for k, x in v.items()}
     if tp is bool:
-        if isinstance(v, bool): return v
+        if isinstance(v, bool):
+            return v
         bad()
     if tp is int:
-        if isinstance(v, int) and not isinstance(v, bool): return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
         bad()
     if tp is float:
-        if isinstance(v, (int, float)) and not isinstance(v, bool): return float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
         bad()
     if tp is str:
-        if isinstance(v, str): return v
+        if isinstance(v, str):
+            return v
         bad()
-    if isinstance(tp, type) and isinstance(v, tp): return v
+    if isinstance(tp, type) and isinstance(v, tp):
+        return v
     bad()
 
 # %% ../nbs/00_core.ipynb #5fdb4f43
@@ -367,17 +447,23 @@ def _merge(dflt, v: dict) -> dict:
     "The dict `v` laid over the dataclass instance `dflt`, recursively (unknown keys are kept for from_dict to refuse)."
     out = dict(v)
     for g in dataclasses.fields(dflt):
-        if not g.init: continue
+        if not g.init:
+            continue
         cur = getattr(dflt, g.name)
-        if g.name not in v: out[g.name] = cur
-        elif isinstance(v[g.name], dict) and dataclasses.is_dataclass(cur): out[g.name] = _merge(cur, v[g.name])
+        if g.name not in v:
+            out[g.name] = cur
+        elif isinstance(v[g.name], dict) and dataclasses.is_dataclass(cur):
+            out[g.name] = _merge(cur, v[g.name])
     return out
+
 
 def _on_default(f, v):
     "A nested dataclass section given as a dict overrides the field's default instance, not the class defaults."
     dflt = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    if isinstance(v, dict) and dataclasses.is_dataclass(dflt) and not isinstance(dflt, type): return _merge(dflt, v)
+    if isinstance(v, dict) and dataclasses.is_dataclass(dflt) and not isinstance(dflt, type):
+        return _merge(dflt, v)
     return v
+
 
 def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     "Build dataclass `cls` from a dict; unknown/missing/mistyped fields raise ConfigError."
@@ -386,56 +472,73 @@ def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     hints = typing.get_type_hints(cls)
     flds = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for k in d:
-        if k not in flds: raise ConfigError(f"{src}: unknown field '{prefix}{k}' (allowed: {', '.join(flds)})")
+        if k not in flds:
+            raise ConfigError(f"{src}: unknown field '{prefix}{k}' (allowed: {', '.join(flds)})")
     kw = {}
     for name, f in flds.items():
-        if name in d: kw[name] = _coerce(hints[name], _on_default(f, d[name]), prefix + name, src)
+        if name in d:
+            kw[name] = _coerce(hints[name], _on_default(f, d[name]), prefix + name, src)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{src}: missing field '{prefix}{name}'")
-    try: return cls(**kw)
-    except (ValueError, TypeError) as e: raise ConfigError(f"{src}: {prefix.rstrip('.') or cls.__name__}: {e}") from None
+    try:
+        return cls(**kw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{src}: {prefix.rstrip('.') or cls.__name__}: {e}") from None
 
 # %% ../nbs/00_core.ipynb #b90b5340
 def added_field(default, **kw):
     "A config field added after configs were recorded: omitted from `config_dict`/`config_hash` while at `default`."
     return field(default=default, metadata={"added": True}, **kw)
 
+
 def config_tree(x):
     "`dataclasses.asdict`, recursively, without `added_field`s that hold their default."
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: config_tree(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.metadata.get("added") and getattr(x, f.name) == f.default)}
-    if isinstance(x, (list, tuple)): return type(x)(config_tree(v) for v in x)
-    if isinstance(x, dict): return {k: config_tree(v) for k, v in x.items()}
+        return {
+            f.name: config_tree(getattr(x, f.name))
+            for f in dataclasses.fields(x)
+            if not (f.metadata.get("added") and getattr(x, f.name) == f.default)
+        }
+    if isinstance(x, (list, tuple)):
+        return type(x)(config_tree(v) for v in x)
+    if isinstance(x, dict):
+        return {k: config_tree(v) for k, v in x.items()}
     return copy.deepcopy(x)
 
 # %% ../nbs/00_core.ipynb #00809872
 def read_mapping(path) -> dict:
     "Parse a YAML (.yaml/.yml) or JSON file into a dict; a parse error names the file."
     path = Path(path)
-    if not path.is_file(): raise ConfigError(f"{path}: config file not found")
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
     text = path.read_text(encoding="utf-8")
     try:
         if path.suffix in (".yaml", ".yml"):
             d = yaml.safe_load(text)
-        else: d = json.loads(text)
+        else:
+            d = json.loads(text)
     except Exception as e:
         raise ConfigError(f"{path}: cannot parse: {str(e).splitlines()[0]}") from None
     return {} if d is None else d
 
+
 def load_config(cls, path, overrides: dict | None = None):
     "Load dataclass `cls` from a YAML/JSON file (plus optional top-level overrides)."
     d = read_mapping(path)
-    if overrides: d = {**d, **overrides}
+    if overrides:
+        d = {**d, **overrides}
     return from_dict(cls, d, src=str(path))
+
 
 def config_dict(cfg) -> dict:
     "Plain JSON-able dict of a config dataclass (tuples become lists; `added_field`s at their default left out)."
     return json.loads(canonical_json(config_tree(cfg)))
 
+
 def config_hash(cfg) -> str:
     "sha256 of the canonical JSON of the config."
     return hash_json(config_tree(cfg))
+
 
 def save_config(cfg, path) -> Path:
     "Atomically write a config as YAML (sorted keys), loadable by `load_config`."
@@ -446,28 +549,34 @@ def homogeneous_groups(rewards):
     "Boolean mask over groups (all but the last axis): True where every reward in the group is equal."
     return (rewards == rewards[..., :1]).all(-1)
 
+
 def group_advantages(rewards, std: bool = True, eps: float = 1e-6, ddof: int = 0):
     "GRPO advantages over the last axis: (R - mean) / (std + eps) with std of `ddof` (0 or 1), or R - mean; 0 in homogeneous groups."
     mean = rewards.mean(-1, keepdims=True)
     centred = (rewards - mean) * ~homogeneous_groups(rewards)[..., None]
-    if not std: return centred
-    if ddof == 0: var = (centred ** 2).mean(-1, keepdims=True)
-    else: var = (centred ** 2).sum(-1, keepdims=True) / max(rewards.shape[-1] - ddof, 1)
-    denom = var ** 0.5 + eps
-    return centred / (denom + (denom == 0))      # sd = 0 only for homogeneous groups, where centred = 0
+    if not std:
+        return centred
+    if ddof == 0:
+        var = (centred**2).mean(-1, keepdims=True)
+    else:
+        var = (centred**2).sum(-1, keepdims=True) / max(rewards.shape[-1] - ddof, 1)
+    denom = var**0.5 + eps
+    return centred / (denom + (denom == 0))  # sd = 0 only for homogeneous groups, where centred = 0
 
 # %% ../nbs/00_core.ipynb #b045f4bf
 def topk_mask(scores, k: int, keys=None) -> np.ndarray:
     "Mask of the top-`k` of `scores` along the last axis: larger score first, ties to the larger `keys` (default: lower index)."
     s = np.asarray(scores, dtype=np.float64)
     n = s.shape[-1]
-    if not 0 <= k <= n: raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     kb = -np.arange(n, dtype=np.float64) if keys is None else np.asarray(keys, dtype=np.float64)
     kb = np.broadcast_to(kb, s.shape)
-    order = np.lexsort((-kb, -s), axis=-1)[..., :k]              # primary: -score, secondary: -key
+    order = np.lexsort((-kb, -s), axis=-1)[..., :k]  # primary: -score, secondary: -key
     mask = np.zeros(s.shape, dtype=bool)
     np.put_along_axis(mask, order, True, axis=-1)
     return mask
+
 
 def topk(scores, k: int, keys=None) -> np.ndarray:
     "Sorted indices of the top-`k` of a 1-D `scores` (the rule of `topk_mask`)."
@@ -477,18 +586,23 @@ def topk(scores, k: int, keys=None) -> np.ndarray:
 def project_root(start=None) -> Path | None:
     """Nearest ancestor of `start` (default: cwd) holding a pyproject.toml with a [tool.nbdev] section. Without `start`,
     `$STALEBOOK_PROJECT` when it is set: where the caller of a notebook kernel found it (`run_notebook` sets it)."""
-    if start is None and os.environ.get("STALEBOOK_PROJECT"): return Path(os.environ["STALEBOOK_PROJECT"])
+    if start is None and os.environ.get("STALEBOOK_PROJECT"):
+        return Path(os.environ["STALEBOOK_PROJECT"])
     p = Path(start or Path.cwd()).resolve()
     for d in [p, *p.parents]:
         f = d / "pyproject.toml"
-        if f.is_file() and "[tool.nbdev]" in f.read_text(encoding="utf-8", errors="ignore"): return d
+        if f.is_file() and "[tool.nbdev]" in f.read_text(encoding="utf-8", errors="ignore"):
+            return d
     return None
+
 
 def figures_dir() -> Path:
     "`$STALEBOOK_FIGURES`, else `<project root of the working folder>/figures`, else `./figures` (outputs: a kernel's own folder decides)."
-    if os.environ.get("STALEBOOK_FIGURES"): return Path(os.environ["STALEBOOK_FIGURES"])
+    if os.environ.get("STALEBOOK_FIGURES"):
+        return Path(os.environ["STALEBOOK_FIGURES"])
     r = project_root(Path.cwd())
     return (r / "figures") if r else Path("figures")
+
 
 def save_figure(fig, name: str, dpi=110) -> Path:
     "Save a matplotlib figure as `figures/<name>.png` atomically, without version metadata."
@@ -500,6 +614,7 @@ def save_figure(fig, name: str, dpi=110) -> Path:
 @dataclass
 class Check:
     "One row of the verification table: `value <op> tol` decides `passed`."
+
     check: str
     quantity: str
     value: float
@@ -510,29 +625,46 @@ class Check:
     def __post_init__(self):
         v, t = float(self.value), float(self.tol)
         ops = {"<=": v <= t, "<": v < t, ">=": v >= t, ">": v > t, "==": v == t}
-        if self.op not in ops: raise ValueError(f"unknown op {self.op!r}")
+        if self.op not in ops:
+            raise ValueError(f"unknown op {self.op!r}")
         self.passed = bool(ops[self.op]) and not np.isnan(v)
 
     def row(self) -> dict:
-        return dict(check=self.check, quantity=self.quantity, value=float(self.value),
-                    tol=float(self.tol), op=self.op, passed=self.passed)
+        return dict(
+            check=self.check,
+            quantity=self.quantity,
+            value=float(self.value),
+            tol=float(self.tol),
+            op=self.op,
+            passed=self.passed,
+        )
+
 
 CHECKS: dict = {}
 
 # %% ../nbs/00_core.ipynb #7c23b86a
 class CheckRows(list):
     "Check rows shown as a table: fixed-width text (`stalebook verify`, `repr`) or Markdown (a notebook's output)."
+
     HEAD = ("check", "quantity", "value", "tol", "pass")
-    TINY = 1e-12    # a value this small is rounding noise: shown as its bound, so a table reads the same on every machine
+    TINY = 1e-12  # a value this small is rounding noise: shown as its bound, so a table reads the same on every machine
+
     @classmethod
-    def value(cls, v: float) -> str: return f"{v:.4g}" if v == 0 or not abs(v) < cls.TINY else f"< {cls.TINY:g}"
+    def value(cls, v: float) -> str:
+        return f"{v:.4g}" if v == 0 or not abs(v) < cls.TINY else f"< {cls.TINY:g}"
+
     def cells(self) -> list[tuple]:
-        return [(r.check, r.quantity, self.value(r.value), f"{r.op} {r.tol:.3g}", "PASS" if r.passed else "FAIL") for r in self]
+        return [
+            (r.check, r.quantity, self.value(r.value), f"{r.op} {r.tol:.3g}", "PASS" if r.passed else "FAIL")
+            for r in self
+        ]
+
     def __repr__(self) -> str:
         body = self.cells()
         w = [max(len(str(x[i])) for x in [self.HEAD, *body]) for i in range(5)]
         line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
         return "\n".join([line(self.HEAD), line(["-" * n for n in w]), *map(line, body)])
+
     def _repr_markdown_(self) -> str:
         esc = lambda v: str(v).replace("|", "\\|")
         rows = ["| " + " | ".join(map(esc, x)) + " |" for x in [self.HEAD, ("---",) * 5, *self.cells()]]
@@ -543,6 +675,7 @@ def verify_check(fn):
     "Register `fn() -> Check | list[Check]` as a numerical check for `stalebook verify`."
     CHECKS[f"{fn.__module__}.{fn.__name__}"] = fn
     return fn
+
 
 def run_checks(fns) -> list[Check]:
     "Run check functions and flatten their rows; an exception becomes a failed row."
@@ -555,11 +688,16 @@ def run_checks(fns) -> list[Check]:
             rows.append(Check(name, f"raised {type(e).__name__}: {e}", float("nan"), 0.0))
     return rows
 
+
 def assert_checks(rows) -> CheckRows:
     "Assert every check row passed (the notebooks' inline tests; rows, or lists of rows); they come back as a table to show."
-    rows = CheckRows(r for x in ([rows] if isinstance(rows, Check) else rows) for r in ([x] if isinstance(x, Check) else x))
+    rows = CheckRows(
+        r for x in ([rows] if isinstance(rows, Check) else rows) for r in ([x] if isinstance(x, Check) else x)
+    )
     bad = [r for r in rows if not r.passed]
-    assert not bad, "failed checks: " + "; ".join(f"{r.check}/{r.quantity}: {r.value:.3g} {r.op} {r.tol:.3g}" for r in bad)
+    assert not bad, "failed checks: " + "; ".join(
+        f"{r.check}/{r.quantity}: {r.value:.3g} {r.op} {r.tol:.3g}" for r in bad
+    )
     return rows
 
 # %% ../nbs/00_core.ipynb #57f00d78
@@ -567,10 +705,14 @@ def assert_checks(rows) -> CheckRows:
 def check_rng_domains():
     "Streams of 32 sibling domains: max |pairwise correlation| of 4096 uniforms is at noise level."
     X = np.stack([Domain(0, ("check", i)).numpy().random(4096) for i in range(32)])
-    C = np.corrcoef(X); np.fill_diagonal(C, 0)
+    C = np.corrcoef(X)
+    np.fill_diagonal(C, 0)
     same = np.abs(Domain(0, ("check", 0)).numpy().random(4096) - X[0]).max()
-    return [Check("core.rng", "max |corr| between sibling domains", np.abs(C).max(), 5 / np.sqrt(4096)),
-            Check("core.rng", "max |diff| same domain twice", same, 0.0)]
+    return [
+        Check("core.rng", "max |corr| between sibling domains", np.abs(C).max(), 5 / np.sqrt(4096)),
+        Check("core.rng", "max |diff| same domain twice", same, 0.0),
+    ]
+
 
 @verify_check
 def check_state_dict_hash():
@@ -580,16 +722,25 @@ def check_state_dict_hash():
     for k in ["b", "w"]:
         h.update(json.dumps([k, sd[k].dtype.name, list(sd[k].shape)], separators=(",", ":")).encode() + b"\n")
         h.update(sd[k].tobytes())
-    return Check("core.hash", "state-dict hash == by-hand spec (1 = equal)", float(h.hexdigest() == hash_state_dict(sd)), 1.0, "==")
+    return Check(
+        "core.hash",
+        "state-dict hash == by-hand spec (1 = equal)",
+        float(h.hexdigest() == hash_state_dict(sd)),
+        1.0,
+        "==",
+    )
 
 # %% ../nbs/00_core.ipynb #3161ded4
 def experiment_notebook(name: str) -> Path:
     "Path of the parameterised experiment notebook `nbs/experiments/<name>.ipynb` of the source tree."
     cands = [Path(__file__).resolve().parent.parent / "nbs" / "experiments" / f"{name}.ipynb"]
-    if project_root(): cands.insert(0, project_root() / "nbs" / "experiments" / f"{name}.ipynb")
+    if project_root():
+        cands.insert(0, project_root() / "nbs" / "experiments" / f"{name}.ipynb")
     for c in cands:
-        if c.is_file(): return c
+        if c.is_file():
+            return c
     raise StalebookError(f"experiment notebook '{name}.ipynb' not found (looked in {', '.join(map(str, cands))})")
+
 
 def split_notebook_timings(nb: dict) -> dict:
     "Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected cell's random id is fixed."
@@ -598,45 +749,64 @@ def split_notebook_timings(nb: dict) -> dict:
     out["cells"] = []
     for c in nb.get("cells", []):
         c.get("metadata", {}).pop("execution", None)
-        if "injected-parameters" in c.get("metadata", {}).get("tags", []): c["id"] = "injected-parameters"
+        if "injected-parameters" in c.get("metadata", {}).get("tags", []):
+            c["id"] = "injected-parameters"
         cm = c.get("metadata", {}).get("papermill", {})
         out["cells"].append({k: cm.pop(k, None) for k in ("start_time", "end_time", "duration")})
     return out
+
 
 @contextlib.contextmanager
 def environ(env: dict | None):
     "`os.environ` with `env`'s variables set, restored afterwards (papermill starts its kernel with this process's environment)."
     old = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
-    try: yield
+    try:
+        yield
     finally:
         for k, v in old.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 
 def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) -> Path:
     """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set, and this process's
     project folder as `$STALEBOOK_PROJECT`); the content-only executed notebook is written atomically to `out`."""
-    import papermill as pm                                     # heavy (nbclient, zmq): only when a notebook runs
+    import papermill as pm  # heavy (nbclient, zmq): only when a notebook runs
     from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
-    from jupyter_client.utils import run_sync              # (installed with papermill)
-    out = Path(out).absolute(); out.parent.mkdir(parents=True, exist_ok=True)
+    from jupyter_client.utils import run_sync  # (installed with papermill)
+
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
     # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
     km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
     env = {"STALEBOOK_PROJECT": str(project_root() or Path.cwd()), **(env or {})}
     try:
         with environ(env):
-            pm.execute_notebook(str(Path(src).absolute()), str(tmp), parameters=parameters, kernel_name="python3",
-                                progress_bar=False, km=km, cwd=None if cwd is None else str(cwd))
+            pm.execute_notebook(
+                str(Path(src).absolute()),
+                str(tmp),
+                parameters=parameters,
+                kernel_name="python3",
+                progress_bar=False,
+                km=km,
+                cwd=None if cwd is None else str(cwd),
+            )
     except pm.PapermillExecutionError as e:
-        raise StalebookError(f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
-                             f"(executed notebook kept at {tmp})") from None
+        raise StalebookError(
+            f"notebook {Path(src).name} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
+            f"(executed notebook kept at {tmp})"
+        ) from None
     except Exception as e:
-        if type(e).__name__ != "DeadKernelError": raise        # nbclient's: the kernel process died under it
+        if type(e).__name__ != "DeadKernelError":
+            raise  # nbclient's: the kernel process died under it
         raise StalebookError(f"notebook {Path(src).name}: the kernel died (killed?); rerun to resume") from None
     finally:
-        if km.has_kernel: run_sync(km.shutdown_kernel)(now=True)   # papermill does not stop a kernel it was handed
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)  # papermill does not stop a kernel it was handed
         shutil.rmtree(sock, ignore_errors=True)
     nb = json.loads(tmp.read_text(encoding="utf-8"))
     timings = split_notebook_timings(nb)

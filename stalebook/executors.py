@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json, read_jsonl
+from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json
 from .registry import Registry, load_registry, registry_problems, registry_root
-from .units import (cmd_run as local_cmd_run, lease_gens, lease_path, queue_dir, queue_state, read_lease, run_unit,
-                             select_units, UnitBusy)
+from .units import UnitBusy, lease_gens, lease_path, queue_dir, queue_state, read_lease, run_unit, select_units
+from .units import cmd_run as local_cmd_run
 
 # %% auto #0
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
@@ -43,35 +43,49 @@ __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_star
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
     "Start time of process `pid` in clock ticks since boot (Linux /proc); None where unknown."
-    try: return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError): return None
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 def pid_alive(pid: int, start: int | None = None) -> bool:
     "Is process `pid` (that started at `start`, if known) running on this host? A zombie is not."
     try:
         st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return st[0] not in ("Z", "X") and (start is None or int(st[19]) == start)
-    except FileNotFoundError: return False
-    except (OSError, ValueError, IndexError):                 # no /proc: ask the kernel
-        try: os.kill(pid, 0); return True
-        except ProcessLookupError: return False
-        except PermissionError: return True
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
 
 @dataclass
 class Owner:
     "Who holds a lease: host, pid (and its start), a label such as `w2` or `ray task …`. Nothing else."
+
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     label: str = ""
     pid_start: int | None = None
 
     def __post_init__(self):
-        if self.pid_start is None: self.pid_start = proc_start(self.pid)
-    def text(self) -> str: return f"{self.host}/{self.pid}" + (f" {self.label}" if self.label else "")
+        if self.pid_start is None:
+            self.pid_start = proc_start(self.pid)
+
+    def text(self) -> str:
+        return f"{self.host}/{self.pid}" + (f" {self.label}" if self.label else "")
 
 # %% ../nbs/35_executors.ipynb #5005e082
 CLAIM_MODES = ("excl", "link")
-DEFAULT_TTL = 120.0                 # seconds without a heartbeat before a lease may be taken over
+DEFAULT_TTL = 120.0  # seconds without a heartbeat before a lease may be taken over
+
 
 def create_exclusive(path: Path, content: dict, mode: str = "excl") -> bool:
     "Create `path` holding `content` unless it exists (True: this call created it); `mode` excl or link (see the table above)."
@@ -79,25 +93,37 @@ def create_exclusive(path: Path, content: dict, mode: str = "excl") -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(content, indent=1, sort_keys=True) + "\n").encode()
     if mode == "excl":
-        try: fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError: return False
-        try: os.write(fd, data); os.fsync(fd)
-        finally: os.close(fd)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return True
-    if mode != "link": raise StalebookError(f"--claim {mode}: choose from {', '.join(CLAIM_MODES)}")
+    if mode != "link":
+        raise StalebookError(f"--claim {mode}: choose from {', '.join(CLAIM_MODES)}")
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "wb") as f:
-        f.write(data); f.flush(); os.fsync(f.fileno())
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     try:
-        try: os.link(tmp, path)
-        except OSError: pass                                  # decided by the link count below, not by link()'s reply
+        try:
+            os.link(tmp, path)
+        except OSError:
+            pass  # decided by the link count below, not by link()'s reply
         return os.stat(tmp).st_nlink == 2
-    finally: tmp.unlink(missing_ok=True)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 # %% ../nbs/35_executors.ipynb #fe22c96f
 @dataclass
 class Lease:
     "Generation `gen` of a unit's lease under `root`, held by `owner`."
+
     root: Path
     unit: str
     gen: int
@@ -107,112 +133,206 @@ class Lease:
     takeover_of: dict | None = None
 
     @property
-    def path(self) -> Path: return lease_path(self.root, self.unit, self.gen)
+    def path(self) -> Path:
+        return lease_path(self.root, self.unit, self.gen)
+
     def record(self, now: float | None = None) -> dict:
         o = self.owner
-        return dict(kind="stalebook.lease", version=1, unit=self.unit, gen=self.gen, owner=o.text(), host=o.host, pid=o.pid,
-                    pid_start=o.pid_start, label=o.label, started=self.started, heartbeat=round(now or time.time(), 3),
-                    ttl_s=self.ttl_s, takeover_of=self.takeover_of)
-    def beat(self) -> None: atomic_write_json(self.path, self.record(), indent=1)
-    def lost(self) -> bool: return not self.path.is_file() or max(lease_gens(self.root, self.unit), default=0) > self.gen
+        return dict(
+            kind="stalebook.lease",
+            version=1,
+            unit=self.unit,
+            gen=self.gen,
+            owner=o.text(),
+            host=o.host,
+            pid=o.pid,
+            pid_start=o.pid_start,
+            label=o.label,
+            started=self.started,
+            heartbeat=round(now or time.time(), 3),
+            ttl_s=self.ttl_s,
+            takeover_of=self.takeover_of,
+        )
+
+    def beat(self) -> None:
+        atomic_write_json(self.path, self.record(), indent=1)
+
+    def lost(self) -> bool:
+        return not self.path.is_file() or max(lease_gens(self.root, self.unit), default=0) > self.gen
 
     def _end(self, name: str | None, **kw) -> None:
-        if name: atomic_write_json(queue_dir(self.root, self.unit) / f"{name}.json", dict(unit=self.unit, gen=self.gen,
-                                   owner=self.owner.text(), finished=round(time.time(), 3), **kw), indent=1)
-        for g in reversed(lease_gens(self.root, self.unit)):    # newest first: a reader never sees an older one as current
-            if g <= self.gen: lease_path(self.root, self.unit, g).unlink(missing_ok=True)
-    def done(self, phases: dict) -> None: self._end("done", phases=phases)
-    def fail(self, error: str) -> None: self._end("failed", error=error)
-    def release(self) -> None: self._end(None)
+        if name:
+            atomic_write_json(
+                queue_dir(self.root, self.unit) / f"{name}.json",
+                dict(unit=self.unit, gen=self.gen, owner=self.owner.text(), finished=round(time.time(), 3), **kw),
+                indent=1,
+            )
+        for g in reversed(
+            lease_gens(self.root, self.unit)
+        ):  # newest first: a reader never sees an older one as current
+            if g <= self.gen:
+                lease_path(self.root, self.unit, g).unlink(missing_ok=True)
+
+    def done(self, phases: dict) -> None:
+        self._end("done", phases=phases)
+
+    def fail(self, error: str) -> None:
+        self._end("failed", error=error)
+
+    def release(self) -> None:
+        self._end(None)
 
 # %% ../nbs/35_executors.ipynb #42b309ec
 def is_stale(ls: dict, now: float | None = None) -> bool:
     "Rule 3: the heartbeat is older than the TTL and the owner is not a live process of this host."
-    if ls["age_s"] <= ls.get("ttl_s", DEFAULT_TTL): return False         # (a lease not yet written has no TTL: the default)
+    if ls["age_s"] <= ls.get("ttl_s", DEFAULT_TTL):
+        return False  # (a lease not yet written has no TTL: the default)
     return not (ls.get("host") == socket.gethostname() and ls.get("pid") and pid_alive(ls["pid"], ls.get("pid_start")))
 
-def try_claim(root, unit_id: str, owner: Owner, ttl_s: float, mode: str = "excl", same_label: bool = False) -> Lease | None:
+
+def try_claim(
+    root, unit_id: str, owner: Owner, ttl_s: float, mode: str = "excl", same_label: bool = False
+) -> Lease | None:
     "Claim a unit (generation 1) or take over its stale lease (generation n + 1); None if it is done, failed or held."
     root = Path(root)
-    if queue_state(root, unit_id)["state"] in ("done", "failed"): return None
+    if queue_state(root, unit_id)["state"] in ("done", "failed"):
+        return None
     cur, prev = read_lease(root, unit_id), None
     if cur is not None:
         mine = same_label and owner.label and cur.get("label") == owner.label
-        if not (mine or is_stale(cur)): return None
-        prev = dict(gen=cur["gen"], owner=cur.get("owner"), age_s=cur["age_s"], reason="same task" if mine else "heartbeat older than TTL")
+        if not (mine or is_stale(cur)):
+            return None
+        prev = dict(
+            gen=cur["gen"],
+            owner=cur.get("owner"),
+            age_s=cur["age_s"],
+            reason="same task" if mine else "heartbeat older than TTL",
+        )
     gen = max(lease_gens(root, unit_id), default=0) + 1 if cur is None else cur["gen"] + 1
     now = time.time()
     ls = Lease(root, unit_id, gen, owner, ttl_s, round(now, 3), prev)
-    if not create_exclusive(ls.path, ls.record(now), mode): return None
-    if queue_state(root, unit_id)["state"] in ("done", "failed"):   # finished between our look and our claim
-        ls.path.unlink(missing_ok=True); return None
+    if not create_exclusive(ls.path, ls.record(now), mode):
+        return None
+    if queue_state(root, unit_id)["state"] in ("done", "failed"):  # finished between our look and our claim
+        ls.path.unlink(missing_ok=True)
+        return None
     return ls
 
 # %% ../nbs/35_executors.ipynb #1c863de1
 class Heartbeat:
     "Refresh `lease` every `interval` seconds in a daemon thread; call `on_lost(lease)` once if it was taken over."
+
     def __init__(self, lease: Lease, interval: float, on_lost: Callable):
         self.lease, self.interval, self.on_lost, self._stop = lease, interval, on_lost, threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{lease.unit}")
+
     def _run(self):
         while not self._stop.wait(self.interval):
-            if self.lease.lost(): self.on_lost(self.lease); return
-            try: self.lease.beat()
-            except OSError: pass                               # a missed beat; the next one may succeed
-    def __enter__(self): self._t.start(); return self
-    def __exit__(self, *exc): self._stop.set(); self._t.join()
+            if self.lease.lost():
+                self.on_lost(self.lease)
+                return
+            try:
+                self.lease.beat()
+            except OSError:
+                pass  # a missed beat; the next one may succeed
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
 
 def exit_on_lost(lease: Lease) -> None:
     "Rule 4: a worker whose lease was taken over stops at once, before it writes anything more."
-    print(f"[work] {lease.unit}: lease generation {lease.gen} was taken over by a newer one; this worker stops", flush=True)
+    print(
+        f"[work] {lease.unit}: lease generation {lease.gen} was taken over by a newer one; this worker stops",
+        flush=True,
+    )
     os._exit(3)
 
 # %% ../nbs/35_executors.ipynb #2d29b552
 def check_can_start(reg: Registry, root=None) -> Path:
     "The registry's root, after checking that its snapshots are here and the root is writable (else one line; nothing claimed)."
     probs = registry_problems(reg)
-    if probs: raise StalebookError(f"{probs[0]}; nothing was claimed")
+    if probs:
+        raise StalebookError(f"{probs[0]}; nothing was claimed")
     root = registry_root(reg, root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-probe-{socket.gethostname()}-{os.getpid()}"
-        probe.write_bytes(b""); probe.unlink()
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as e:
         raise StalebookError(f"--root {root}: not writable ({e.strerror or e}); nothing was claimed") from None
     return root
+
 
 def worker_log(root, owner: Owner) -> JsonlLog:
     "The worker's own event log (one writer per file)."
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{owner.host}-{owner.pid}" + (f"-{owner.label}" if owner.label else ""))
     return JsonlLog(queue_dir(root) / "workers" / f"{name}.jsonl")
 
+
 def _event(wlog: JsonlLog, event: str, lease: Lease, **kw) -> None:
-    wlog.append(dict(event=event, unit=lease.unit, gen=lease.gen, owner=lease.owner.text(), time=round(time.time(), 3), **kw))
+    wlog.append(
+        dict(event=event, unit=lease.unit, gen=lease.gen, owner=lease.owner.text(), time=round(time.time(), 3), **kw)
+    )
 
 # %% ../nbs/35_executors.ipynb #ec5db48f
-def run_leased(reg: Registry, lease: Lease, wlog: JsonlLog, progress: bool = False, log=print, on_lost=exit_on_lost,
-               poll_s: float = 1.0) -> dict:
+def run_leased(
+    reg: Registry,
+    lease: Lease,
+    wlog: JsonlLog,
+    progress: bool = False,
+    log=print,
+    on_lost=exit_on_lost,
+    poll_s: float = 1.0,
+) -> dict:
     "Run the unit of `lease` under its heartbeat and end the lease: done (phase states), failed ({'error': line}) or released."
     _event(wlog, "takeover" if lease.takeover_of else "claim", lease, takeover_of=lease.takeover_of)
-    if lease.takeover_of: log(f"[work] {lease.unit}: took over generation {lease.takeover_of['gen']} of {lease.takeover_of['owner']} "
-                              f"(heartbeat {lease.takeover_of['age_s']:.0f} s old)")
+    if lease.takeover_of:
+        log(
+            f"[work] {lease.unit}: took over generation {lease.takeover_of['gen']} of {lease.takeover_of['owner']} "
+            f"(heartbeat {lease.takeover_of['age_s']:.0f} s old)"
+        )
     with Heartbeat(lease, max(lease.ttl_s / 4, 0.05), on_lost):
         try:
             while True:
-                try: res = run_unit(reg, lease.unit, lease.root, progress=progress, log=log); break
-                except UnitBusy: time.sleep(poll_s)                 # the owner we took over from still holds the unit's lock
+                try:
+                    res = run_unit(reg, lease.unit, lease.root, progress=progress, log=log)
+                    break
+                except UnitBusy:
+                    time.sleep(poll_s)  # the owner we took over from still holds the unit's lock
         except (KeyboardInterrupt, SystemExit):
-            lease.release(); _event(wlog, "released", lease); raise
+            lease.release()
+            _event(wlog, "released", lease)
+            raise
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            lease.fail(msg); _event(wlog, "failed", lease, error=msg); log(f"[work] {lease.unit}: failed: {msg}")
+            lease.fail(msg)
+            _event(wlog, "failed", lease, error=msg)
+            log(f"[work] {lease.unit}: failed: {msg}")
             return dict(error=msg)
-    lease.done(res); _event(wlog, "done", lease, phases=res)
+    lease.done(res)
+    _event(wlog, "done", lease, phases=res)
     return res
 
 # %% ../nbs/35_executors.ipynb #31e767c7
-def work(registry, root=None, ttl_s: float = DEFAULT_TTL, max_units: int | None = None, only: str | None = None,
-         label: str = "", mode: str = "excl", poll_s: float | None = None, progress: bool = False, log=print) -> dict:
+def work(
+    registry,
+    root=None,
+    ttl_s: float = DEFAULT_TTL,
+    max_units: int | None = None,
+    only: str | None = None,
+    label: str = "",
+    mode: str = "excl",
+    poll_s: float | None = None,
+    progress: bool = False,
+    log=print,
+) -> dict:
     "One worker of the shared-volume executor: claim, run and end units until all are done or failed (or `max_units` ran)."
     reg = load_registry(registry)
     ids = select_units(reg, only)
@@ -223,33 +343,47 @@ def work(registry, root=None, ttl_s: float = DEFAULT_TTL, max_units: int | None 
     while max_units is None or len(ran) < max_units:
         lease = next((ls for u in ids if (ls := try_claim(root, u, owner, ttl_s, mode))), None)
         if lease is None:
-            if all(queue_state(root, u)["state"] in ("done", "failed") for u in ids): break
-            time.sleep(poll); continue
+            if all(queue_state(root, u)["state"] in ("done", "failed") for u in ids):
+                break
+            time.sleep(poll)
+            continue
         ran[lease.unit] = run_leased(reg, lease, wlog, progress=progress, log=log, poll_s=poll)
     failed = [u for u in ids if queue_state(root, u)["state"] == "failed"]
-    log(f"[work] {owner.text()}: ran {len(ran)} units; {sum(queue_state(root, u)['state'] == 'done' for u in ids)} of {len(ids)} done"
-        + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
+    log(
+        f"[work] {owner.text()}: ran {len(ran)} units; {sum(queue_state(root, u)['state'] == 'done' for u in ids)} of {len(ids)} done"
+        + (f", {len(failed)} failed ({', '.join(failed)})" if failed else "")
+    )
     return ran
 
 # %% ../nbs/35_executors.ipynb #43486fb8
 def node_gpus() -> list[str]:
     "The GPUs a node offers its workers: $CUDA_VISIBLE_DEVICES if set, else those `nvidia-smi -L` lists, else none."
     v = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if v is not None: return [x.strip() for x in v.split(",") if x.strip() and x.strip() != "-1"]
-    if not shutil.which("nvidia-smi"): return []
-    try: out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError): return []
+    if v is not None:
+        return [x.strip() for x in v.split(",") if x.strip() and x.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
     return [str(i) for i, l in enumerate(x for x in out.splitlines() if x.startswith("GPU "))]
+
 
 def worker_devices(gpus: list[str], per_unit: int, workers: int | None = None) -> list[str | None]:
     "CUDA_VISIBLE_DEVICES of each worker: one worker per `per_unit` GPUs (None: a CPU worker; the variable is left as is)."
     if per_unit <= 0 or not gpus:
-        if per_unit > 0: raise StalebookError(f"--gpus-per-unit {per_unit}: this node has no GPU (set --gpus-per-unit 0 for CPU workers)")
+        if per_unit > 0:
+            raise StalebookError(
+                f"--gpus-per-unit {per_unit}: this node has no GPU (set --gpus-per-unit 0 for CPU workers)"
+            )
         return [None] * (workers or 1)
     n = len(gpus) // per_unit
-    if n == 0: raise StalebookError(f"--gpus-per-unit {per_unit}: this node has only {len(gpus)} GPU(s) ({','.join(gpus)})")
-    if workers and workers > n: raise StalebookError(f"--workers {workers}: {len(gpus)} GPU(s) at {per_unit} per unit make {n} workers")
-    return [",".join(gpus[i * per_unit:(i + 1) * per_unit]) for i in range(workers or n)]
+    if n == 0:
+        raise StalebookError(f"--gpus-per-unit {per_unit}: this node has only {len(gpus)} GPU(s) ({','.join(gpus)})")
+    if workers and workers > n:
+        raise StalebookError(f"--workers {workers}: {len(gpus)} GPU(s) at {per_unit} per unit make {n} workers")
+    return [",".join(gpus[i * per_unit : (i + 1) * per_unit]) for i in range(workers or n)]
 
 # %% ../nbs/35_executors.ipynb #daf1a8ac
 def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
@@ -257,29 +391,60 @@ def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
     procs = []
     for i, dev in enumerate(devices):
         env = dict(os.environ) if dev is None else dict(os.environ, CUDA_VISIBLE_DEVICES=dev)
-        cmd = [sys.executable, "-c", "import sys; from stalebook.cli import main; sys.exit(main())", "work", *argv,
-               "--workers", "1", "--gpus-per-unit", "0", "--label", f"w{i}" + (f"-gpu{dev}" if dev else "")]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from stalebook.cli import main; sys.exit(main())",
+            "work",
+            *argv,
+            "--workers",
+            "1",
+            "--gpus-per-unit",
+            "0",
+            "--label",
+            f"w{i}" + (f"-gpu{dev}" if dev else ""),
+        ]
         procs.append(subprocess.Popen(cmd, env=env))
         log(f"[work] worker w{i}: pid {procs[-1].pid}" + (f", CUDA_VISIBLE_DEVICES={dev}" if dev is not None else ""))
+
     def stop(signum, frame):
-        for p in procs: p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+
     old = signal.signal(signal.SIGTERM, stop)
-    try: rcs = [p.wait() for p in procs]
+    try:
+        rcs = [p.wait() for p in procs]
     except KeyboardInterrupt:
-        stop(None, None); rcs = [p.wait() for p in procs]
-    finally: signal.signal(signal.SIGTERM, old)
+        stop(None, None)
+        rcs = [p.wait() for p in procs]
+    finally:
+        signal.signal(signal.SIGTERM, old)
     return max((rc if rc >= 0 else 128 - rc for rc in rcs), default=0)
+
 
 def work_parser(prog: str, description: str) -> CommandParser:
     p = CommandParser(prog=prog, description=description)
     p.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
     p.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
-    p.add_argument("--gpus-per-unit", type=int, default=None, help="GPUs of one unit: one worker per G GPUs of this node (default: 1 "
-                   "on a node with GPUs, else 0)")
-    p.add_argument("--workers", type=int, default=None, help="workers on this node (default: GPUs / G, or 1 without GPUs)")
+    p.add_argument(
+        "--gpus-per-unit",
+        type=int,
+        default=None,
+        help="GPUs of one unit: one worker per G GPUs of this node (default: 1 on a node with GPUs, else 0)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="workers on this node (default: GPUs / G, or 1 without GPUs)"
+    )
     p.add_argument("--max-units", type=int, default=None, help="each worker stops after running N units")
-    p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help=f"seconds without a heartbeat before a lease is taken over ({DEFAULT_TTL:.0f})")
-    p.add_argument("--claim", choices=CLAIM_MODES, default="excl", help="exclusive create (excl) or link-based claim (NFSv2/v3)")
+    p.add_argument(
+        "--ttl",
+        type=float,
+        default=DEFAULT_TTL,
+        help=f"seconds without a heartbeat before a lease is taken over ({DEFAULT_TTL:.0f})",
+    )
+    p.add_argument(
+        "--claim", choices=CLAIM_MODES, default="excl", help="exclusive create (excl) or link-based claim (NFSv2/v3)"
+    )
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -289,27 +454,37 @@ def _worker_argv(a, root) -> list[str]:
     "The arguments every worker of this node gets (the node's own choices: workers, GPUs, are not passed on)."
     out = [str(a.registry), "--root", str(root), "--ttl", str(a.ttl), "--claim", a.claim]
     for flag, v in (("--only", a.only), ("--max-units", a.max_units)):
-        if v is not None: out += [flag, str(v)]
+        if v is not None:
+            out += [flag, str(v)]
     return out + (["--quiet"] if a.quiet else [])
 
-def _raise_interrupt(signum, frame): raise KeyboardInterrupt
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
 
 def shared_executor(a) -> int:
     "Run the shared-volume executor on this node from parsed `work` arguments; the exit code."
     reg = load_registry(a.registry)
     select_units(reg, a.only)
-    root = check_can_start(reg, a.root)                     # one line and nothing claimed, before any worker starts
+    root = check_can_start(reg, a.root)  # one line and nothing claimed, before any worker starts
     gpus = [] if a.gpus_per_unit == 0 else node_gpus()
     devices = worker_devices(gpus, a.gpus_per_unit if a.gpus_per_unit is not None else (1 if gpus else 0), a.workers)
-    if len(devices) > 1 or devices[0] is not None: return spawn_workers(_worker_argv(a, root), devices)
-    signal.signal(signal.SIGTERM, _raise_interrupt)         # a stopped worker hands its unit back
+    if len(devices) > 1 or devices[0] is not None:
+        return spawn_workers(_worker_argv(a, root), devices)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a stopped worker hands its unit back
     log = (lambda *x: None) if a.quiet else (lambda m: print(f"[{a.label}] {m}" if a.label else m, flush=True))
-    work(reg, root, ttl_s=a.ttl, max_units=a.max_units, only=a.only, label=a.label, mode=a.claim, progress=False, log=log)
+    work(
+        reg, root, ttl_s=a.ttl, max_units=a.max_units, only=a.only, label=a.label, mode=a.claim, progress=False, log=log
+    )
     return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, a.only)) else 0
+
 
 def cmd_work(argv) -> int:
     "`stalebook work`: this node's workers of the shared-volume executor."
-    p = work_parser("stalebook work", "Claim and run units of a registry from a shared volume (run the same command on every node).")
+    p = work_parser(
+        "stalebook work", "Claim and run units of a registry from a shared volume (run the same command on every node)."
+    )
     p.add_argument("--root", required=True, help="the shared results folder, mounted at the same path on every node")
     return shared_executor(p.parse_args(argv))
 
@@ -319,94 +494,177 @@ def registry_spec(reg: Registry) -> str:
     sl = reg.name.partition(":")[2]
     return str(Path(reg.source).resolve()) + (f":{sl}" if sl else "")
 
+
 def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl") -> dict:
     "The body of one Ray task: take the unit's lease (a retry of this task takes its own over at once), run it, end the lease."
     import ray  # optional dependency (the `ray` extra): this runs inside a Ray worker
+
     owner = Owner(label=f"ray-task-{ray.get_runtime_context().get_task_id()}")
     reg = load_registry(spec)
     while (lease := try_claim(root, unit_id, owner, ttl_s, mode, same_label=True)) is None:
         st = queue_state(root, unit_id)["state"]
-        if st in ("done", "failed"): return dict(unit=unit_id, state=st, ran=False)
-        time.sleep(min(max(ttl_s / 4, 0.2), 5.0))            # held by a live owner elsewhere: wait for it (or its TTL)
+        if st in ("done", "failed"):
+            return dict(unit=unit_id, state=st, ran=False)
+        time.sleep(min(max(ttl_s / 4, 0.2), 5.0))  # held by a live owner elsewhere: wait for it (or its TTL)
     res = run_leased(reg, lease, worker_log(root, owner), progress=False, log=lambda m: print(m, flush=True))
     return dict(unit=unit_id, state="failed" if "error" in res else "done", ran=True)
 
 # %% ../nbs/35_executors.ipynb #a23ff109
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray resolves this host to 127.0.0.1 (a single-machine Ray)
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray resolves this host to 127.0.0.1 (a single-machine Ray)
+
 
 def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False):
     "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (False), or start a private loopback head (True)."
     if not address:
-        os.environ.setdefault(LOOPBACK_ENV, "0")            # before Ray is imported: its node address stays 127.0.0.1
+        os.environ.setdefault(LOOPBACK_ENV, "0")  # before Ray is imported: its node address stays 127.0.0.1
         import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                 _node_ip_address="127.0.0.1")                # "local": a new head, never a cluster found on this host
+
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+        )  # "local": a new head, never a cluster found on this host
         return True
     import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
+
     if address != "auto":
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit(): raise StalebookError(f"--address {address}: expected auto or HOST:PORT")
-        try: socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+        if not host or not port.isdigit():
+            raise StalebookError(f"--address {address}: expected auto or HOST:PORT")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
         except OSError as e:
-            raise StalebookError(f"--address {address}: no Ray cluster reachable there ({e.strerror or e}); nothing was claimed") from None
-    try: ray.init(address=address)
-    except Exception as e:                                   # Ray raises ConnectionError, RuntimeError or its own errors here
-        raise StalebookError(f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                             "nothing was claimed") from None
+            raise StalebookError(
+                f"--address {address}: no Ray cluster reachable there ({e.strerror or e}); nothing was claimed"
+            ) from None
+    try:
+        ray.init(address=address)
+    except Exception as e:  # Ray raises ConnectionError, RuntimeError or its own errors here
+        raise StalebookError(
+            f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "nothing was claimed"
+        ) from None
     return False
 
 # %% ../nbs/35_executors.ipynb #ac0278a5
-def ray_tasks(reg: Registry, ids: list[str], root: Path, gpus_per_unit: float = 0, cpus_per_unit: float = 1, max_retries: int = 3,
-              ttl_s: float = DEFAULT_TTL, log=print) -> dict:
+def ray_tasks(
+    reg: Registry,
+    ids: list[str],
+    root: Path,
+    gpus_per_unit: float = 0,
+    cpus_per_unit: float = 1,
+    max_retries: int = 3,
+    ttl_s: float = DEFAULT_TTL,
+    log=print,
+) -> dict:
     "Submit one task per unit to the connected cluster and wait for all; {unit: queue state}, read back from the volume."
     import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
-    task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(ray_unit)
+
+    task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(
+        ray_unit
+    )
     refs = {task.remote(registry_spec(reg), u, str(root), ttl_s): u for u in ids}
-    log(f"[ray] registry {reg.name}: {len(ids)} tasks ({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "
-        f"results under {root}")
+    log(
+        f"[ray] registry {reg.name}: {len(ids)} tasks ({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "
+        f"results under {root}"
+    )
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
-        try: ray.get(ready[0]); why = ""
-        except ray.exceptions.RayError as e: why = f" (task lost after {max_retries} retries: {type(e).__name__})"
+        try:
+            ray.get(ready[0])
+            why = ""
+        except ray.exceptions.RayError as e:
+            why = f" (task lost after {max_retries} retries: {type(e).__name__})"
         u = refs[ready[0]]
         log(f"[ray] {len(refs) - len(pending)}/{len(refs)} {u}: {queue_state(root, u)['state']}{why}")
     return {u: queue_state(root, u) for u in ids}
 
-def run_ray(registry, root=None, address: str | None = None, gpus_per_unit: float = 0, cpus_per_unit: float = 1, max_retries: int = 3,
-            ttl_s: float = DEFAULT_TTL, only: str | None = None, num_cpus: int | None = None, dashboard: bool = False, log=print) -> dict:
+
+def run_ray(
+    registry,
+    root=None,
+    address: str | None = None,
+    gpus_per_unit: float = 0,
+    cpus_per_unit: float = 1,
+    max_retries: int = 3,
+    ttl_s: float = DEFAULT_TTL,
+    only: str | None = None,
+    num_cpus: int | None = None,
+    dashboard: bool = False,
+    log=print,
+) -> dict:
     "The Ray executor: check, connect (or start a private head), run every unit as a task, disconnect; {unit: queue state}."
     reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
-    try: import ray  # optional dependency (the `ray` extra): only this executor needs it
-    except ImportError: raise StalebookError("--executor ray needs Ray: pip install 'stalebook[ray]'") from None
+    try:
+        import ray  # optional dependency (the `ray` extra): only this executor needs it
+    except ImportError:
+        raise StalebookError("--executor ray needs Ray: pip install 'stalebook[ray]'") from None
     head = connect_ray(address, num_cpus, dashboard)
     log(f"[ray] {'a private head on 127.0.0.1' if head else address}")
-    try: return ray_tasks(reg, ids, root, gpus_per_unit, cpus_per_unit, max_retries, ttl_s, log)
-    finally: ray.shutdown()                                  # disconnects; a private head stops with it
+    try:
+        return ray_tasks(reg, ids, root, gpus_per_unit, cpus_per_unit, max_retries, ttl_s, log)
+    finally:
+        ray.shutdown()  # disconnects; a private head stops with it
 
 # %% ../nbs/35_executors.ipynb #b6ce26df
 EXECUTORS = ("local", "shared", "ray")
 
+
 def cmd_run(argv) -> int:
     "`stalebook run`: run or resume a registry's units with the chosen executor."
-    p = work_parser("stalebook run", "Run or resume the units of a registry: in this process (local), as this node's workers on a "
-                    "shared volume (shared) or as Ray tasks (ray).")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`); shared and ray: on the shared volume")
+    p = work_parser(
+        "stalebook run",
+        "Run or resume the units of a registry: in this process (local), as this node's workers on a "
+        "shared volume (shared) or as Ray tasks (ray).",
+    )
+    p.add_argument(
+        "--root",
+        default=None,
+        help="results folder (default: the registry's `out`); shared and ray: on the shared volume",
+    )
     p.add_argument("--executor", choices=EXECUTORS, default="local", help="local (default), shared or ray")
-    p.add_argument("--address", default=None, help="ray: auto or HOST:PORT of an existing cluster (default: a private head on 127.0.0.1)")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="ray: auto or HOST:PORT of an existing cluster (default: a private head on 127.0.0.1)",
+    )
     p.add_argument("--cpus-per-unit", type=float, default=1.0, help="ray: CPUs of one task (1)")
     p.add_argument("--max-retries", type=int, default=3, help="ray: retries of a task whose worker or node died (3)")
-    p.add_argument("--ray-dashboard", action="store_true", help="ray: the private head serves its dashboard (on 127.0.0.1)")
+    p.add_argument(
+        "--ray-dashboard", action="store_true", help="ray: the private head serves its dashboard (on 127.0.0.1)"
+    )
     a = p.parse_args(argv)
     if a.executor == "local":
-        return local_cmd_run([str(a.registry), *(["--only", a.only] if a.only else []), *(["--root", a.root] if a.root else []),
-                              *(["--quiet"] if a.quiet else [])])
-    if a.executor == "shared": return shared_executor(a)
-    res = run_ray(a.registry, a.root, a.address, gpus_per_unit=a.gpus_per_unit or 0, cpus_per_unit=a.cpus_per_unit,
-                  max_retries=a.max_retries, ttl_s=a.ttl, only=a.only, dashboard=a.ray_dashboard,
-                  log=(lambda *x: None) if a.quiet else (lambda m: print(m, flush=True)))
+        return local_cmd_run(
+            [
+                str(a.registry),
+                *(["--only", a.only] if a.only else []),
+                *(["--root", a.root] if a.root else []),
+                *(["--quiet"] if a.quiet else []),
+            ]
+        )
+    if a.executor == "shared":
+        return shared_executor(a)
+    res = run_ray(
+        a.registry,
+        a.root,
+        a.address,
+        gpus_per_unit=a.gpus_per_unit or 0,
+        cpus_per_unit=a.cpus_per_unit,
+        max_retries=a.max_retries,
+        ttl_s=a.ttl,
+        only=a.only,
+        dashboard=a.ray_dashboard,
+        log=(lambda *x: None) if a.quiet else (lambda m: print(m, flush=True)),
+    )
     bad = {u: s["state"] for u, s in res.items() if s["state"] != "done"}
-    print(f"[run] ray: {len(res) - len(bad)} of {len(res)} units done" + (f"; not done: {', '.join(f'{u} ({s})' for u, s in bad.items())}" if bad else ""))
+    print(
+        f"[run] ray: {len(res) - len(bad)} of {len(res)} units done"
+        + (f"; not done: {', '.join(f'{u} ({s})' for u, s in bad.items())}" if bad else "")
+    )
     return 1 if bad else 0

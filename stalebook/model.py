@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 import warnings
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +31,16 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from .core import (CommandParser, Domain, StalebookError, atomic_dir, atomic_write_json, hash_json,
-                            hash_state_dict, project_root)
+from stalebook.core import (
+    CommandParser,
+    Domain,
+    StalebookError,
+    atomic_dir,
+    atomic_write_json,
+    hash_json,
+    hash_state_dict,
+    project_root,
+)
 from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
@@ -46,24 +54,53 @@ __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', '
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
+
 def build_char_tokenizer(alphabet: str):
     "A character-level `PreTrainedTokenizerFast`: ids 0..3 = pad, bos, eos, unk; then `alphabet` in order."
-    if len(set(alphabet)) != len(alphabet): raise StalebookError("tokenizer alphabet has repeated characters")
+    if len(set(alphabet)) != len(alphabet):
+        raise StalebookError("tokenizer alphabet has repeated characters")
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *alphabet])}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left", model_max_length=128)
+    tk.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 1)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=128,
+    )
 
 # %% ../nbs/23_model.ipynb #e118787e
-def tiny_llama_config(vocab_size: int, hidden: int = 128, layers: int = 3, heads: int = 4, intermediate: int = 256,
-                      max_positions: int = 128):
+def tiny_llama_config(
+    vocab_size: int,
+    hidden: int = 128,
+    layers: int = 3,
+    heads: int = 4,
+    intermediate: int = 256,
+    max_positions: int = 128,
+):
     "The embedded model's `LlamaConfig` (pad=0, bos=1, eos=2, tied embeddings)."
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
-                       tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        rms_norm_eps=1e-6,
+    )
+
 
 def init_model(cfg, domain: Domain):
     "A freshly initialised `LlamaForCausalLM(cfg)`, weights drawn from `domain` (global RNG state restored)."
@@ -71,16 +108,19 @@ def init_model(cfg, domain: Domain):
         torch.manual_seed(domain.seed64())
         return LlamaForCausalLM(cfg)
 
-def n_params(model) -> int: return sum(p.numel() for p in model.parameters())
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 # %% ../nbs/23_model.ipynb #54c3624a
 def _sft_tensors(tok, pairs):
     "Right-padded `input_ids, labels, attention_mask` for (prompt, answer) pairs; loss on answer + eos only."
     seqs, labs = [], []
     for p, a in pairs:
-        pi = tok(p).input_ids                                   # <bos> + prompt
+        pi = tok(p).input_ids  # <bos> + prompt
         ai = tok(a, add_special_tokens=False).input_ids + [tok.eos_token_id]
-        seqs.append(pi + ai); labs.append([-100] * len(pi) + ai)
+        seqs.append(pi + ai)
+        labs.append([-100] * len(pi) + ai)
     L = max(map(len, seqs))
     ids = torch.tensor([s + [tok.pad_token_id] * (L - len(s)) for s in seqs])
     lab = torch.tensor([l + [-100] * (L - len(l)) for l in labs])
@@ -90,7 +130,8 @@ def _sft_tensors(tok, pairs):
 # %% ../nbs/23_model.ipynb #ea5377a0
 def sample_completions(model, tok, prompts, generator, temperature: float = 1.0, max_new_tokens: int = 12) -> list[str]:
     "Sample one completion per prompt (stops at eos); all randomness from `generator`."
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     dev = next(model.parameters()).device
     ps = [tok(p).input_ids for p in prompts]
     L = max(map(len, ps))
@@ -105,26 +146,34 @@ def sample_completions(model, tok, prompts, generator, temperature: float = 1.0,
             probs = torch.softmax(logits / temperature, -1)
             nxt = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(dev)
             for i, t in enumerate(nxt.tolist()):
-                if done[i]: continue
-                if t == tok.eos_token_id: done[i] = True
-                else: out[i].append(t)
-            if bool(done.all()): break
-            ids = torch.cat([ids, nxt[:, None]], 1); att = torch.cat([att, torch.ones_like(att[:, :1])], 1)
+                if done[i]:
+                    continue
+                if t == tok.eos_token_id:
+                    done[i] = True
+                else:
+                    out[i].append(t)
+            if bool(done.all()):
+                break
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            att = torch.cat([att, torch.ones_like(att[:, :1])], 1)
     model.train(was_training)
     return [tok.decode(o, skip_special_tokens=True) for o in out]
+
 
 def pass_rate(model, tok, tasks, domain: Domain, cache: dict | None = None, max_new_tokens: int = 12) -> float:
     "Fraction of `tasks` whose temperature-1 completion gets verifier reward 1 (memoised per task/completion)."
     cache = {} if cache is None else cache
     comps = sample_completions(model, tok, [t.prompt for t in tasks], domain.torch(), 1.0, max_new_tokens)
     todo = sorted({(t.id, c): (t, c) for t, c in zip(tasks, comps) if (t.id, c) not in cache}.items())
-    for (k, (t, c)), (r, _) in zip(todo, rewards([t for _, (t, _) in todo], [c for _, (_, c) in todo])): cache[k] = r
+    for (k, (t, c)), (r, _) in zip(todo, rewards([t for _, (t, _) in todo], [c for _, (_, c) in todo])):
+        cache[k] = r
     return float(np.mean([cache[(t.id, c)] for t, c in zip(tasks, comps)]))
 
 # %% ../nbs/23_model.ipynb #c594a02d
 @dataclass
 class TinySpec:
     "Parameters of the embedded tiny snapshot build (all recorded in `stalebook_build.json`)."
+
     seed: int = 0
     level: int = 0
     pool_size: int = 256
@@ -140,13 +189,17 @@ class TinySpec:
     band: tuple = (0.2, 0.8)
     threads: int = 1
     domains: tuple = ("math", "code")
-    require_band: bool = True     # False: stop at max_steps without the band (reduced builds for tests only)
+    require_band: bool = True  # False: stop at max_steps without the band (reduced builds for tests only)
+
 
 BUILD_FILE = "stalebook_build.json"
 
+
 def training_pools(spec: TinySpec) -> dict:
     "The per-domain training pools the warm start fits and is judged on."
-    return {d: synthetic_tasks(d, spec.pool_size, Domain(spec.seed, ("tiny", "pool", d)), spec.level) for d in spec.domains}
+    return {
+        d: synthetic_tasks(d, spec.pool_size, Domain(spec.seed, ("tiny", "pool", d)), spec.level) for d in spec.domains
+    }
 
 # %% ../nbs/23_model.ipynb #ae550053
 def _batch_counts(rates: dict, spec) -> dict:
@@ -154,15 +207,18 @@ def _batch_counts(rates: dict, spec) -> dict:
     w = {d: (3 if rates.get(d, 0.0) < spec.target_lo else 1) for d in spec.domains}
     tot = sum(w.values())
     c = {d: spec.batch * w[d] // tot for d in spec.domains}
-    for d in spec.domains[: spec.batch - sum(c.values())]: c[d] += 1
+    for d in spec.domains[: spec.batch - sum(c.values())]:
+        c[d] += 1
     return c
+
 
 def _sft_step(model, opt, tok, pools, counts: dict, spec, step: int) -> float:
     "One AdamW step on a batch drawn from domain `(seed, 'tiny', 'batch', step)`; one forward per domain."
     g = Domain(spec.seed, ("tiny", "batch", step)).numpy()
     parts = []
     for d in spec.domains:
-        if counts[d] == 0: continue
+        if counts[d] == 0:
+            continue
         idx = g.integers(0, len(pools[d]), counts[d])
         parts.append(_sft_tensors(tok, [(pools[d][j].prompt, pools[d][j].answer) for j in idx]))
     ntok = sum(int((lab != -100).sum()) for _, lab, _ in parts)
@@ -170,7 +226,8 @@ def _sft_step(model, opt, tok, pools, counts: dict, spec, step: int) -> float:
     total = 0.0
     for ids, lab, att in parts:
         loss = model(input_ids=ids, attention_mask=att, labels=lab).loss * (int((lab != -100).sum()) / ntok)
-        loss.backward(); total += float(loss.detach())
+        loss.backward()
+        total += float(loss.detach())
     opt.step()
     return total
 
@@ -182,18 +239,31 @@ def _warm_start(model, tok, pools, spec: TinySpec, log, t0) -> tuple[int, dict |
     model.train()
     while step < spec.max_steps:
         step += 1
-        for grp in opt.param_groups: grp["lr"] = spec.lr * min(1.0, step / spec.warmup)
+        for grp in opt.param_groups:
+            grp["lr"] = spec.lr * min(1.0, step / spec.warmup)
         loss = _sft_step(model, opt, tok, pools, _batch_counts(rates, spec), spec, step)
-        if step % spec.eval_every or step < spec.first_eval: continue
-        rates = {d: pass_rate(model, tok, pools[d][: spec.eval_n], Domain(spec.seed, ("tiny", "eval", d, step)), cache)
-                 for d in spec.domains}
+        if step % spec.eval_every or step < spec.first_eval:
+            continue
+        rates = {
+            d: pass_rate(model, tok, pools[d][: spec.eval_n], Domain(spec.seed, ("tiny", "eval", d, step)), cache)
+            for d in spec.domains
+        }
         history.append({"step": step, "loss": round(loss, 6), "pass_rate": rates})
-        log(f"step {step:5d}  loss {loss:.3f}  " + "  ".join(f"{d} {r:.2f}" for d, r in rates.items()) + f"  ({time.time() - t0:.0f} s)")
-        if any(r < spec.target_lo for r in rates.values()): continue
-        conf = {d: pass_rate(model, tok, pools[d][: spec.confirm_n], Domain(spec.seed, ("tiny", "confirm", d, step)), cache)
-                for d in spec.domains}
+        log(
+            f"step {step:5d}  loss {loss:.3f}  "
+            + "  ".join(f"{d} {r:.2f}" for d, r in rates.items())
+            + f"  ({time.time() - t0:.0f} s)"
+        )
+        if any(r < spec.target_lo for r in rates.values()):
+            continue
+        conf = {
+            d: pass_rate(model, tok, pools[d][: spec.confirm_n], Domain(spec.seed, ("tiny", "confirm", d, step)), cache)
+            for d in spec.domains
+        }
         log(f"confirm @{step}: " + "  ".join(f"{d} {r:.3f}" for d, r in conf.items()))
-        if all(spec.band[0] <= r <= spec.band[1] for r in conf.values()): confirmed = conf; break
+        if all(spec.band[0] <= r <= spec.band[1] for r in conf.values()):
+            confirmed = conf
+            break
         rates = {d: (r if spec.band[0] <= r else 0.0) for d, r in conf.items()}
     return step, confirmed, history
 
@@ -202,7 +272,8 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
     "SFT-warm-start the tiny model and write it as a Hugging Face snapshot to `out`; returns the build record."
     spec = spec or TinySpec()
     out = Path(out)
-    if out.exists() and not overwrite: raise StalebookError(f"{out} already exists (use --force to rebuild)")
+    if out.exists() and not overwrite:
+        raise StalebookError(f"{out} already exists (use --force to rebuild)")
     t0, old_threads = time.time(), torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
@@ -210,12 +281,20 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
         model = init_model(tiny_llama_config(len(tok)), Domain(spec.seed, ("tiny", "init")))
         pools = training_pools(spec)
         step, confirmed, history = _warm_start(model, tok, pools, spec, log, t0)
-        if confirmed is None and not spec.require_band: confirmed = {}
+        if confirmed is None and not spec.require_band:
+            confirmed = {}
         if confirmed is None:
             raise StalebookError(f"tiny snapshot: pass rates not in {list(spec.band)} after {spec.max_steps} steps")
-        rec = {"kind": "stalebook-tiny", "spec": {**asdict(spec), "band": list(spec.band), "domains": list(spec.domains)},
-               "steps": step, "pass_rate": confirmed, "history": history, "n_params": n_params(model),
-               "versions": _versions(), "task_schema_version": SCHEMA_VERSION}
+        rec = {
+            "kind": "stalebook-tiny",
+            "spec": {**asdict(spec), "band": list(spec.band), "domains": list(spec.domains)},
+            "steps": step,
+            "pass_rate": confirmed,
+            "history": history,
+            "n_params": n_params(model),
+            "versions": _versions(),
+            "task_schema_version": SCHEMA_VERSION,
+        }
         hf_logging.disable_progress_bar()
         with atomic_dir(out, overwrite=overwrite) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
@@ -223,9 +302,14 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
             atomic_write_json(Path(tmp) / BUILD_FILE, rec)
     finally:
         torch.set_num_threads(old_threads)
-    rates = ", ".join(f"{d} pass rate {r:.3f}" for d, r in confirmed.items()) + f" (T=1, n={spec.confirm_n})" if confirmed else "pass rates not measured (reduced build)"
+    rates = (
+        ", ".join(f"{d} pass rate {r:.3f}" for d, r in confirmed.items()) + f" (T=1, n={spec.confirm_n})"
+        if confirmed
+        else "pass rates not measured (reduced build)"
+    )
     log(f"tiny snapshot: {rec['n_params']:,} parameters, {step} SFT steps, {rates}; {time.time() - t0:.1f} s -> {out}")
     return rec
+
 
 def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
@@ -236,15 +320,19 @@ def ensure_tiny_snapshot(d, spec=None, log=print) -> dict:
     d = Path(d)
     if d.exists():
         bad = verify_snapshot(d, self_test=False)
-        if not bad: return read_lock(d)
+        if not bad:
+            return read_lock(d)
         log(f"rebuilding {d}: {bad[0]}")
     build_tiny_snapshot(d, spec, log=log, overwrite=True)
     return write_lock(d)
 
+
 def default_snapshot_dir() -> Path:
     "Where the embedded default lives: `$STALEBOOK_TINY`, else `<project root or cwd>/runs/snapshots/tiny`."
-    if os.environ.get("STALEBOOK_TINY"): return Path(os.environ["STALEBOOK_TINY"])
+    if os.environ.get("STALEBOOK_TINY"):
+        return Path(os.environ["STALEBOOK_TINY"])
     return (project_root() or Path.cwd()) / "runs" / "snapshots" / "tiny"
+
 
 def default_snapshot(log=print) -> Path:
     "The embedded tiny snapshot, built and locked on first use (a file lock serialises concurrent builders)."
@@ -257,23 +345,30 @@ def default_snapshot(log=print) -> Path:
 # %% ../nbs/23_model.ipynb #8ec6216c
 def cmd_snapshot(argv) -> int:
     "`stalebook snapshot tiny --out DIR` | `stalebook snapshot lock DIR`."
-    p = CommandParser(prog="stalebook snapshot", description="Build the embedded tiny snapshot, or lock a snapshot folder.")
+    p = CommandParser(
+        prog="stalebook snapshot", description="Build the embedded tiny snapshot, or lock a snapshot folder."
+    )
     sub = p.add_subparsers(dest="what", metavar="{tiny,lock}", parser_class=CommandParser)
     t = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
     t.add_argument("--out", required=True, help="snapshot folder to create")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)")
+    t.add_argument(
+        "--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)"
+    )
     t.add_argument("--force", action="store_true", help="replace an existing folder")
     t.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
     l = sub.add_parser("lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder")
     l.add_argument("dir")
     a = p.parse_args(argv)
-    if a.what is None: raise StalebookError("stalebook snapshot: choose 'tiny' or 'lock'")
+    if a.what is None:
+        raise StalebookError("stalebook snapshot: choose 'tiny' or 'lock'")
     if a.what == "tiny":
-        if a.threads < 1: raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
+        if a.threads < 1:
+            raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
         build_tiny_snapshot(a.out, TinySpec(seed=a.seed, threads=a.threads), overwrite=a.force)
         if not a.no_lock:
-            lock = write_lock(a.out); print(f"locked {a.out}: revision {lock['revision']}")
+            lock = write_lock(a.out)
+            print(f"locked {a.out}: revision {lock['revision']}")
         return 0
     lock = write_lock(a.dir)
     print(f"locked {a.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
@@ -283,11 +378,13 @@ def cmd_snapshot(argv) -> int:
 @dataclass
 class LoraSpec:
     "peft LoRA hyper-parameters."
+
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")
     bias: str = "none"
+
 
 @contextlib.contextmanager
 def _peft_quiet():
@@ -296,57 +393,87 @@ def _peft_quiet():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield
 
+
 def attach_lora(model, lora: LoraSpec, init_domain: Domain):
     "Wrap `model` with a fresh LoRA adapter (peft); `lora_A` init drawn from `init_domain`."
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
-                     bias=lora.bias, task_type="CAUSAL_LM")
-    with _peft_quiet(): pm = get_peft_model(model, cfg)
-    with torch.no_grad():                    # device-independent init: each lora_A drawn on CPU from its own domain
+    cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias=lora.bias,
+        task_type="CAUSAL_LM",
+    )
+    with _peft_quiet():
+        pm = get_peft_model(model, cfg)
+    with torch.no_grad():  # device-independent init: each lora_A drawn on CPU from its own domain
         for name, p in sorted(pm.named_parameters()):
             if "lora_A" in name:
                 w = torch.empty(p.shape, dtype=torch.float32)
-                torch.nn.init.kaiming_uniform_(w, a=5 ** 0.5, generator=init_domain.child(name).torch())
+                torch.nn.init.kaiming_uniform_(w, a=5**0.5, generator=init_domain.child(name).torch())
                 p.copy_(w.to(p.dtype))
-            elif "lora_B" in name: p.zero_()
+            elif "lora_B" in name:
+                p.zero_()
     return pm
 
 # %% ../nbs/23_model.ipynb #a9bddf2d
 def _dtype(dtype):
-    if isinstance(dtype, torch.dtype): return dtype
+    if isinstance(dtype, torch.dtype):
+        return dtype
     try:
         d = getattr(torch, str(dtype))
-        if isinstance(d, torch.dtype): return d
-    except AttributeError: pass
+        if isinstance(d, torch.dtype):
+            return d
+    except AttributeError:
+        pass
     raise StalebookError(f"unknown dtype {dtype!r} (use float32, bfloat16, float16)")
 
-def load_policy(snapshot_dir, device: str = "cpu", dtype="float32", lora: LoraSpec | None = None, adapter=None,
-                init_domain: Domain | None = None, trainable: bool = True, verify: bool = True):
+
+def load_policy(
+    snapshot_dir,
+    device: str = "cpu",
+    dtype="float32",
+    lora: LoraSpec | None = None,
+    adapter=None,
+    init_domain: Domain | None = None,
+    trainable: bool = True,
+    verify: bool = True,
+):
     """Load `(model, tokenizer)` from a locked snapshot: base model, then either the adapter saved in `adapter`
     (peft format) or a fresh LoRA from `lora`, or neither. `model.stalebook_base_revision` is set."""
     snapshot_dir = Path(snapshot_dir)
     if verify:
         bad = verify_snapshot(snapshot_dir, self_test=False)
-        if bad: raise StalebookError(f"snapshot {snapshot_dir} failed verification: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
+        if bad:
+            raise StalebookError(
+                f"snapshot {snapshot_dir} failed verification: {bad[0]}"
+                + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+            )
     revision = read_lock(snapshot_dir)["revision"]
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(snapshot_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(snapshot_dir, local_files_only=True, dtype=_dtype(dtype)).to(device)
-    if adapter is not None: model = load_adapter(model, adapter, trainable=trainable, base_revision=revision)
-    elif lora is not None: model = attach_lora(model, lora, init_domain or Domain(0, ("lora", "init")))
+    if adapter is not None:
+        model = load_adapter(model, adapter, trainable=trainable, base_revision=revision)
+    elif lora is not None:
+        model = attach_lora(model, lora, init_domain or Domain(0, ("lora", "init")))
     model.stalebook_base_revision = revision
     return model, tok
 
 # %% ../nbs/23_model.ipynb #d5e992be
 ADAPTER_FILE = "stalebook_adapter.json"
 
+
 def adapter_state(model) -> dict:
     "peft's adapter state dict (empty for a model without adapter)."
     return dict(get_peft_model_state_dict(model)) if isinstance(model, PeftModel) else {}
 
+
 def policy_hash(model, base_revision: str | None = None) -> str:
     "Content hash of a policy: hash(base snapshot revision, adapter tensors)."
     rev = base_revision or getattr(model, "stalebook_base_revision", None)
-    if not rev: raise StalebookError("policy_hash: unknown base revision (load with load_policy or pass base_revision)")
+    if not rev:
+        raise StalebookError("policy_hash: unknown base revision (load with load_policy or pass base_revision)")
     return hash_json({"base": rev, "adapter": hash_state_dict(adapter_state(model))})
 
 # %% ../nbs/23_model.ipynb #933b5218
@@ -355,18 +482,22 @@ def _canonical_adapter_config(f: Path) -> None:
     keys) so that equal adapters give equal bytes — checkpoint hashes must not depend on the process."""
     cfg = json.loads(f.read_text())
     for k in ("target_modules", "modules_to_save", "layers_to_transform"):
-        if isinstance(cfg.get(k), list): cfg[k] = sorted(cfg[k], key=str)
+        if isinstance(cfg.get(k), list):
+            cfg[k] = sorted(cfg[k], key=str)
     atomic_write_json(f, cfg)
+
 
 def save_adapter(model, path) -> str:
     "Save the adapter in peft's standard format (atomically) plus `stalebook_adapter.json`; returns the policy hash."
-    if not isinstance(model, PeftModel): raise StalebookError("save_adapter: model has no peft adapter")
+    if not isinstance(model, PeftModel):
+        raise StalebookError("save_adapter: model has no peft adapter")
     h = policy_hash(model)
     with atomic_dir(path, overwrite=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         _canonical_adapter_config(Path(tmp) / "adapter_config.json")
         atomic_write_json(Path(tmp) / ADAPTER_FILE, {"policy_hash": h, "base_revision": model.stalebook_base_revision})
     return h
+
 
 def load_adapter(model, path, trainable: bool = False, base_revision: str | None = None):
     "`PeftModel.from_pretrained(model, path)`; refuses an adapter recorded for another base revision."
@@ -375,25 +506,32 @@ def load_adapter(model, path, trainable: bool = False, base_revision: str | None
     rev = base_revision or getattr(model, "stalebook_base_revision", None)
     if meta.get("base_revision") and rev and meta["base_revision"] != rev:
         raise StalebookError(f"adapter {path} was trained on base {meta['base_revision'][:12]}, not {rev[:12]}")
-    with _peft_quiet(): pm = PeftModel.from_pretrained(model, path, is_trainable=trainable)
+    with _peft_quiet():
+        pm = PeftModel.from_pretrained(model, path, is_trainable=trainable)
     pm.stalebook_base_revision = rev or meta.get("base_revision")
     if meta.get("policy_hash") and policy_hash(pm) != meta["policy_hash"]:
         raise StalebookError(f"adapter {path}: tensors do not match the recorded policy hash")
     return pm
 
+
 def load_adapter_state(model, path) -> str:
     "Load the adapter tensors saved in `path` (or `path/adapter`) into peft `model` in place; returns the verified policy hash."
     path = Path(path)
-    if (path / "adapter").is_dir(): path = path / "adapter"
+    if (path / "adapter").is_dir():
+        path = path / "adapter"
     set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
-    h, meta = policy_hash(model), json.loads((path / ADAPTER_FILE).read_text()) if (path / ADAPTER_FILE).exists() else {}
+    h, meta = (
+        policy_hash(model),
+        json.loads((path / ADAPTER_FILE).read_text()) if (path / ADAPTER_FILE).exists() else {},
+    )
     if meta.get("policy_hash") and meta["policy_hash"] != h:
         raise StalebookError(f"adapter {path}: loaded tensors do not reproduce the recorded policy hash")
     return h
 
 # %% ../nbs/23_model.ipynb #5b57e014
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3                     # glibc <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 _HEAP_KEPT: list = []
+
 
 def keep_freed_memory(limit: int = 256 << 20) -> bool:
     "glibc: serve blocks below `limit` bytes from the heap and keep up to `limit` free in it (once per process); True if it took effect."
@@ -405,7 +543,9 @@ def keep_freed_memory(limit: int = 256 << 20) -> bool:
         _HEAP_KEPT.append(ok)
     return _HEAP_KEPT[0]
 
+
 def compute_setup(threads: int) -> None:
     "A model process: `threads` torch threads (0: torch's default) and a heap that keeps its memory (`keep_freed_memory`)."
-    if threads > 0: torch.set_num_threads(threads)
+    if threads > 0:
+        torch.set_num_threads(threads)
     keep_freed_memory()

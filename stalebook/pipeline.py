@@ -27,14 +27,32 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
-from .core import (CommandParser, Domain, Progress, StalebookError, atomic_write, atomic_write_json, config_dict,
-                            from_dict, hash_json, load_config)
+from stalebook.core import (
+    CommandParser,
+    Domain,
+    Progress,
+    StalebookError,
+    atomic_write,
+    atomic_write_json,
+    config_dict,
+    from_dict,
+    hash_json,
+    load_config,
+)
 from .model import compute_setup, policy_hash
 from .rollouts import SamplingConfig, completion_logprobs, load_run_policy, task_pool
 from .tasks import synthetic_tasks
 from .theory.async_sim import analyse_sweep, collapse_time, moving_average, rule_constants
-from .trainer import (Trainer, TrainConfig, identity_dict, lag_histogram, lineage_checkpoint, next_tasks, sample_step,
-                               step_rewards)
+from stalebook.trainer import (
+    TrainConfig,
+    Trainer,
+    identity_dict,
+    lag_histogram,
+    lineage_checkpoint,
+    next_tasks,
+    sample_step,
+    step_rewards,
+)
 
 # %% auto #0
 __all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
@@ -42,25 +60,33 @@ __all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generat
            'heldout_pass_rate', 'train_until_decided', 'run_cell', 'study_sweep', 'study_report']
 
 # %% ../nbs/29_pipeline.ipynb #7d000006
-def weights_file(d, version: int) -> Path: return Path(d) / f"v{version:08d}.safetensors"
+def weights_file(d, version: int) -> Path:
+    return Path(d) / f"v{version:08d}.safetensors"
+
 
 def publish_weights(d, version: int, named) -> Path:
     "Write the named trainable tensors [(name, tensor)] as version `version`, atomically."
     return atomic_write(weights_file(d, version), save({n: p.detach().contiguous() for n, p in named}))
 
+
 def load_weights(d, version: int, named) -> None:
     "Copy version `version`'s tensors into the named parameters, in place."
     t = load_file(str(weights_file(d, version)))
     with torch.no_grad():
-        for n, p in named: p.copy_(t[n])
+        for n, p in named:
+            p.copy_(t[n])
 
 # %% ../nbs/29_pipeline.ipynb #7d000009
 def _put(q, item, stop) -> bool:
     "Put into the bounded queue, waking up to notice a stop request; False if stopped."
     while not stop.is_set():
-        try: q.put(item, timeout=0.05); return True
-        except queue.Full: pass
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            pass
     return False
+
 
 def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
     "The generator process: batches sampled, teacher-forced and verified with the newest published weights, tagged with their version."
@@ -72,19 +98,37 @@ def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
     a, cur, cursor, n = cfg.async_training, -1, [0, 0], 0
     while not stop.is_set():
         while a.on_stale == "block" and n > version.value + a.max_staleness:
-            if stop.wait(0.002): return
+            if stop.wait(0.002):
+                return
         v = version.value
-        if v != cur: load_weights(wdir, v, named); cur = v
+        if v != cur:
+            load_weights(wdir, v, named)
+            cur = v
         batch, cursor = next_tasks(tasks, cursor, cfg.prompts_per_step, cfg.seed, cfg.domain)
         t0, ph = time.perf_counter(), policy_hash(model)
         pids, comps = sample_step(model, tok, cfg.sampling, batch, ph, cfg.seed, f"train/{n}", cfg.shared_prefix)
-        with torch.no_grad(): old, mask = completion_logprobs(model, pids, comps, cfg.micro_batch, tok.pad_token_id,
-                                                                   shared_prefix=cfg.shared_prefix)
+        with torch.no_grad():
+            old, mask = completion_logprobs(
+                model, pids, comps, cfg.micro_batch, tok.pad_token_id, shared_prefix=cfg.shared_prefix
+            )
         t1 = time.perf_counter()
         R = step_rewards(tok, batch, comps, cfg.sampling.group_size)
-        item = dict(n=n, version=cur, policy_hash=ph, cursor=cursor, pids=pids, comps=comps, old=old.numpy(), mask=mask.numpy(),
-                    R=R.numpy(), tokens=int(mask.sum()), t_sample=round(t1 - t0, 4), t_reward=round(time.perf_counter() - t1, 4))
-        if not _put(q, item, stop): return
+        item = dict(
+            n=n,
+            version=cur,
+            policy_hash=ph,
+            cursor=cursor,
+            pids=pids,
+            comps=comps,
+            old=old.numpy(),
+            mask=mask.numpy(),
+            R=R.numpy(),
+            tokens=int(mask.sum()),
+            t_sample=round(t1 - t0, 4),
+            t_reward=round(time.perf_counter() - t1, 4),
+        )
+        if not _put(q, item, stop):
+            return
         n += 1
 
 # %% ../nbs/29_pipeline.ipynb #7d000011
@@ -92,59 +136,92 @@ def _get(q, proc, timeout: float = 600.0):
     "The next queue item; an error if the generator process died or fell silent."
     t0 = time.perf_counter()
     while True:
-        try: return q.get(timeout=0.1)
+        try:
+            return q.get(timeout=0.1)
         except queue.Empty:
-            if not proc.is_alive(): raise StalebookError(f"pipeline: the generator process exited (code {proc.exitcode})")
-            if time.perf_counter() - t0 > timeout: raise StalebookError(f"pipeline: no batch from the generator in {timeout:.0f} s")
+            if not proc.is_alive():
+                raise StalebookError(f"pipeline: the generator process exited (code {proc.exitcode})")
+            if time.perf_counter() - t0 > timeout:
+                raise StalebookError(f"pipeline: no batch from the generator in {timeout:.0f} s")
+
 
 def _stop(q, proc, stop) -> None:
     "Stop the generator: drain the queue (a process with queued items cannot exit), join, terminate if it hangs."
     stop.set()
     t0 = time.perf_counter()
     while proc.is_alive() and time.perf_counter() - t0 < 30:
-        try: q.get(timeout=0.1)
-        except queue.Empty: pass
+        try:
+            q.get(timeout=0.1)
+        except queue.Empty:
+            pass
     proc.join(5)
-    if proc.is_alive(): proc.terminate(); proc.join(5)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
 
 # %% ../nbs/29_pipeline.ipynb #7d000012
 def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
     "Pipelined GRPO: a generator process feeds this learner through a bounded queue. Returns the run's manifest."
     a = cfg.async_training
-    if a.mode != "pipelined": raise StalebookError("run_pipeline needs async_training.mode 'pipelined'")
+    if a.mode != "pipelined":
+        raise StalebookError("run_pipeline needs async_training.mode 'pipelined'")
     tr = Trainer(cfg)
-    if tr.step > 0: raise StalebookError(f"{tr.dir}: a pipelined run is not resumable (its lags depend on timing); use a new out")
+    if tr.step > 0:
+        raise StalebookError(f"{tr.dir}: a pipelined run is not resumable (its lags depend on timing); use a new out")
     wdir, named = tr.dir / "weights", [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
     publish_weights(wdir, 0, named)
     ctx = mp.get_context("spawn")
     q, version, stop = ctx.Queue(maxsize=a.queue_size), ctx.Value("l", 0), ctx.Event()
     gen = ctx.Process(target=generator_main, args=(config_dict(cfg), str(wdir), q, version, stop), daemon=True)
-    t0 = time.perf_counter(); gen.start()
+    t0 = time.perf_counter()
+    gen.start()
     recent, dropped, tokens = {0: tr._flat()}, 0, 0
     bar = Progress(cfg.steps, f"pipeline {tr.dir.name}", unit="step", enabled=progress)
     try:
         while tr.step < cfg.steps:
-            tw = time.perf_counter(); it = _get(q, gen); tw = time.perf_counter() - tw
+            tw = time.perf_counter()
+            it = _get(q, gen)
+            tw = time.perf_counter() - tw
             tokens += it["tokens"]
             lag = tr.step - it["version"]
             if lag > a.max_staleness:
-                if a.on_stale == "block": raise StalebookError(f"pipeline: batch {it['n']} has lag {lag} > max_staleness under 'block'")
-                dropped += 1; continue
-            rec = tr._learn(it["pids"], it["comps"], torch.from_numpy(it["R"]), torch.from_numpy(it["old"]),
-                            torch.from_numpy(it["mask"]), it["policy_hash"], it["version"], recent.get(it["version"]))
-            rec.update(gen_batch=it["n"], t_wait=round(tw, 4), t_sample=it["t_sample"], t_reward=it["t_reward"],
-                       t_done=round(time.perf_counter() - t0, 4))
-            tr.cursor = it["cursor"]; tr.log.append(rec)
-            publish_weights(wdir, tr.step, named); version.value = tr.step
+                if a.on_stale == "block":
+                    raise StalebookError(f"pipeline: batch {it['n']} has lag {lag} > max_staleness under 'block'")
+                dropped += 1
+                continue
+            rec = tr._learn(
+                it["pids"],
+                it["comps"],
+                torch.from_numpy(it["R"]),
+                torch.from_numpy(it["old"]),
+                torch.from_numpy(it["mask"]),
+                it["policy_hash"],
+                it["version"],
+                recent.get(it["version"]),
+            )
+            rec.update(
+                gen_batch=it["n"],
+                t_wait=round(tw, 4),
+                t_sample=it["t_sample"],
+                t_reward=it["t_reward"],
+                t_done=round(time.perf_counter() - t0, 4),
+            )
+            tr.cursor = it["cursor"]
+            tr.log.append(rec)
+            publish_weights(wdir, tr.step, named)
+            version.value = tr.step
             recent[tr.step] = tr._flat()
-            for v in [v for v in recent if v < tr.step - a.max_staleness]: del recent[v]
+            for v in [v for v in recent if v < tr.step - a.max_staleness]:
+                del recent[v]
             for f in wdir.glob("v*.safetensors"):
-                if int(f.stem[1:]) < tr.step - a.max_staleness - a.queue_size - 2: f.unlink(missing_ok=True)
+                if int(f.stem[1:]) < tr.step - a.max_staleness - a.queue_size - 2:
+                    f.unlink(missing_ok=True)
             if tr.step % cfg.checkpoint_every == 0 or tr.step in cfg.lineage_steps or tr.step == cfg.steps:
                 tr.lineage.commit(tr.step, tr.model, tr.opt, tr.sched, tr.cursor, tr._async_state())
             bar.update(1, lag=lag)
     finally:
-        _stop(q, gen, stop); bar.close()
+        _stop(q, gen, stop)
+        bar.close()
     return _pipeline_manifest(tr, dropped, tokens, time.perf_counter() - t0)
 
 # %% ../nbs/29_pipeline.ipynb #7d000013
@@ -152,20 +229,38 @@ def _pipeline_manifest(tr: Trainer, dropped: int, tokens: int, wall: float) -> d
     "pipeline.json (what happened; no wall times) and timings.json (throughput) of a finished pipelined run."
     a, recs = tr.cfg.async_training, tr.log.records
     lags = [r["lag"] for r in recs]
-    man = dict(kind="stalebook.pipeline", bit_reproducible=False,
-               why="which weights version each batch is sampled with depends on process timing; the lag is recorded, not controlled",
-               max_staleness=a.max_staleness, on_stale=a.on_stale, queue_size=a.queue_size, correction=a.correction,
-               steps=tr.step, dropped=dropped, lag_histogram={str(k): v for k, v in lag_histogram(recs).items()},
-               max_lag=max(lags, default=0), lag_bound_held=all(l <= a.max_staleness for l in lags))
+    man = dict(
+        kind="stalebook.pipeline",
+        bit_reproducible=False,
+        why="which weights version each batch is sampled with depends on process timing; the lag is recorded, not controlled",
+        max_staleness=a.max_staleness,
+        on_stale=a.on_stale,
+        queue_size=a.queue_size,
+        correction=a.correction,
+        steps=tr.step,
+        dropped=dropped,
+        lag_histogram={str(k): v for k, v in lag_histogram(recs).items()},
+        max_lag=max(lags, default=0),
+        lag_bound_held=all(l <= a.max_staleness for l in lags),
+    )
     atomic_write_json(tr.dir / "pipeline.json", man)
-    atomic_write_json(tr.dir / "timings.json", dict(wall_s=round(wall, 3), learner_steps_per_s=round(tr.step / wall, 4),
-                                                    generated_tokens=tokens, generated_tokens_per_s=round(tokens / wall, 2)))
+    atomic_write_json(
+        tr.dir / "timings.json",
+        dict(
+            wall_s=round(wall, 3),
+            learner_steps_per_s=round(tr.step / wall, 4),
+            generated_tokens=tokens,
+            generated_tokens_per_s=round(tokens / wall, 2),
+        ),
+    )
     return man
 
 # %% ../nbs/29_pipeline.ipynb #7d000031
 def cmd_pipeline(argv) -> int:
     "Run pipelined GRPO (a generator and a learner process) from a TrainConfig with async_training.mode 'pipelined'."
-    p = CommandParser(prog="stalebook pipeline", description="Pipelined GRPO: generator and learner processes, bounded staleness.")
+    p = CommandParser(
+        prog="stalebook pipeline", description="Pipelined GRPO: generator and learner processes, bounded staleness."
+    )
     p.add_argument("config", help="YAML/JSON TrainConfig (async_training.mode: pipelined)")
     p.add_argument("--out", default=None, help="override config.out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -173,27 +268,33 @@ def cmd_pipeline(argv) -> int:
     cfg = load_config(TrainConfig, a.config, overrides={"out": a.out} if a.out else None)
     man = run_pipeline(cfg, progress=not a.quiet)
     t = json.loads((Path(cfg.out) / "timings.json").read_text())
-    print(f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} (max {man['max_lag']}, bound {man['max_staleness']}), "
-          f"dropped {man['dropped']}, {t['learner_steps_per_s']:.3f} learner steps/s; not bit-reproducible (see pipeline.json)")
+    print(
+        f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} (max {man['max_lag']}, bound {man['max_staleness']}), "
+        f"dropped {man['dropped']}, {t['learner_steps_per_s']:.3f} learner steps/s; not bit-reproducible (see pipeline.json)"
+    )
     return 0
 
 # %% ../nbs/29_pipeline.ipynb #7d000017
 @dataclass
 class CollapseCriterion:
     "The study's collapse rule (fixed before any sweep): reward moving-average collapse, non-finite steps, KL blow-up."
-    window: int = 10          # moving-average window (steps)
-    frac: float = 0.5         # the moving average falls below frac x its running maximum ...
-    hold: int = 30            # ... and stays below for this many steps
-    kl_max: float = 1.0       # or the window-mean k3 KL(pi_phi || pi_theta) per token exceeds this (nats)
+
+    window: int = 10  # moving-average window (steps)
+    frac: float = 0.5  # the moving average falls below frac x its running maximum ...
+    hold: int = 30  # ... and stays below for this many steps
+    kl_max: float = 1.0  # or the window-mean k3 KL(pi_phi || pi_theta) per token exceeds this (nats)
+
 
 def collapse_step(J, kl, crit: CollapseCriterion) -> int:
     "t_collapse of one run (-1 = none) from its per-step training reward J (NaN = non-finite) and k3 KL (NaN = non-finite)."
     J, kl = np.asarray(J, float), np.asarray(kl, float)
-    if not len(J): return -1
+    if not len(J):
+        return -1
     # a window longer than the trace is cut to it: the same rule ("or to the end of the run"), and collapse_time needs W < n
     hits = [int(collapse_time(J[None], crit.window, crit.frac, min(crit.hold, len(J) - 1))[0])]
     over = np.flatnonzero(moving_average(np.where(np.isfinite(kl), kl, 1e30), crit.window) > crit.kl_max)
-    if len(over): hits.append(int(over[0]))
+    if len(over):
+        hits.append(int(over[0]))
     hits = [h for h in hits if h >= 0]
     return min(hits) if hits else -1
 
@@ -201,45 +302,78 @@ def collapse_step(J, kl, crit: CollapseCriterion) -> int:
 @dataclass
 class CellConfig:
     "One cell of the staleness study: a training run (TrainConfig fields; `out` is set by run_cell) and how it is judged."
+
     train: dict
     criterion: CollapseCriterion = field(default_factory=CollapseCriterion)
-    eval_n: int = 32                  # held-out prompts scored before and after training (0 = none)
-    eval_k: int = 4                   # samples per held-out prompt
+    eval_n: int = 32  # held-out prompts scored before and after training (0 = none)
+    eval_k: int = 4  # samples per held-out prompt
+
 
 def cell_train_config(cell: CellConfig, out_dir) -> TrainConfig:
     "The cell's TrainConfig, its run stored in out_dir/run."
     return from_dict(TrainConfig, {**cell.train, "out": str(Path(out_dir) / "run")}, src="study cell train")
 
+
 def cell_identity(cell: CellConfig, cfg: TrainConfig) -> str:
     "A cell's identity: its run's identity (`trainer.identity_dict`: not where it is stored), the criterion, the evaluation."
-    return hash_json(dict(train=identity_dict(cfg), criterion=config_dict(cell.criterion), eval=[cell.eval_n, cell.eval_k]))
+    return hash_json(
+        dict(train=identity_dict(cfg), criterion=config_dict(cell.criterion), eval=[cell.eval_n, cell.eval_k])
+    )
 
-SERIES = ("reward_mean", "kl_behav_k3", "logr_mean_abs", "lag", "lag_dist", "drift", "update_norm", "grad_norm", "grad_cos",
-          "update_cos", "clip_frac", "is_ess_frac", "zero_adv_groups")
+
+SERIES = (
+    "reward_mean",
+    "kl_behav_k3",
+    "logr_mean_abs",
+    "lag",
+    "lag_dist",
+    "drift",
+    "update_norm",
+    "grad_norm",
+    "grad_cos",
+    "update_cos",
+    "clip_frac",
+    "is_ess_frac",
+    "zero_adv_groups",
+)
+
 
 def heldout_pass_rate(model, tok, cfg: TrainConfig, n: int, k: int) -> float:
     "Mean pass rate of the model's weights on n held-out prompts (domain (seed, 'eval', domain, level)) x k samples."
     tasks = synthetic_tasks(cfg.domain, n, Domain(cfg.seed, ("eval", cfg.domain, cfg.task_level)), level=cfg.task_level)
-    sc = SamplingConfig(group_size=k, max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
+    sc = SamplingConfig(
+        group_size=k,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+    )
     ph = policy_hash(model)
     _, comps = sample_step(model, tok, sc, tasks, ph, cfg.seed, "study-eval")
     return float(step_rewards(tok, tasks, comps, k).mean())
 
 # %% ../nbs/29_pipeline.ipynb #7d000021
-def _nan(xs) -> np.ndarray: return np.array([np.nan if x is None else x for x in xs], float)
+def _nan(xs) -> np.ndarray:
+    return np.array([np.nan if x is None else x for x in xs], float)
+
 
 def train_until_decided(tr: Trainer, crit: CollapseCriterion, every: int = 5):
     """Train in chunks of `every` steps until cfg.steps, or until the collapse is decided: a first hit h with
     h + max(hold, window) < steps done, so that every earlier step's test saw its whole window and no later step can
     change t_collapse. A diverged run's trace is padded with NaN to cfg.steps. Returns (t_collapse, diverged_at)."""
-    series = lambda pad: [np.r_[_nan(r.get(k) for r in tr.log.records), np.full(pad, np.nan)] for k in ("reward_mean", "kl_behav_k3")]
+    series = lambda pad: [
+        np.r_[_nan(r.get(k) for r in tr.log.records), np.full(pad, np.nan)] for k in ("reward_mean", "kl_behav_k3")
+    ]
     while True:
-        try: tr.run(steps=min(tr.step + every, tr.cfg.steps), progress=False)
+        try:
+            tr.run(steps=min(tr.step + every, tr.cfg.steps), progress=False)
         except StalebookError as e:
-            if "diverged" not in str(e): raise
+            if "diverged" not in str(e):
+                raise
             return collapse_step(*series(tr.cfg.steps - len(tr.log.records)), crit), tr.step
         tc = collapse_step(*series(0), crit)
-        if tr.step >= tr.cfg.steps or (tc >= 0 and tc + max(crit.hold, crit.window) < len(tr.log.records)): return tc, None
+        if tr.step >= tr.cfg.steps or (tc >= 0 and tc + max(crit.hold, crit.window) < len(tr.log.records)):
+            return tc, None
+
 
 def run_cell(config, out_dir) -> dict:
     "Run (or resume, or read back) one study cell under out_dir; returns its results (also out_dir/results.json)."
@@ -250,7 +384,8 @@ def run_cell(config, out_dir) -> dict:
     f = out / "results.json"
     if f.exists():
         res = json.loads(f.read_text())
-        if res.get("identity") == ident: return res
+        if res.get("identity") == ident:
+            return res
         raise StalebookError(f"{f}: results of another cell (identity differs); use another out_dir")
     tr = Trainer(cfg)
     tc, diverged = train_until_decided(tr, cell.criterion)
@@ -259,10 +394,26 @@ def run_cell(config, out_dir) -> dict:
     ev = {}
     if cell.eval_n:
         m0, tok0 = load_run_policy(cfg.snapshot, str(lineage_checkpoint(cfg.out, 0)), cfg.device, cfg.dtype)
-        ev = dict(start=heldout_pass_rate(m0, tok0, cfg, cell.eval_n, cell.eval_k), end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k))
+        ev = dict(
+            start=heldout_pass_rate(m0, tok0, cfg, cell.eval_n, cell.eval_k),
+            end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k),
+        )
     a = cfg.async_training
-    res = dict(identity=ident, S=a.staleness, mode=a.mode, correction=a.correction, lr=cfg.lr, optimizer=cfg.optimizer, seed=cfg.seed,
-               steps=cfg.steps, steps_done=len(recs), diverged_at=diverged, t_collapse=tc, eval=ev, series=ser)
+    res = dict(
+        identity=ident,
+        S=a.staleness,
+        mode=a.mode,
+        correction=a.correction,
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        seed=cfg.seed,
+        steps=cfg.steps,
+        steps_done=len(recs),
+        diverged_at=diverged,
+        t_collapse=tc,
+        eval=ev,
+        series=ser,
+    )
     atomic_write_json(f, res)
     atomic_write_json(out / "timings.json", dict(wall_s=round(time.perf_counter() - t0, 2)))
     return res
@@ -273,11 +424,24 @@ def study_sweep(results: list) -> dict:
     Ss, etas, seeds = (sorted({r[k] for r in results}) for k in ("S", "lr", "seed"))
     steps = max(r["steps"] for r in results)
     shp = (len(Ss), len(etas), len(seeds))
-    if len(results) != np.prod(shp): raise StalebookError(f"study_sweep: {len(results)} cells, the grid has {int(np.prod(shp))}")
-    arr = {k: np.full(shp + (steps,), np.nan) for k in ("J", "gnorm", "lagdist", "logratio", "drift", "cos", "ucos", "kl", "lag")}
+    if len(results) != np.prod(shp):
+        raise StalebookError(f"study_sweep: {len(results)} cells, the grid has {int(np.prod(shp))}")
+    arr = {
+        k: np.full(shp + (steps,), np.nan)
+        for k in ("J", "gnorm", "lagdist", "logratio", "drift", "cos", "ucos", "kl", "lag")
+    }
     tc = np.full(shp, -1)
-    src = dict(J="reward_mean", lagdist="lag_dist", logratio="logr_mean_abs", drift="drift", cos="grad_cos", ucos="update_cos",
-               kl="kl_behav_k3", lag="lag", gnorm="update_norm")
+    src = dict(
+        J="reward_mean",
+        lagdist="lag_dist",
+        logratio="logr_mean_abs",
+        drift="drift",
+        cos="grad_cos",
+        ucos="update_cos",
+        kl="kl_behav_k3",
+        lag="lag",
+        gnorm="update_norm",
+    )
     for r in results:
         i = (Ss.index(r["S"]), etas.index(r["lr"]), seeds.index(r["seed"]))
         for k, s in src.items():
@@ -289,22 +453,41 @@ def study_sweep(results: list) -> dict:
 # %% ../nbs/29_pipeline.ipynb #7d000024
 def study_report(sw: dict, clip_eps: float = 0.2, n_boot: int = 2000) -> dict:
     "The acceptance numbers of one optimizer's sweep: analyse_sweep, rule_constants, and t_collapse per S at each eta."
-    with warnings.catch_warnings():                   # empty slices (no stable or no collapsed run) give NaN, by design
+    with warnings.catch_warnings():  # empty slices (no stable or no collapsed run) give NaN, by design
         warnings.simplefilter("ignore", RuntimeWarning)
         return _study_report(sw, clip_eps, n_boot)
+
 
 def _study_report(sw, clip_eps, n_boot):
     an, rc = analyse_sweep(sw, n_boot=n_boot), rule_constants(sw, clip_eps)
     tc = sw["t_c"].astype(float)
-    med = np.where((tc >= 0).any(-1), np.nanmedian(np.where(tc >= 0, tc, np.nan), -1), np.nan)    # [S, eta] over collapsed seeds
+    med = np.where(
+        (tc >= 0).any(-1), np.nanmedian(np.where(tc >= 0, tc, np.nan), -1), np.nan
+    )  # [S, eta] over collapsed seeds
     coll = sw["t_c"] >= 0
-    cos_u = np.array([np.nanmean(sw["ucos"][s, e, r, max(1, sw["t_c"][s, e, r] - 20):max(2, sw["t_c"][s, e, r])])
-                      for s, e, r in zip(*np.nonzero(coll))])
+    cos_u = np.array(
+        [
+            np.nanmean(sw["ucos"][s, e, r, max(1, sw["t_c"][s, e, r] - 20) : max(2, sw["t_c"][s, e, r])])
+            for s, e, r in zip(*np.nonzero(coll))
+        ]
+    )
     ucos_stable = np.nanmean(sw["ucos"][~coll][:, -100:], -1) if (~coll).any() else np.array([])
     # the reward at step t is the behaviour's, theta_{t - lag}: the learner's own collapse is up to S steps earlier
     lag_at = np.take_along_axis(sw["lag"], np.maximum(sw["t_c"], 0)[..., None], -1)[..., 0]
     tc_l = np.where(coll, sw["t_c"] - np.nan_to_num(lag_at, nan=0.0).astype(int), -1)
     an_l = analyse_sweep({**sw, "t_c": tc_l}, n_boot=n_boot)
-    return dict(analysis=an, rule=rc, tc_median=med, collapsed_frac=coll.mean(-1), ucos_collapsed=cos_u, ucos_stable=ucos_stable,
-                tc_learner=tc_l, learner_time=dict(tc_coef=an_l["tc_coef"], tc_coef_ci=an_l["tc_coef_ci"],
-                                                   MSeta_mean=an_l["MSeta_mean"], MSeta_cv=an_l["MSeta_cv"]))
+    return dict(
+        analysis=an,
+        rule=rc,
+        tc_median=med,
+        collapsed_frac=coll.mean(-1),
+        ucos_collapsed=cos_u,
+        ucos_stable=ucos_stable,
+        tc_learner=tc_l,
+        learner_time=dict(
+            tc_coef=an_l["tc_coef"],
+            tc_coef_ci=an_l["tc_coef_ci"],
+            MSeta_mean=an_l["MSeta_mean"],
+            MSeta_cv=an_l["MSeta_cv"],
+        ),
+    )

@@ -18,18 +18,45 @@ import io
 import json
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from fastcore.basics import patch
 
-from .core import (CommandParser, Domain, StalebookError, atomic_write, atomic_write_json, config_dict, config_hash,
-                            experiment_notebook, hash_file, hash_json, load_config, run_notebook)
+from stalebook.core import (
+    CommandParser,
+    Domain,
+    StalebookError,
+    atomic_write,
+    atomic_write_json,
+    config_dict,
+    experiment_notebook,
+    hash_file,
+    hash_json,
+    load_config,
+    run_notebook,
+)
 from .model import compute_setup, default_snapshot, load_adapter_state, load_policy, policy_hash
-from .protocol import BOUNDS, DEFAULT_BOUND, SPLITS, PointResult, Rollouts, admissible, analyse_point, positive_control
-from .rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, numerics_of, rollout_domain
+from stalebook.protocol import (
+    BOUNDS,
+    DEFAULT_BOUND,
+    SPLITS,
+    PointResult,
+    Rollouts,
+    admissible,
+    analyse_point,
+    positive_control,
+)
+from stalebook.rollouts import (
+    RolloutStore,
+    SamplingConfig,
+    completion_logprobs,
+    generate_store,
+    numerics_of,
+    rollout_domain,
+)
 from .scoring import CountSketch, fresh_features, lora_dim, stale_features, store_rows
 from .tasks import synthetic_tasks
 from .theory.estimators import ESTIMATORS
@@ -44,46 +71,59 @@ __all__ = ['PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'poin
 @dataclass
 class PointConfig:
     "One experiment point. Everything that changes a number is here and in the run's config."
-    run: str                                   # training run directory (lineage)
-    checkpoint: int = 0                        # lineage step c of pi
-    behaviour: int = 0                         # lineage step of beta (stale rollouts)
-    out: str = ""                              # default: <run>/points/c-<checkpoint>
+
+    run: str  # training run directory (lineage)
+    checkpoint: int = 0  # lineage step c of pi
+    behaviour: int = 0  # lineage step of beta (stale rollouts)
+    out: str = ""  # default: <run>/points/c-<checkpoint>
     n_candidates: int = 64
     n_validation: int = 16
-    k: int = 16                                # top-k
-    group_size: int = 8                        # rollouts per prompt per split (R, A, B, stale)
+    k: int = 16  # top-k
+    group_size: int = 8  # rollouts per prompt per split (R, A, B, stale)
     max_new_tokens: int = 16
     temperature: float = 1.0
     groups_per_batch: int = 8
     k_sketch: int = 1024
     n_boot: int = 10_000
     level: float = 0.95
-    bound: str = DEFAULT_BOUND                 # how bounds are read off the bootstrap (protocol.BOUNDS)
+    bound: str = DEFAULT_BOUND  # how bounds are read off the bootstrap (protocol.BOUNDS)
     seed: int = 0
     task_level: int = 0
-    cap_c: float | None = None                 # token-ratio cap (None = exact ratios, the only certified case)
-    cap_C: float | None = None                 # prefix/suffix product cap
+    cap_c: float | None = None  # token-ratio cap (None = exact ratios, the only certified case)
+    cap_C: float | None = None  # prefix/suffix product cap
     std_normalize: bool = True
     adv_eps: float = 1e-6
     device: str = "cpu"
     dtype: str = "float32"
-    threads: int = 1                           # torch CPU threads (0 = torch's default)
+    threads: int = 1  # torch CPU threads (0 = torch's default)
 
     def __post_init__(self):
-        if not 0 < self.k < self.n_candidates: raise ValueError("need 0 < k < n_candidates")
-        if self.group_size < 2: raise ValueError("group_size must be >= 2 (GRPO)")
-        if self.n_boot < 1: raise ValueError("n_boot must be >= 1")
-        if self.bound not in BOUNDS: raise ValueError(f"bound: unknown method {self.bound!r}; choose one of {', '.join(BOUNDS)}")
+        if not 0 < self.k < self.n_candidates:
+            raise ValueError("need 0 < k < n_candidates")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 (GRPO)")
+        if self.n_boot < 1:
+            raise ValueError("n_boot must be >= 1")
+        if self.bound not in BOUNDS:
+            raise ValueError(f"bound: unknown method {self.bound!r}; choose one of {', '.join(BOUNDS)}")
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(group_size=self.group_size, max_new_tokens=self.max_new_tokens,
-                              temperature=self.temperature, groups_per_batch=self.groups_per_batch)
+        return SamplingConfig(
+            group_size=self.group_size,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            groups_per_batch=self.groups_per_batch,
+        )
+
 
 def point_identity(cfg: PointConfig) -> dict:
     "The fields that determine a point's numbers: the config without where it reads and writes (`run`, `out`)."
-    d = config_dict(cfg); d.pop("run"); d.pop("out")
+    d = config_dict(cfg)
+    d.pop("run")
+    d.pop("out")
     return d
+
 
 def point_dir(cfg: PointConfig) -> Path:
     "Where a point writes: `cfg.out`, else `<run>/points/c-<checkpoint>`."
@@ -93,14 +133,19 @@ def point_dir(cfg: PointConfig) -> Path:
 def lineage_policy(run: Path, step: int, device: str, dtype: str):
     "(model, tokenizer, training config, snapshot path) of lineage step `step` of a verified run."
     d = lineage_checkpoint(run, step)
-    if not d.is_dir(): raise StalebookError(f"{run}: no lineage checkpoint at step {step} (have: "
-                                            f"{', '.join(p.name for p in sorted((run / 'lineage').glob('step-*'))) or 'none'})")
+    if not d.is_dir():
+        raise StalebookError(
+            f"{run}: no lineage checkpoint at step {step} (have: "
+            f"{', '.join(p.name for p in sorted((run / 'lineage').glob('step-*'))) or 'none'})"
+        )
     probs = check_lineage(run)
-    if probs: raise StalebookError(f"{run}: lineage check failed: {probs[0]}")
+    if probs:
+        raise StalebookError(f"{run}: lineage check failed: {probs[0]}")
     tcfg = load_config(TrainConfig, run / "config.yaml")
     snap = tcfg.snapshot or str(default_snapshot())
     model, tok = load_policy(snap, device=device, dtype=dtype, adapter=d / "adapter", trainable=True)
     return model, tok, tcfg, snap
+
 
 def point_tasks(cfg: PointConfig, domain: str, role: str, n: int):
     "The candidate or validation pool of a point."
@@ -109,6 +154,7 @@ def point_tasks(cfg: PointConfig, domain: str, role: str, n: int):
 # %% ../nbs/28_point.ipynb #ba588dcb
 class PointRun:
     "The state a point's stages share: the run, the model (at beta, later pi), the pools, the store and feature folders."
+
     def __init__(self, cfg: PointConfig, progress: bool = True):
         self.cfg, self.progress, self.timings, self.t0 = cfg, progress, {}, time.perf_counter()
         compute_setup(cfg.threads)
@@ -122,18 +168,26 @@ class PointRun:
 
     def lap(self, name: str) -> None:
         "Record the wall time since the previous lap (sidecar `timings.json`, never in the result)."
-        now = time.perf_counter(); self.timings[name] = now - self.t0 - sum(self.timings.values())
+        now = time.perf_counter()
+        self.timings[name] = now - self.t0 - sum(self.timings.values())
 
 # %% ../nbs/28_point.ipynb #88acdef2
 @patch
 def stale_rollouts(self: PointRun) -> RolloutStore:
     "Stage 1: the stale candidate store, generated by beta (or found complete)."
     self.model.eval()
-    st = RolloutStore(self.stores_root, self.beta_hash, rollout_domain(self.cfg.seed, self.beta_hash, "stale/candidates"),
-                      self.cfg.sampling, [t.id for t in self.cand], numerics=self.numerics)
+    st = RolloutStore(
+        self.stores_root,
+        self.beta_hash,
+        rollout_domain(self.cfg.seed, self.beta_hash, "stale/candidates"),
+        self.cfg.sampling,
+        [t.id for t in self.cand],
+        numerics=self.numerics,
+    )
     self.stale_store = generate_store(self.model, self.tok, self.cand, st, progress=self.progress)
     self.lap("stale_rollouts")
     return self.stale_store
+
 
 def run_stale(cfg: PointConfig, progress: bool = True) -> RolloutStore:
     "Stage 1 alone: the stale candidate store of `cfg`'s behaviour checkpoint (its `checkpoint` is not used)."
@@ -147,8 +201,14 @@ def fresh_rollouts(self: PointRun) -> dict:
     self.stores = {}
     for role, tasks in (("candidates", self.cand), ("validation", self.val)):
         for h in SPLITS:
-            s = RolloutStore(self.stores_root, self.pi_hash, rollout_domain(self.cfg.seed, self.pi_hash, f"{h}/{role}"),
-                             self.cfg.sampling, [t.id for t in tasks], numerics=self.numerics)
+            s = RolloutStore(
+                self.stores_root,
+                self.pi_hash,
+                rollout_domain(self.cfg.seed, self.pi_hash, f"{h}/{role}"),
+                self.cfg.sampling,
+                [t.id for t in tasks],
+                numerics=self.numerics,
+            )
             self.stores[role, h] = generate_store(self.model, self.tok, tasks, s, progress=self.progress)
     self.lap("fresh_rollouts")
     return self.stores
@@ -159,14 +219,17 @@ def npz_bytes(arrays: dict) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for k in sorted(arrays):
-            a = io.BytesIO(); np.lib.format.write_array(a, np.asanyarray(arrays[k]), allow_pickle=False)
+            a = io.BytesIO()
+            np.lib.format.write_array(a, np.asanyarray(arrays[k]), allow_pickle=False)
             z.writestr(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), a.getvalue())
     return buf.getvalue()
+
 
 def cached_npz(path: Path, fn) -> dict:
     "The arrays saved at `path`, or `fn()` computed and saved there atomically."
     if path.exists():
-        with np.load(path, allow_pickle=False) as z: return {k: z[k] for k in z.files}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
     out = fn()
     atomic_write(path, npz_bytes(out))
     return out
@@ -180,15 +243,36 @@ def features(self: PointRun):
     self.sketch_domain = Domain(cfg.seed, ("sketch", self.D, cfg.k_sketch))
     sketch = CountSketch(self.D, cfg.k_sketch, self.sketch_domain)
     opts = dict(k_sketch=cfg.k_sketch, sketch=self.sketch_domain.hex, std=cfg.std_normalize, eps=cfg.adv_eps)
+
     def key(store, kind, **kw):
         h = hash_json(dict(pi=self.pi_hash, groups=hash_file(store.path / "groups.jsonl"), kind=kind, **opts, **kw))
         return self.feat_root / f"{h[:24]}.npz"
-    self.fresh = {rh: cached_npz(key(s, "fresh"), lambda s=s: dict(zip(("rewards", "vectors"),
-                                 fresh_features(self.model, s.records, sketch, pad, self.rows)))) for rh, s in self.stores.items()}
+
+    self.fresh = {
+        rh: cached_npz(
+            key(s, "fresh"),
+            lambda s=s: dict(
+                zip(("rewards", "vectors"), fresh_features(self.model, s.records, sketch, pad, self.rows))
+            ),
+        )
+        for rh, s in self.stores.items()
+    }
+
     def _stale():
-        g, r, gap = stale_features(self.model, self.stale_store.records, sketch, pad, self.rows, ESTIMATORS, cfg.cap_c, cfg.cap_C,
-                                   cfg.std_normalize, cfg.adv_eps)
+        g, r, gap = stale_features(
+            self.model,
+            self.stale_store.records,
+            sketch,
+            pad,
+            self.rows,
+            ESTIMATORS,
+            cfg.cap_c,
+            cfg.cap_C,
+            cfg.std_normalize,
+            cfg.adv_eps,
+        )
         return {**{f"g{ab}": g[ab] for ab in ESTIMATORS}, "rewards": r, "max_abs_logratio": np.array(gap)}
+
     self.stale = cached_npz(key(self.stale_store, "stale", c=cfg.cap_c, C=cfg.cap_C), _stale)
     self.drift = cached_npz(key(self.stores["candidates", "R"], "drift", beta=self.beta_hash), self.sequence_logratios)
     self.lap("scoring")
@@ -199,12 +283,15 @@ def sequence_logratios(self: PointRun) -> dict:
     "Sequence log-ratios log pi(y) - log beta(y) of the fresh R candidate rollouts [n, K] (beta by one forward pass)."
     recs = self.stores["candidates", "R"].records
     n, K = len(recs), len(recs[0]["tokens"])
-    if self.pi_hash == self.beta_hash: return {"seq_logratio": np.zeros((n, K))}
+    if self.pi_hash == self.beta_hash:
+        return {"seq_logratio": np.zeros((n, K))}
     pids, comps, logp, _ = store_rows(recs)
     load_adapter_state(self.model, lineage_checkpoint(self.run, self.cfg.behaviour) / "adapter")
     try:
-        with torch.no_grad(): lb, mask = completion_logprobs(self.model, pids, comps, self.rows, self.tok.pad_token_id)
-    finally: load_adapter_state(self.model, lineage_checkpoint(self.run, self.cfg.checkpoint) / "adapter")
+        with torch.no_grad():
+            lb, mask = completion_logprobs(self.model, pids, comps, self.rows, self.tok.pad_token_id)
+    finally:
+        load_adapter_state(self.model, lineage_checkpoint(self.run, self.cfg.checkpoint) / "adapter")
     lb = lb.double() * mask
     seq = [sum(lp) - float(lb[i].sum()) for i, lp in enumerate(logp)]
     return {"seq_logratio": np.array(seq, dtype=np.float64).reshape(n, K)}
@@ -214,6 +301,7 @@ def negative_control(res: PointResult) -> dict:
     "The random k-set of a point: its gain, its bounds by the point's method, and whether its LB95 > 0 (a false positive)."
     lb, ub = res.bounds("gain_control")
     return dict(gain=float(res.gain_control), bounds=[float(lb), float(ub)], false_positive=bool(lb > 0))
+
 
 def point_positive_control(res: PointResult, cfg: PointConfig, same_policy: bool) -> dict | None:
     "The positive control where pi = beta (`protocol.positive_control`, RNG domain (seed, 'point', 'positive', checkpoint)); else None."
@@ -225,9 +313,18 @@ def analysis(self: PointRun) -> dict:
     "Stage 4: protocol statistics, bootstrap bounds by `cfg.bound`, the gate and both controls; returns the JSON-able summary."
     cfg, fresh, stale = self.cfg, self.fresh, self.stale
     ro = lambda role, h: Rollouts(fresh[role, h]["rewards"], fresh[role, h]["vectors"])
-    self.res = analyse_point({h: ro("candidates", h) for h in SPLITS}, {h: ro("validation", h) for h in SPLITS}, cfg.k,
-                             Domain(cfg.seed, ("point", "analysis", cfg.checkpoint)), stale={ab: stale[f"g{ab}"] for ab in ESTIMATORS},
-                             n_boot=cfg.n_boot, level=cfg.level, std=cfg.std_normalize, eps=cfg.adv_eps, bound=cfg.bound)
+    self.res = analyse_point(
+        {h: ro("candidates", h) for h in SPLITS},
+        {h: ro("validation", h) for h in SPLITS},
+        cfg.k,
+        Domain(cfg.seed, ("point", "analysis", cfg.checkpoint)),
+        stale={ab: stale[f"g{ab}"] for ab in ESTIMATORS},
+        n_boot=cfg.n_boot,
+        level=cfg.level,
+        std=cfg.std_normalize,
+        eps=cfg.adv_eps,
+        bound=cfg.bound,
+    )
     summ = self.res.summary()
     summ["admissible"] = admissible(self.res.rel_lb, self.res.gain_fresh_lb, cfg.k, cfg.n_candidates)
     summ["negative_control"] = negative_control(self.res)
@@ -235,7 +332,10 @@ def analysis(self: PointRun) -> dict:
     summ["stale_zero_grad"] = {ab: int((np.abs(stale[f"g{ab}"]).sum(-1) == 0).sum()) for ab in ESTIMATORS}
     summ["stale_max_abs_logratio"] = float(stale["max_abs_logratio"])
     lr = self.drift["seq_logratio"]
-    summ["kl_pi_beta"], summ["kl_pi_beta_se"] = float(lr.mean()), float(lr.std(ddof=1) / np.sqrt(lr.size)) if lr.size > 1 else 0.0
+    summ["kl_pi_beta"], summ["kl_pi_beta_se"] = (
+        float(lr.mean()),
+        float(lr.std(ddof=1) / np.sqrt(lr.size)) if lr.size > 1 else 0.0,
+    )
     summ["reward_mean"] = {f"{role}/{h}": float(fresh[role, h]["rewards"].mean()) for role, h in fresh}
     summ["reward_mean"]["stale"] = float(stale["rewards"].mean())
     self.summary = summ
@@ -247,89 +347,148 @@ def analysis(self: PointRun) -> dict:
 def manifest(self: PointRun) -> dict:
     "Stage 5a: what the point's numbers depend on (no paths: identities and content hashes)."
     cfg, tcfg, stores, st = self.cfg, self.tcfg, self.stores, self.stale_store
-    return dict(kind="stalebook.point", version=3, config=point_identity(cfg), config_hash=hash_json(point_identity(cfg)),
-                run_identity=run_identity(tcfg), objective=tcfg.objective, domain=self.domain,
-                snapshot_revision=getattr(self.model, "stalebook_base_revision", None),
-                policy_hash_pi=self.pi_hash, policy_hash_beta=self.beta_hash, rng_root=cfg.seed,
-                rollout_stores={f"{r}/{h}": s.path.name for (r, h), s in stores.items()} | {"stale": st.path.name},
-                rollout_store_hashes={f"{r}/{h}": hash_file(s.path / "groups.jsonl") for (r, h), s in stores.items()}
-                                     | {"stale": hash_file(st.path / "groups.jsonl")},
-                lora_dim=self.D, sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex), replicates=cfg.n_boot, bound=self.res.bound,
-                estimators=list(ESTIMATORS), caps=dict(c=cfg.cap_c, C=cfg.cap_C), certified=cfg.cap_c is None and cfg.cap_C is None)
+    return dict(
+        kind="stalebook.point",
+        version=3,
+        config=point_identity(cfg),
+        config_hash=hash_json(point_identity(cfg)),
+        run_identity=run_identity(tcfg),
+        objective=tcfg.objective,
+        domain=self.domain,
+        snapshot_revision=getattr(self.model, "stalebook_base_revision", None),
+        policy_hash_pi=self.pi_hash,
+        policy_hash_beta=self.beta_hash,
+        rng_root=cfg.seed,
+        rollout_stores={f"{r}/{h}": s.path.name for (r, h), s in stores.items()} | {"stale": st.path.name},
+        rollout_store_hashes={f"{r}/{h}": hash_file(s.path / "groups.jsonl") for (r, h), s in stores.items()}
+        | {"stale": hash_file(st.path / "groups.jsonl")},
+        lora_dim=self.D,
+        sketch=dict(k=cfg.k_sketch, domain=self.sketch_domain.hex),
+        replicates=cfg.n_boot,
+        bound=self.res.bound,
+        estimators=list(ESTIMATORS),
+        caps=dict(c=cfg.cap_c, C=cfg.cap_C),
+        certified=cfg.cap_c is None and cfg.cap_C is None,
+    )
+
 
 @patch
 def write(self: PointRun) -> dict:
     "Stage 5b: result.json, result.md, boot.npz and the timings sidecar, each written atomically."
     cfg, tcfg = self.cfg, self.tcfg
-    result = dict(point=dict(run=run_identity(tcfg), domain=self.domain, seed=tcfg.seed, checkpoint=cfg.checkpoint,
-                             behaviour=cfg.behaviour), result=self.summary, manifest=self.manifest())
+    result = dict(
+        point=dict(
+            run=run_identity(tcfg),
+            domain=self.domain,
+            seed=tcfg.seed,
+            checkpoint=cfg.checkpoint,
+            behaviour=cfg.behaviour,
+        ),
+        result=self.summary,
+        manifest=self.manifest(),
+    )
     save_boot(self.out, self.res)
     atomic_write_json(self.out / "result.json", result)
     atomic_write(self.out / "result.md", point_markdown(result))
-    atomic_write_json(self.out / "timings.json", {k: round(v, 3) for k, v in self.timings.items()}
-                      | {"total": round(time.perf_counter() - self.t0, 3)})
+    atomic_write_json(
+        self.out / "timings.json",
+        {k: round(v, 3) for k, v in self.timings.items()} | {"total": round(time.perf_counter() - self.t0, 3)},
+    )
     return result
 
 # %% ../nbs/28_point.ipynb #683cb7bd
 def _positive_line(pc: dict | None) -> str:
-    if pc is None: return "positive control: not applicable (π ≠ β)"
+    if pc is None:
+        return "positive control: not applicable (π ≠ β)"
     ps = " ".join(f"g{e} {v['p_value']:.3f}" for e, v in pc["estimators"].items())
-    return (f"positive control (π = β): estimators coincide {'yes' if pc['coincide'] else 'NO'} (max |Δscore| {pc['max_score_diff']:.1e}); "
-            f"exchangeable with fresh split R, p = {ps} → {'passed' if pc['passed'] else 'FAILED'}")
+    return (
+        f"positive control (π = β): estimators coincide {'yes' if pc['coincide'] else 'NO'} (max |Δscore| {pc['max_score_diff']:.1e}); "
+        f"exchangeable with fresh split R, p = {ps} → {'passed' if pc['passed'] else 'FAILED'}"
+    )
+
 
 def point_markdown(result: dict) -> str:
     "A short Markdown table of one point: per estimator and for the negative control, gain with bounds; the shared fresh numbers; the positive control."
     r, p = result["result"], result["point"]
     nc = r["negative_control"]
-    lines = [f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']}) · run {p['run'][:12]}", "",
-             f"Rel_k = {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}; gate needs >= {2 * r['k'] / r['n']:.3f}) · "
-             f"fresh gain = {r['gain_fresh']:.4f} [{r['gain_fresh_bounds'][0]:.4f}, {r['gain_fresh_bounds'][1]:.4f}] · "
-             f"admissible: {'yes' if r['admissible'] else 'no'} · bounds: {r['bound']} · zero-gradient prompts R/A/B: "
-             f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}", "",
-             "| selector | gain | LB95 | UB95 | zero-gradient prompts |", "|---|---|---|---|---|"]
+    lines = [
+        f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']}) · run {p['run'][:12]}",
+        "",
+        f"Rel_k = {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}; gate needs >= {2 * r['k'] / r['n']:.3f}) · "
+        f"fresh gain = {r['gain_fresh']:.4f} [{r['gain_fresh_bounds'][0]:.4f}, {r['gain_fresh_bounds'][1]:.4f}] · "
+        f"admissible: {'yes' if r['admissible'] else 'no'} · bounds: {r['bound']} · zero-gradient prompts R/A/B: "
+        f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}",
+        "",
+        "| selector | gain | LB95 | UB95 | zero-gradient prompts |",
+        "|---|---|---|---|---|",
+    ]
     for ab in ESTIMATORS:
         lb, ub = r[f"gain_stale_{ab}_bounds"]
         lines.append(f"| stale g{ab} | {r['gain_stale'][ab]:.4f} | {lb:.4f} | {ub:.4f} | {r['stale_zero_grad'][ab]} |")
-    lines.append(f"| negative control (random k-set) | {nc['gain']:.4f} | {nc['bounds'][0]:.4f} | {nc['bounds'][1]:.4f} | - |")
-    lines += ["", f"negative control: {'FALSE POSITIVE (LB95 > 0)' if nc['false_positive'] else 'LB95 <= 0 (as it should)'} · "
-              + _positive_line(r["positive_control"])]
-    if not result["manifest"]["certified"]: lines += ["", "Capped ratios: not certified by the theory."]
+    lines.append(
+        f"| negative control (random k-set) | {nc['gain']:.4f} | {nc['bounds'][0]:.4f} | {nc['bounds'][1]:.4f} | - |"
+    )
+    lines += [
+        "",
+        f"negative control: {'FALSE POSITIVE (LB95 > 0)' if nc['false_positive'] else 'LB95 <= 0 (as it should)'} · "
+        + _positive_line(r["positive_control"]),
+    ]
+    if not result["manifest"]["certified"]:
+        lines += ["", "Capped ratios: not certified by the theory."]
     return "\n".join(lines) + "\n"
+
 
 def save_boot(out: Path, res: PointResult) -> None:
     "Every array of `res.to_arrays()` as `boot.npz` ('/' in a name becomes '__')."
     atomic_write(Path(out) / "boot.npz", npz_bytes({k.replace("/", "__"): v for k, v in res.to_arrays().items()}))
 
+
 def load_point(out) -> PointResult | None:
     "A `protocol.PointResult` rebuilt from `result.json` and `boot.npz` (`PointResult.from_saved`; None if the point is not finished)."
     out = Path(out)
-    if not (out / "result.json").exists() or not (out / "boot.npz").exists(): return None
+    if not (out / "result.json").exists() or not (out / "boot.npz").exists():
+        return None
     r = json.loads((out / "result.json").read_text())["result"]
-    with np.load(out / "boot.npz", allow_pickle=False) as z: return PointResult.from_saved(r, {k: z[k] for k in z.files})
+    with np.load(out / "boot.npz", allow_pickle=False) as z:
+        return PointResult.from_saved(r, {k: z[k] for k in z.files})
 
 # %% ../nbs/28_point.ipynb #f9f24ff6
 def run_point(cfg: PointConfig, progress: bool = True, log=print) -> dict:
     "Run (or resume) one point; returns the result dict also written to <out>/result.json."
     p = PointRun(cfg, progress)
-    p.stale_rollouts(); p.fresh_rollouts(); p.features(); p.analysis()
+    p.stale_rollouts()
+    p.fresh_rollouts()
+    p.features()
+    p.analysis()
     result = p.write()
     s = result["result"]
-    pc = "" if s["positive_control"] is None else f"  positive control {'passed' if s['positive_control']['passed'] else 'FAILED'}"
-    log(f"{p.out}: admissible={s['admissible']}  Rel_k={s['rel']:.3f}  fresh gain={s['gain_fresh']:.4f}  "
-        f"negative control LB95 {s['negative_control']['bounds'][0]:+.4f}{pc}  (bounds: {s['bound']})")
+    pc = (
+        ""
+        if s["positive_control"] is None
+        else f"  positive control {'passed' if s['positive_control']['passed'] else 'FAILED'}"
+    )
+    log(
+        f"{p.out}: admissible={s['admissible']}  Rel_k={s['rel']:.3f}  fresh gain={s['gain_fresh']:.4f}  "
+        f"negative control LB95 {s['negative_control']['bounds'][0]:+.4f}{pc}  (bounds: {s['bound']})"
+    )
     return result
 
 # %% ../nbs/28_point.ipynb #91b3ace5
 def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False, cwd=None) -> dict:
     "Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline; paths in `cfg` relative to `cwd`."
     out = Path(cwd or ".") / point_dir(cfg)
-    if inline: return run_point(cfg, progress=progress) if cwd is None else run_point(resolve_point(cfg, cwd), progress=progress)
+    if inline:
+        return (
+            run_point(cfg, progress=progress) if cwd is None else run_point(resolve_point(cfg, cwd), progress=progress)
+        )
     run_notebook(experiment_notebook("point"), out / "point.ipynb", config_dict(cfg) | {"progress": progress}, cwd=cwd)
     return json.loads((out / "result.json").read_text())
+
 
 def resolve_point(cfg: PointConfig, base) -> PointConfig:
     "`cfg` with its (relative) folders resolved under `base`."
     return dataclasses.replace(cfg, run=str(Path(base) / cfg.run), out=str(Path(base) / point_dir(cfg)))
+
 
 def cmd_point(argv) -> int:
     "Run (or resume) one experiment point from a PointConfig file."
@@ -338,7 +497,9 @@ def cmd_point(argv) -> int:
     p.add_argument("--checkpoint", type=int, default=None, help="override config.checkpoint")
     p.add_argument("--inline", action="store_true", help="run in-process, no executed-notebook artifact")
     a = p.parse_args(argv)
-    cfg = load_config(PointConfig, a.config, overrides={"checkpoint": a.checkpoint} if a.checkpoint is not None else None)
+    cfg = load_config(
+        PointConfig, a.config, overrides={"checkpoint": a.checkpoint} if a.checkpoint is not None else None
+    )
     res = execute_point(cfg, inline=a.inline)
     print(point_markdown(res))
     return 0

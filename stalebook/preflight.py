@@ -25,31 +25,54 @@ __all__ = ['MISSING_TOKEN_PATH', 'NetworkRefused', 'enter_compute_mode', 'in_com
 class NetworkRefused(StalebookError, ConnectionRefusedError):
     "Raised by the compute-mode audit hook for an outbound network attempt."
 
+
 _STATE = {"on": False, "hook": False, "token_paths": set()}
-_NET_EVENTS = {"socket.connect", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname",
-               "socket.gethostbyaddr"}
+_NET_EVENTS = {
+    "socket.connect",
+    "socket.sendto",
+    "socket.sendmsg",
+    "socket.getaddrinfo",
+    "socket.gethostbyname",
+    "socket.gethostbyaddr",
+}
+
 
 def _loopback_host(h) -> bool:
-    if h is None: return True
-    if isinstance(h, bytes): h = h.decode("ascii", "replace")
+    if h is None:
+        return True
+    if isinstance(h, bytes):
+        h = h.decode("ascii", "replace")
     h = str(h).strip("[]").lower()
-    if h in ("localhost", "localhost.localdomain", "ip6-localhost"): return True
-    try: return ipaddress.ip_address(h.split("%")[0]).is_loopback
-    except ValueError: return False
+    if h in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
 
 def _loopback_addr(addr) -> bool:
-    if addr is None or isinstance(addr, (str, bytes)): return True   # AF_UNIX path / abstract socket
-    if isinstance(addr, tuple) and addr: return _loopback_host(addr[0])
+    if addr is None or isinstance(addr, (str, bytes)):
+        return True  # AF_UNIX path / abstract socket
+    if isinstance(addr, tuple) and addr:
+        return _loopback_host(addr[0])
     return False
 
+
 def _audit(event, args):
-    if not _STATE["on"]: return
+    if not _STATE["on"]:
+        return
     if event in _NET_EVENTS:
-        if event == "socket.connect": ok, what = _loopback_addr(args[1]), args[1]
-        elif event in ("socket.sendto", "socket.sendmsg"): ok, what = _loopback_addr(args[1]), args[1]
-        elif event == "socket.getaddrinfo": ok, what = _loopback_host(args[0]), args[0]
-        else: ok, what = _loopback_host(args[0]), args[0]
-        if not ok: raise NetworkRefused(f"compute mode: network access refused ({event} {what!r})")
+        if event == "socket.connect":
+            ok, what = _loopback_addr(args[1]), args[1]
+        elif event in ("socket.sendto", "socket.sendmsg"):
+            ok, what = _loopback_addr(args[1]), args[1]
+        elif event == "socket.getaddrinfo":
+            ok, what = _loopback_host(args[0]), args[0]
+        else:
+            ok, what = _loopback_host(args[0]), args[0]
+        if not ok:
+            raise NetworkRefused(f"compute mode: network access refused ({event} {what!r})")
     elif event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
         p = os.fsdecode(args[0])
         if p in _STATE["token_paths"] or os.path.abspath(p) in _STATE["token_paths"]:
@@ -57,47 +80,68 @@ def _audit(event, args):
 
 # %% ../nbs/24_preflight.ipynb #e36a3739
 def _token_paths() -> set:
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    ps = {os.path.join(home, "token"), os.path.join(home, "stored_tokens"), os.path.expanduser("~/.cache/huggingface/token"),
-          os.path.expanduser("~/.huggingface/token")}
-    if os.environ.get("HF_TOKEN_PATH"): ps.add(os.path.expandvars(os.path.expanduser(os.environ["HF_TOKEN_PATH"])))
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    ps = {
+        os.path.join(home, "token"),
+        os.path.join(home, "stored_tokens"),
+        os.path.expanduser("~/.cache/huggingface/token"),
+        os.path.expanduser("~/.huggingface/token"),
+    }
+    if os.environ.get("HF_TOKEN_PATH"):
+        ps.add(os.path.expandvars(os.path.expanduser(os.environ["HF_TOKEN_PATH"])))
     hub = sys.modules.get("huggingface_hub.constants")
-    if hub is not None: ps |= {getattr(hub, "HF_TOKEN_PATH", ""), getattr(hub, "HF_STORED_TOKENS_PATH", "")} - {""}
+    if hub is not None:
+        ps |= {getattr(hub, "HF_TOKEN_PATH", ""), getattr(hub, "HF_STORED_TOKENS_PATH", "")} - {""}
     return {os.path.abspath(p) for p in ps}
 
+
 MISSING_TOKEN_PATH = "/nonexistent/stalebook-compute-mode/hf-token"
+
 
 def enter_compute_mode() -> dict:
     "Turn off HF credential discovery and outbound network for this process (irreversible); returns the env set."
     _STATE["token_paths"] |= _token_paths()
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
-           "HF_TOKEN_PATH": MISSING_TOKEN_PATH}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+        "HF_TOKEN_PATH": MISSING_TOKEN_PATH,
+    }
     os.environ.update(env)
-    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"): os.environ.pop(k, None)
+    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        os.environ.pop(k, None)
     hub = sys.modules.get("huggingface_hub.constants")
     if hub is not None:
         hub.HF_HUB_OFFLINE, hub.HF_HUB_DISABLE_IMPLICIT_TOKEN = True, True
         hub.HF_TOKEN_PATH = MISSING_TOKEN_PATH
         hub.HF_STORED_TOKENS_PATH = os.path.join(os.path.dirname(MISSING_TOKEN_PATH), "stored_tokens")
     if not _STATE["hook"]:
-        sys.addaudithook(_audit); _STATE["hook"] = True
+        sys.addaudithook(_audit)
+        _STATE["hook"] = True
     _STATE["on"] = True
     return env
 
-def in_compute_mode() -> bool: return _STATE["on"]
+
+def in_compute_mode() -> bool:
+    return _STATE["on"]
 
 # %% ../nbs/24_preflight.ipynb #c8d2fb56
 class PreflightError(StalebookError):
     "Preflight failed; `.failures` holds one line per failure."
+
     def __init__(self, failures):
         self.failures = list(failures)
         super().__init__(f"preflight failed ({len(self.failures)} problem(s)): " + "; ".join(self.failures))
+
 
 def preflight(d, revision: str | None = None, expect_schema: dict | None = None) -> dict:
     "Enter compute mode, then verify snapshot `d`; raise `PreflightError` listing every failure; return the lock."
     enter_compute_mode()
     bad = verify_snapshot(d, revision=revision, expect_schema=expect_schema)
-    if bad: raise PreflightError(bad)
+    if bad:
+        raise PreflightError(bad)
     return read_lock(d)
 
 # %% ../nbs/24_preflight.ipynb #27a89966
@@ -108,10 +152,14 @@ def cmd_preflight(argv) -> int:
     p.add_argument("--revision", default=None, help="the revision the run was registered with")
     a = p.parse_args(argv)
     t0 = time.time()
-    try: lock = preflight(a.dir, revision=a.revision)
+    try:
+        lock = preflight(a.dir, revision=a.revision)
     except PreflightError as e:
-        for line in e.failures: print(f"preflight: FAIL {line}")
+        for line in e.failures:
+            print(f"preflight: FAIL {line}")
         return 1
     n = sum(len(v) for v in lock["self_test"].values())
-    print(f"preflight: OK {a.dir} revision {lock['revision']} ({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)")
+    print(
+        f"preflight: OK {a.dir} revision {lock['revision']} ({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)"
+    )
     return 0

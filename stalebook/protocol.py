@@ -40,9 +40,11 @@ __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'REGIMES', 'CAL_STATS', 'COVERED
 # %% ../nbs/18_protocol.ipynb #56527639
 SPLITS = ("R", "A", "B")
 
+
 @dataclass
 class Rollouts:
     "Rewards `[n, K]` and sketched per-rollout score vectors `[n, K, d]` of one split of a prompt set."
+
     rewards: np.ndarray
     vectors: np.ndarray
 
@@ -50,23 +52,32 @@ class Rollouts:
         self.rewards = np.asarray(self.rewards, dtype=np.float64)
         self.vectors = np.asarray(self.vectors, dtype=np.float64)
         if self.rewards.ndim != 2 or self.vectors.ndim != 3 or self.vectors.shape[:2] != self.rewards.shape:
-            raise ValueError(f"Rollouts: rewards [n,K] and vectors [n,K,d] expected, got {self.rewards.shape} and {self.vectors.shape}")
+            raise ValueError(
+                f"Rollouts: rewards [n,K] and vectors [n,K,d] expected, got {self.rewards.shape} and {self.vectors.shape}"
+            )
 
     @property
-    def n(self): return self.rewards.shape[0]
+    def n(self):
+        return self.rewards.shape[0]
+
     @property
-    def K(self): return self.rewards.shape[1]
+    def K(self):
+        return self.rewards.shape[1]
+
     @property
-    def d(self): return self.vectors.shape[2]
+    def d(self):
+        return self.vectors.shape[2]
 
 # %% ../nbs/18_protocol.ipynb #5b1589fa
 def prompt_gradients(ro: Rollouts, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "Per-prompt gradients $\\sum_y \\mathrm{Adv}(y) v_y$, `[n, d]` (GRPO advantages within each group)."
     return np.einsum("nk,nkd->nd", group_advantages(ro.rewards, std, eps), ro.vectors)
 
+
 def validation_gradient(ro: Rollouts, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "Mean over validation prompts of their prompt gradients, `[d]`."
     return prompt_gradients(ro, std, eps).mean(0)
+
 
 def cosine_scores(grads: np.ndarray, g_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "Cosines of the rows of `grads` [n, d] with `g_val` [d]; zero rows (or a zero `g_val`) score 0. Returns (scores, zero mask)."
@@ -77,6 +88,7 @@ def cosine_scores(grads: np.ndarray, g_val: np.ndarray) -> tuple[np.ndarray, np.
     s = np.where(den > 0, (grads @ g_val) / np.where(den > 0, den, 1.0), 0.0)
     return s, zero
 
+
 def point_scores(cand: Mapping[str, Rollouts], val: Mapping[str, Rollouts], std=True, eps=1e-6):
     "Observed scores and zero masks per split: {h: (s [n], zero [n])} (direct computation)."
     return {h: cosine_scores(prompt_gradients(cand[h], std, eps), validation_gradient(val[h], std, eps)) for h in cand}
@@ -86,9 +98,11 @@ def tie_keys(domain: Domain, split: str, n: int) -> np.ndarray:
     "The fixed tie stream of `split`: one uniform key per prompt from domain child ('tie', split)."
     return domain.child("tie", split).numpy().random(n)
 
+
 def reliability(mask_a: np.ndarray, mask_b: np.ndarray) -> np.ndarray:
     "Split-half reliability $|S_A\\cap S_B|/k$ of two top-k masks (last axis)."
     return (mask_a & mask_b).sum(-1) / mask_a.sum(-1)
+
 
 def selection_gain(u: np.ndarray, mask: np.ndarray) -> np.ndarray:
     "G(S) = mean of `u` over the selected set minus mean over the pool (last axis)."
@@ -100,14 +114,17 @@ def auto_chunk(shapes: Mapping[str, tuple[int, int]], n_boot: int, mem_bytes: in
     per = 8 * sum(6 * n * K for n, K in shapes.values())
     return int(max(1, min(n_boot, mem_bytes // per)))
 
-def resample_streams(domain: Domain, n_boot: int, shapes: Mapping[str, tuple[int, int]],
-                     chunk: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+
+def resample_streams(
+    domain: Domain, n_boot: int, shapes: Mapping[str, tuple[int, int]], chunk: int | None = None
+) -> Iterator[dict[str, np.ndarray]]:
     "Yield chunks {name: idx [c, n, K]} of within-group resampling indices; stream per name = domain child ('boot', *name.split('/'))."
     gens = {nm: domain.child("boot", *nm.split("/")).numpy() for nm in shapes}
     chunk = chunk or auto_chunk(shapes, n_boot)
     for start in range(0, n_boot, chunk):
         c = min(chunk, n_boot - start)
         yield {nm: gens[nm].integers(0, K, size=(c, n, K)) for nm, (n, K) in shapes.items()}
+
 
 def resampled_weights(rewards: np.ndarray, idx: np.ndarray, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "Weights `w [c, n, K]` over the original rollouts of resampled groups: w_ik = sum of the resampled advantages of the copies of rollout k."
@@ -120,6 +137,7 @@ def resampled_weights(rewards: np.ndarray, idx: np.ndarray, std: bool = True, ep
 @dataclass
 class GramHalf:
     "Gram matrices of one reference half: G [n,K,K], CT = (V W^T)^T [M, n*K], GW [M, M] (M = n_val*K')."
+
     G: np.ndarray
     CT: np.ndarray
     GW: np.ndarray
@@ -144,9 +162,22 @@ class GramHalf:
         return np.where(ok, dot / den, 0.0), zero
 
 # %% ../nbs/18_protocol.ipynb #38a2e3bf
-def bootstrap_gram(cand, val, masks: Mapping[str, np.ndarray], keys_a, keys_b, k: int, domain: Domain,
-                   n_boot: int = 10_000, chunk: int | None = None, std=True, eps=1e-6, keep_scores: bool = False,
-                   control: Domain | None = None, halves: Mapping[str, GramHalf] | None = None) -> dict[str, np.ndarray]:
+def bootstrap_gram(
+    cand,
+    val,
+    masks: Mapping[str, np.ndarray],
+    keys_a,
+    keys_b,
+    k: int,
+    domain: Domain,
+    n_boot: int = 10_000,
+    chunk: int | None = None,
+    std=True,
+    eps=1e-6,
+    keep_scores: bool = False,
+    control: Domain | None = None,
+    halves: Mapping[str, GramHalf] | None = None,
+) -> dict[str, np.ndarray]:
     "Gram-space replicates {'rel', 'gain/<set>' per fixed mask; with `control`: 'gain/control'; with `keep_scores`: 'sA', 'sB', 'u' [B, n] (and 'mask/control')}."
     halves = halves or {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
     shapes = {f"{h}/{r}": (ro[h].n, ro[h].K) for h in "AB" for r, ro in (("cand", cand), ("val", val))}
@@ -156,22 +187,43 @@ def bootstrap_gram(cand, val, masks: Mapping[str, np.ndarray], keys_a, keys_b, k
     out = {nm: [] for nm in names}
     M = np.array([masks[nm] for nm in masks], dtype=np.float64).reshape(len(masks), n)
     for ch in resample_streams(domain, n_boot, shapes, chunk):
-        s = {h: halves[h].scores(resampled_weights(cand[h].rewards, ch[f"{h}/cand"], std, eps),
-                                 resampled_weights(val[h].rewards, ch[f"{h}/val"], std, eps))[0] for h in "AB"}
+        s = {
+            h: halves[h].scores(
+                resampled_weights(cand[h].rewards, ch[f"{h}/cand"], std, eps),
+                resampled_weights(val[h].rewards, ch[f"{h}/val"], std, eps),
+            )[0]
+            for h in "AB"
+        }
         u = (s["A"] + s["B"]) / 2
         out["rel"].append(reliability(topk_mask(s["A"], k, keys_a), topk_mask(s["B"], k, keys_b)))
-        g = (u @ M.T) / M.sum(1) - u.mean(1, keepdims=True)                  # [c, S]
-        for j, nm in enumerate(masks): out[f"gain/{nm}"].append(g[:, j])
+        g = (u @ M.T) / M.sum(1) - u.mean(1, keepdims=True)  # [c, S]
+        for j, nm in enumerate(masks):
+            out[f"gain/{nm}"].append(g[:, j])
         cm = topk_mask(np.zeros_like(u), k, gc.random(u.shape)) if gc else None
-        if gc: out["gain/control"].append(selection_gain(u, cm))
+        if gc:
+            out["gain/control"].append(selection_gain(u, cm))
         if keep_scores:
             for nm, x in (("sA", s["A"]), ("sB", s["B"]), ("u", u), ("mask/control", cm)):
-                if nm in out: out[nm].append(x)
+                if nm in out:
+                    out[nm].append(x)
     return {nm: np.concatenate(v) for nm, v in out.items()}
 
 # %% ../nbs/18_protocol.ipynb #5a4c40b3
-def bootstrap_naive(cand, val, masks, keys_a, keys_b, k, domain, n_boot=10_000, chunk=None, std=True, eps=1e-6,
-                    keep_scores=False, control: Domain | None = None):
+def bootstrap_naive(
+    cand,
+    val,
+    masks,
+    keys_a,
+    keys_b,
+    k,
+    domain,
+    n_boot=10_000,
+    chunk=None,
+    std=True,
+    eps=1e-6,
+    keep_scores=False,
+    control: Domain | None = None,
+):
     "Reference implementation: explicit resampling of rollouts, gradients as sums of vectors, cosines; one replicate at a time."
     shapes = {f"{h}/{r}": (ro[h].n, ro[h].K) for h in "AB" for r, ro in (("cand", cand), ("val", val))}
     gc, out = (control.numpy() if control is not None else None), {}
@@ -180,15 +232,28 @@ def bootstrap_naive(cand, val, masks, keys_a, keys_b, k, domain, n_boot=10_000, 
         for b in range(len(ch["A/cand"])):
             s = {}
             for h in "AB":
-                rs = {r: Rollouts(np.take_along_axis(ro.rewards, ch[f"{h}/{r}"][b], 1),
-                                  np.take_along_axis(ro.vectors, ch[f"{h}/{r}"][b][..., None], 1)) for r, ro in (("cand", cand[h]), ("val", val[h]))}
-                s[h] = cosine_scores(prompt_gradients(rs["cand"], std, eps), validation_gradient(rs["val"], std, eps))[0]
+                rs = {
+                    r: Rollouts(
+                        np.take_along_axis(ro.rewards, ch[f"{h}/{r}"][b], 1),
+                        np.take_along_axis(ro.vectors, ch[f"{h}/{r}"][b][..., None], 1),
+                    )
+                    for r, ro in (("cand", cand[h]), ("val", val[h]))
+                }
+                s[h] = cosine_scores(prompt_gradients(rs["cand"], std, eps), validation_gradient(rs["val"], std, eps))[
+                    0
+                ]
             u = (s["A"] + s["B"]) / 2
-            row = {"rel": reliability(topk_mask(s["A"], k, keys_a), topk_mask(s["B"], k, keys_b)),
-                   **{f"gain/{nm}": selection_gain(u, m) for nm, m in masks.items()}}
-            if gc: cm = topk_mask(np.zeros_like(u), k, ck[b]); row["gain/control"] = selection_gain(u, cm)
-            if keep_scores: row |= {"sA": s["A"], "sB": s["B"], "u": u} | ({"mask/control": cm} if gc else {})
-            for nm, x in row.items(): out.setdefault(nm, []).append(x)
+            row = {
+                "rel": reliability(topk_mask(s["A"], k, keys_a), topk_mask(s["B"], k, keys_b)),
+                **{f"gain/{nm}": selection_gain(u, m) for nm, m in masks.items()},
+            }
+            if gc:
+                cm = topk_mask(np.zeros_like(u), k, ck[b])
+                row["gain/control"] = selection_gain(u, cm)
+            if keep_scores:
+                row |= {"sA": s["A"], "sB": s["B"], "u": u} | ({"mask/control": cm} if gc else {})
+            for nm, x in row.items():
+                out.setdefault(nm, []).append(x)
     return {nm: np.array(v) for nm, v in out.items()}
 
 # %% ../nbs/18_protocol.ipynb #b2c3d4e5
@@ -196,24 +261,31 @@ def percentile_bounds(reps: np.ndarray, level: float = 0.95) -> tuple[float, flo
     "One-sided `level` bounds: the (1-level) and level quantiles of the replicates."
     return float(np.quantile(reps, 1 - level)), float(np.quantile(reps, level))
 
+
 def basic_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     "Reflected ('basic') bounds: 2 est - q_level and 2 est - q_(1-level)."
     lo, hi = percentile_bounds(reps, level)
     return 2 * est - hi, 2 * est - lo
 
+
 def bias_z0(est: float, reps: np.ndarray) -> float:
     "z0 = Phi^-1 of the share of replicates below `est` (ties count half), clipped to the replicates' resolution."
-    reps = np.asarray(reps); B = len(reps)
+    reps = np.asarray(reps)
+    B = len(reps)
     p = (np.sum(reps < est) + 0.5 * np.sum(reps == est)) / B
     return float(stats.norm.ppf(np.clip(p, 0.5 / B, 1 - 0.5 / B)))
+
 
 def bca_bounds(est: float, reps: np.ndarray, level: float = 0.95, accel: float = 0.0) -> tuple[float, float]:
     "BCa bounds (accel = 0: bias-corrected percentile, BC)."
     z0, z = bias_z0(est, reps), float(stats.norm.ppf(level))
+
     def q(zz):
         den = max(1 - accel * (z0 + zz), 1e-12)
         return float(np.quantile(reps, stats.norm.cdf(z0 + (z0 + zz) / den)))
+
     return q(-z), q(z)
+
 
 def shift_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     "Bounds from the replicates' spread around their median: est - (median - q_(1-level)), est + (q_level - median)."
@@ -234,17 +306,30 @@ def model_world(sA: np.ndarray, sB: np.ndarray, bA: np.ndarray, bB: np.ndarray) 
     kappa = float(np.sqrt(sigma2 / boot2)) if boot2 > 0 else 1.0
     return centre + kappa * eA, centre + kappa * eB, dict(shrink=lam, noise_scale=kappa, tau2=tau2, sigma2=sigma2)
 
-def replicate_stats(XA: np.ndarray, XB: np.ndarray, keys_a, keys_b, k: int, masks: Mapping[str, np.ndarray],
-                    control_masks: np.ndarray | None = None, rows: int = 2048) -> dict[str, np.ndarray]:
+
+def replicate_stats(
+    XA: np.ndarray,
+    XB: np.ndarray,
+    keys_a,
+    keys_b,
+    k: int,
+    masks: Mapping[str, np.ndarray],
+    control_masks: np.ndarray | None = None,
+    rows: int = 2048,
+) -> dict[str, np.ndarray]:
     "Rel_k and the gains of every replicate from replicate scores XA, XB [B, n] (fixed masks; the control's per-replicate masks)."
     out = {}
     for a in range(0, len(XA), rows):
-        xa, xb = XA[a:a + rows], XB[a:a + rows]
+        xa, xb = XA[a : a + rows], XB[a : a + rows]
         u = (xa + xb) / 2
-        part = {"rel": reliability(topk_mask(xa, k, keys_a), topk_mask(xb, k, keys_b)),
-                **{f"gain/{nm}": selection_gain(u, m) for nm, m in masks.items()}}
-        if control_masks is not None: part["gain/control"] = selection_gain(u, control_masks[a:a + rows])
-        for nm, x in part.items(): out.setdefault(nm, []).append(x)
+        part = {
+            "rel": reliability(topk_mask(xa, k, keys_a), topk_mask(xb, k, keys_b)),
+            **{f"gain/{nm}": selection_gain(u, m) for nm, m in masks.items()},
+        }
+        if control_masks is not None:
+            part["gain/control"] = selection_gain(u, control_masks[a : a + rows])
+        for nm, x in part.items():
+            out.setdefault(nm, []).append(x)
     return {nm: np.concatenate(v) for nm, v in out.items()}
 
 # %% ../nbs/18_protocol.ipynb #b8c9d0e1
@@ -252,12 +337,14 @@ def _cos(dot, nc2, nv2, nonzero):
     ok = nonzero & (nc2 > 0) & (nv2 > 0)
     return np.where(ok, dot / np.sqrt(np.where(ok, nc2 * nv2, 1.0)), 0.0)
 
+
 def deleted_weights(rewards: np.ndarray, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "Advantage weights [n, K, K] of every group with rollout y (axis 1) deleted: the GRPO advantages of the other K-1, 0 at y."
     n, K = rewards.shape
     idx = np.array([[l for l in range(K) if l != y] for y in range(K)], dtype=int).reshape(K, K - 1)
     w = np.zeros((n, K, K))
-    if K > 1: w[:, np.arange(K)[:, None], idx] = group_advantages(rewards[:, idx], std, eps)
+    if K > 1:
+        w[:, np.arange(K)[:, None], idx] = group_advantages(rewards[:, idx], std, eps)
     return w
 
 # %% ../nbs/18_protocol.ipynb #3298eb2d
@@ -266,50 +353,66 @@ def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = 
     wc, wv = group_advantages(cand.rewards, std, eps), group_advantages(val.rewards, std, eps)
     (n, K), (nv, Kv) = wc.shape, wv.shape
     om = wv.ravel() / nv
-    P = (om @ half.CT).reshape(n, K)                                     # <v_ik, g_val>
+    P = (om @ half.CT).reshape(n, K)  # <v_ik, g_val>
     nc2, gwo = np.einsum("nk,nkl,nl->n", wc, half.G, wc), half.GW @ om
     nv2 = float(om @ gwo)
     wd = deleted_weights(cand.rewards, std, eps)
     sc = _cos(np.einsum("nyl,nl->ny", wd, P), np.einsum("nyl,nlm,nym->ny", wd, half.G, wd), nv2, (wd != 0).any(-1))
     wvd = deleted_weights(val.rewards, std, eps)
-    dw = (wvd - wv[:, None, :]) / nv                                          # change of omega inside block j
+    dw = (wvd - wv[:, None, :]) / nv  # change of omega inside block j
     live = (wv != 0).any(-1)
-    alive = ((live.sum() - live)[:, None] > 0) | (wvd != 0).any(-1)           # some validation weight is left
-    Pv = (half.CT.reshape(nv, Kv, n, K) * wc).sum(-1)                         # <v_jm, g_i>, [nv, Kv, n]
+    alive = ((live.sum() - live)[:, None] > 0) | (wvd != 0).any(-1)  # some validation weight is left
+    Pv = (half.CT.reshape(nv, Kv, n, K) * wc).sum(-1)  # <v_jm, g_i>, [nv, Kv, n]
     dot = (P * wc).sum(-1) + np.einsum("jym,jmi->jyi", dw, Pv).reshape(nv * Kv, n)
     GWd = np.einsum("jmjo->jmo", half.GW.reshape(nv, Kv, nv, Kv))
     nvd = nv2 + 2 * np.einsum("jym,jm->jy", dw, gwo.reshape(nv, Kv)) + np.einsum("jym,jmo,jyo->jy", dw, GWd, dw)
     return sc, _cos(dot, nc2[None], np.where(alive, nvd, 0.0).reshape(-1, 1), (wc != 0).any(-1)[None])
 
 # %% ../nbs/18_protocol.ipynb #e1f2a3b4
-def _beats(x, kx, y, ky): return (x > y) | ((x == y) & (kx > ky))
+def _beats(x, kx, y, ky):
+    return (x > y) | ((x == y) & (kx > ky))
+
 
 def rel_after_change(s, keys, other, k, i, x):
     "Rel_k after prompt i's score in one half becomes x (vectorised over i, x); `other` = the other half's top-k mask."
     m = topk_mask(s, k, keys)
     order = np.lexsort((-keys, -s))
     base = int((m & other).sum())
-    if k >= len(s): return np.full(len(i), base / k)
+    if k >= len(s):
+        return np.full(len(i), base / k)
     w_in, b_out, inside = order[k - 1], order[k], m[i]
     leave = inside & ~_beats(x, keys[i], s[b_out], keys[b_out])
     enter = ~inside & _beats(x, keys[i], s[w_in], keys[w_in])
-    delta = np.where(leave, other[b_out].astype(int) - other[i], 0) + np.where(enter, other[i].astype(int) - other[w_in], 0)
+    delta = np.where(leave, other[b_out].astype(int) - other[i], 0) + np.where(
+        enter, other[i].astype(int) - other[w_in], 0
+    )
     return (base + delta) / k
+
 
 def _moments(theta):
     "(S2, S3) of delete-one values theta [strata, n_h] (see text)."
     nh = theta.shape[1]
     l = (nh - 1) * (theta.mean(1, keepdims=True) - theta)
-    return np.array([(l ** 2).sum() / nh ** 2, (l ** 3).sum() / nh ** 3])
+    return np.array([(l**2).sum() / nh**2, (l**3).sum() / nh**3])
+
 
 def acceleration(s23) -> float:
     "BCa acceleration a = S3 / (6 S2^1.5) from summed jackknife moments (0 if the statistic never moves)."
     S2, S3 = np.asarray(s23, dtype=np.float64).ravel()[:2]
-    return float(S3 / (6 * S2 ** 1.5)) if S2 > 0 else 0.0
+    return float(S3 / (6 * S2**1.5)) if S2 > 0 else 0.0
 
 # %% ../nbs/18_protocol.ipynb #a3b4c5d6
-def jackknife_moments(cand, val, halves: Mapping[str, GramHalf], scores: Mapping[str, np.ndarray], keys, k: int,
-                      masks: Mapping[str, np.ndarray], std: bool = True, eps: float = 1e-6) -> dict[str, np.ndarray]:
+def jackknife_moments(
+    cand,
+    val,
+    halves: Mapping[str, GramHalf],
+    scores: Mapping[str, np.ndarray],
+    keys,
+    k: int,
+    masks: Mapping[str, np.ndarray],
+    std: bool = True,
+    eps: float = 1e-6,
+) -> dict[str, np.ndarray]:
     "Jackknife moments (S2, S3) of Rel_k ('rel') and of each fixed set's gain (by mask name), over the reference halves' groups."
     mk = {h: topk_mask(scores[h], k, keys[h]) for h in "AB"}
     u = (scores["A"] + scores["B"]) / 2
@@ -318,7 +421,9 @@ def jackknife_moments(cand, val, halves: Mapping[str, GramHalf], scores: Mapping
         sc, sv = jackknife_scores(halves[h], cand[h], val[h], std, eps)
         n, K = sc.shape
         shape_v = (val[h].n, val[h].K)
-        out["rel"] += _moments(rel_after_change(scores[h], keys[h], mk[o], k, np.repeat(np.arange(n), K), sc.ravel()).reshape(n, K))
+        out["rel"] += _moments(
+            rel_after_change(scores[h], keys[h], mk[o], k, np.repeat(np.arange(n), K), sc.ravel()).reshape(n, K)
+        )
         out["rel"] += _moments(reliability(topk_mask(sv, k, keys[h]), mk[o]).reshape(shape_v))
         du = (sc - scores[h][:, None]) / 2
         for nm, m in masks.items():
@@ -331,6 +436,7 @@ def gaussian_rel_sd(rel: float, n: int, k: int, domain: Domain, reps: int = 1000
     "SD of Rel_k in the Gaussian model at rho = O^{-1}(Rel_k): n pairs of standard normals, Monte Carlo."
     return float(overlap_mc(rho_from_rel(rel, k / n), n, k, reps, domain)[1] * np.sqrt(reps))
 
+
 def gaussian_rel_bounds(rel: float, n: int, k: int, sd: float, level: float = 0.95) -> tuple[float, float]:
     "Rel_k -> rho = O^{-1}(Rel_k); rho -/+ z sd / O'(rho) (delta method); mapped back through O."
     q = k / n
@@ -340,10 +446,12 @@ def gaussian_rel_bounds(rel: float, n: int, k: int, sd: float, level: float = 0.
     O = lambda r: float(overlap_limit(float(np.clip(r, -1.0, 1.0)), q))
     return O(rho - z * se), O(rho + z * se)
 
+
 def gaussian_gain_sd(sA: np.ndarray, sB: np.ndarray, mask: np.ndarray) -> float:
     "SD of a fixed set's gain from split differences: sqrt(sum_i c_i^2 (s^A_i - s^B_i)^2 / 4), c_i = 1[i in S]/k - 1/n."
     c = mask / mask.sum() - 1 / len(mask)
-    return float(np.sqrt(np.sum(c ** 2 * (sA - sB) ** 2) / 4))
+    return float(np.sqrt(np.sum(c**2 * (sA - sB) ** 2) / 4))
+
 
 def control_sd(u: np.ndarray, k: int) -> float:
     "SD of a uniformly random k-set's gain given u: sqrt(var(u) (n-k) / (k (n-1)))."
@@ -352,18 +460,33 @@ def control_sd(u: np.ndarray, k: int) -> float:
 
 # %% ../nbs/18_protocol.ipynb #a9b0c1d2
 BOUNDS = ("percentile", "bc", "bca", "basic", "gaussian", "model")
-DEFAULT_BOUND = "percentile"   # chosen by the calibration study's rule (the rule and the table: "Calibration results")
+DEFAULT_BOUND = "percentile"  # chosen by the calibration study's rule (the rule and the table: "Calibration results")
 
-def stat_bounds(method: str, est: float, boot: np.ndarray | None, level: float = 0.95, model: np.ndarray | None = None,
-                jack=None, sd: float | None = None, rel_design: tuple[int, int] | None = None) -> tuple[float, float]:
+
+def stat_bounds(
+    method: str,
+    est: float,
+    boot: np.ndarray | None,
+    level: float = 0.95,
+    model: np.ndarray | None = None,
+    jack=None,
+    sd: float | None = None,
+    rel_design: tuple[int, int] | None = None,
+) -> tuple[float, float]:
     "(LB, UB) of one statistic by `method` from its estimate, plain replicates, model-world replicates, jackknife moments or Gaussian SD; `rel_design` = (n, k) for Rel_k."
-    if method == "percentile": return percentile_bounds(boot, level)
-    if method == "basic": return basic_bounds(est, boot, level)
-    if method == "bc": return bca_bounds(est, boot, level, 0.0)
-    if method == "bca": return bca_bounds(est, boot, level, acceleration(jack))
-    if method == "model": return shift_bounds(est, model, level)
+    if method == "percentile":
+        return percentile_bounds(boot, level)
+    if method == "basic":
+        return basic_bounds(est, boot, level)
+    if method == "bc":
+        return bca_bounds(est, boot, level, 0.0)
+    if method == "bca":
+        return bca_bounds(est, boot, level, acceleration(jack))
+    if method == "model":
+        return shift_bounds(est, model, level)
     if method == "gaussian":
-        if rel_design is not None: return gaussian_rel_bounds(est, *rel_design, sd, level)
+        if rel_design is not None:
+            return gaussian_rel_bounds(est, *rel_design, sd, level)
         z = float(stats.norm.ppf(level))
         return est - z * sd, est + z * sd
     raise ValueError(f"bound: unknown method {method!r}; choose one of {', '.join(BOUNDS)}")
@@ -372,6 +495,7 @@ def stat_bounds(method: str, est: float, boot: np.ndarray | None, level: float =
 @dataclass
 class PointResult:
     "Observed statistics, bound inputs (`boot`, see text) and bound method of one experiment point."
+
     n: int
     k: int
     n_boot: int
@@ -393,11 +517,14 @@ class PointResult:
     @property
     def stats(self) -> list[str]:
         "Names of the bounded statistics of this point."
-        return ["rel", "gain_fresh", *[f"gain_stale/{e}" for e in self.gain_stale]] + (["gain_control"] if "gain_control" in self.boot else [])
+        return ["rel", "gain_fresh", *[f"gain_stale/{e}" for e in self.gain_stale]] + (
+            ["gain_control"] if "gain_control" in self.boot else []
+        )
 
     def estimate(self, stat: str) -> float:
         "Observed value of `stat`."
-        if stat in ("rel", "gain_fresh", "gain_control"): return float(getattr(self, stat))
+        if stat in ("rel", "gain_fresh", "gain_control"):
+            return float(getattr(self, stat))
         return float(self.gain_stale[stat.split("/", 1)[1]])
 
 # %% ../nbs/18_protocol.ipynb #d2e3f4a5
@@ -405,21 +532,47 @@ class PointResult:
 def bounds(self: PointResult, stat: str, method: str | None = None) -> tuple[float, float]:
     "(LB, UB) of `stat` ('rel', 'gain_fresh', 'gain_stale/<name>', 'gain_control') by `method` (default: the point's own)."
     b, sd = self.boot, self.boot.get(f"gauss/{stat}")
-    return stat_bounds(method or self.bound, self.estimate(stat), b[stat], self.level, b.get(f"model/{stat}"),
-                       b.get(f"jack/{stat}"), None if sd is None else float(np.ravel(sd)[0]), (self.n, self.k) if stat == "rel" else None)
+    return stat_bounds(
+        method or self.bound,
+        self.estimate(stat),
+        b[stat],
+        self.level,
+        b.get(f"model/{stat}"),
+        b.get(f"jack/{stat}"),
+        None if sd is None else float(np.ravel(sd)[0]),
+        (self.n, self.k) if stat == "rel" else None,
+    )
+
 
 @patch(as_prop=True)
-def rel_lb(self: PointResult) -> float: return self.bounds("rel")[0]
+def rel_lb(self: PointResult) -> float:
+    return self.bounds("rel")[0]
+
+
 @patch(as_prop=True)
-def gain_fresh_lb(self: PointResult) -> float: return self.bounds("gain_fresh")[0]
+def gain_fresh_lb(self: PointResult) -> float:
+    return self.bounds("gain_fresh")[0]
+
 
 @patch
 def summary(self: PointResult) -> dict:
     "JSON-able summary (no replicates): estimates, the point's bounds ('<stat>_bounds'), every method's bounds, the bound method."
-    out = dict(n=self.n, k=self.k, K=self.K, n_boot=self.n_boot, level=self.level, bound=self.bound, rel=self.rel,
-               gain_fresh=self.gain_fresh, gain_control=self.gain_control, zero_grad=self.zero_grad,
-               model_world=self.model_params, selected={s: np.flatnonzero(m).tolist() for s, m in self.selected.items()})
-    for st in self.stats: out[st.replace("/", "_") + "_bounds"] = list(self.bounds(st))
+    out = dict(
+        n=self.n,
+        k=self.k,
+        K=self.K,
+        n_boot=self.n_boot,
+        level=self.level,
+        bound=self.bound,
+        rel=self.rel,
+        gain_fresh=self.gain_fresh,
+        gain_control=self.gain_control,
+        zero_grad=self.zero_grad,
+        model_world=self.model_params,
+        selected={s: np.flatnonzero(m).tolist() for s, m in self.selected.items()},
+    )
+    for st in self.stats:
+        out[st.replace("/", "_") + "_bounds"] = list(self.bounds(st))
     out["bounds_by_method"] = {m: {st: list(self.bounds(st, m)) for st in self.stats} for m in BOUNDS}
     out["gain_stale"] = dict(self.gain_stale)
     return out
@@ -429,106 +582,199 @@ def summary(self: PointResult) -> dict:
 def to_arrays(self: PointResult) -> dict[str, np.ndarray]:
     "Every array the bound methods and the controls read: `boot` (see text), the reference u, the scores ('scores/<h>') and tie keys ('keys/<h>')."
     out = dict(self.boot)
-    if self.u is not None: out["u"] = np.asarray(self.u)
+    if self.u is not None:
+        out["u"] = np.asarray(self.u)
     out.update({f"scores/{h}": np.asarray(s) for h, s in self.scores.items()})
     out.update({f"keys/{h}": np.asarray(x) for h, x in self.keys.items()})
     return out
+
 
 @patch(cls_method=True)
 def from_saved(cls: PointResult, summary: dict, arrays: Mapping[str, np.ndarray]) -> PointResult:
     "Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an .npz)."
     a = {nm.replace("__", "/"): np.asarray(v) for nm, v in arrays.items()}
-    pick = lambda pre: {nm[len(pre):]: v for nm, v in a.items() if nm.startswith(pre)}
+    pick = lambda pre: {nm[len(pre) :]: v for nm, v in a.items() if nm.startswith(pre)}
     boot = {nm: v for nm, v in a.items() if nm != "u" and not nm.startswith(("scores/", "keys/"))}
     n = summary["n"]
-    return cls(n=n, k=summary["k"], n_boot=summary["n_boot"], level=summary["level"], rel=summary["rel"],
-               gain_fresh=summary["gain_fresh"], gain_stale=dict(summary["gain_stale"]), u=a.get("u"), scores=pick("scores/"),
-               selected={s: np.isin(np.arange(n), ix) for s, ix in summary["selected"].items()}, zero_grad=summary["zero_grad"],
-               boot=boot, gain_control=summary.get("gain_control", float("nan")), K=summary.get("K", 0),
-               bound=summary.get("bound", DEFAULT_BOUND), keys=pick("keys/"), model_params=summary.get("model_world", {}))
+    return cls(
+        n=n,
+        k=summary["k"],
+        n_boot=summary["n_boot"],
+        level=summary["level"],
+        rel=summary["rel"],
+        gain_fresh=summary["gain_fresh"],
+        gain_stale=dict(summary["gain_stale"]),
+        u=a.get("u"),
+        scores=pick("scores/"),
+        selected={s: np.isin(np.arange(n), ix) for s, ix in summary["selected"].items()},
+        zero_grad=summary["zero_grad"],
+        boot=boot,
+        gain_control=summary.get("gain_control", float("nan")),
+        K=summary.get("K", 0),
+        bound=summary.get("bound", DEFAULT_BOUND),
+        keys=pick("keys/"),
+        model_params=summary.get("model_world", {}),
+    )
 
 # %% ../nbs/18_protocol.ipynb #e3f4a5b6
 def _stale_scores(stale, g_val_R, std=True, eps=1e-6):
     out = {}
     for name, x in stale.items():
-        if isinstance(x, Rollouts): x = prompt_gradients(x, std, eps)
+        if isinstance(x, Rollouts):
+            x = prompt_gradients(x, std, eps)
         x = np.asarray(x, dtype=np.float64)
         out[name] = x if x.ndim == 1 else cosine_scores(x, g_val_R)[0]
     return out
+
 
 def observed_sets(cand, val, k: int, domain: Domain, stale: Mapping, std=True, eps=1e-6):
     "Observed scores, tie keys and selected sets (fresh, each stale estimator, the negative control), and zero-gradient counts."
     n = cand["R"].n
     obs = point_scores(cand, val, std, eps)
     scores = {h: obs[h][0] for h in SPLITS}
-    scores.update({f"stale/{nm}": s for nm, s in _stale_scores(stale, validation_gradient(val["R"], std, eps), std, eps).items()})
+    scores.update(
+        {f"stale/{nm}": s for nm, s in _stale_scores(stale, validation_gradient(val["R"], std, eps), std, eps).items()}
+    )
     keys = {h: tie_keys(domain, h, n) for h in scores} | {"control": tie_keys(domain, "control", n)}
     selected = {"fresh": topk_mask(scores["R"], k, keys["R"])}
-    selected.update({nm.split("/", 1)[1]: topk_mask(scores[nm], k, keys[nm]) for nm in scores if nm.startswith("stale/")})
-    selected["control"] = topk_mask(np.zeros(n), k, keys["control"])       # a random k-set: its own tie stream, no scores
+    selected.update(
+        {nm.split("/", 1)[1]: topk_mask(scores[nm], k, keys[nm]) for nm in scores if nm.startswith("stale/")}
+    )
+    selected["control"] = topk_mask(np.zeros(n), k, keys["control"])  # a random k-set: its own tie stream, no scores
     return scores, keys, selected, {h: int(obs[h][1].sum()) for h in SPLITS}
+
 
 def stat_name(set_name: str) -> str:
     "Statistic of a selected set: 'fresh' -> 'gain_fresh', 'control' -> 'gain_control', e -> 'gain_stale/e'."
     return {"fresh": "gain_fresh", "control": "gain_control"}.get(set_name, f"gain_stale/{set_name}")
 
 # %% ../nbs/18_protocol.ipynb #f4a5b6c7
-def bound_inputs(cand, val, k: int, domain: Domain, scores, keys, selected, n_boot: int, chunk=None, std=True, eps=1e-6,
-                 gauss_reps: int = 1000) -> tuple[dict, dict]:
+def bound_inputs(
+    cand,
+    val,
+    k: int,
+    domain: Domain,
+    scores,
+    keys,
+    selected,
+    n_boot: int,
+    chunk=None,
+    std=True,
+    eps=1e-6,
+    gauss_reps: int = 1000,
+) -> tuple[dict, dict]:
     "The `boot` dict of a point (plain and model-world replicates, jackknife moments, Gaussian SDs) and the model world's parameters."
     halves = {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
     fixed = {nm: m for nm, m in selected.items() if nm != "control"}
-    bt = bootstrap_gram(cand, val, fixed, keys["A"], keys["B"], k, domain, n_boot, chunk, std, eps, keep_scores=True,
-                        control=domain.child("control", "boot"), halves=halves)
+    bt = bootstrap_gram(
+        cand,
+        val,
+        fixed,
+        keys["A"],
+        keys["B"],
+        k,
+        domain,
+        n_boot,
+        chunk,
+        std,
+        eps,
+        keep_scores=True,
+        control=domain.child("control", "boot"),
+        halves=halves,
+    )
     sA, sB = scores["A"], scores["B"]
     XA, XB, params = model_world(sA, sB, bt.pop("sA"), bt.pop("sB"))
     mw = replicate_stats(XA, XB, keys["A"], keys["B"], k, fixed, bt["mask/control"])
     boot = {"rel": bt["rel"], "model/rel": mw["rel"]}
-    for nm in selected: boot |= {stat_name(nm): bt[f"gain/{nm}"], f"model/{stat_name(nm)}": mw[f"gain/{nm}"]}
+    for nm in selected:
+        boot |= {stat_name(nm): bt[f"gain/{nm}"], f"model/{stat_name(nm)}": mw[f"gain/{nm}"]}
     jack = jackknife_moments(cand, val, halves, scores, keys, k, selected, std, eps)
     boot |= {f"jack/{'rel' if st == 'rel' else stat_name(st)}": v for st, v in jack.items()}
     rel = float(reliability(topk_mask(sA, k, keys["A"]), topk_mask(sB, k, keys["B"])))
-    gsd = {"rel": gaussian_rel_sd(rel, len(sA), k, domain.child("gaussian"), gauss_reps), "gain_control": control_sd((sA + sB) / 2, k)}
+    gsd = {
+        "rel": gaussian_rel_sd(rel, len(sA), k, domain.child("gaussian"), gauss_reps),
+        "gain_control": control_sd((sA + sB) / 2, k),
+    }
     gsd |= {stat_name(nm): gaussian_gain_sd(sA, sB, m) for nm, m in fixed.items()}
     boot |= {f"gauss/{st}": np.array([v]) for st, v in gsd.items()}
     return boot, params
 
 # %% ../nbs/18_protocol.ipynb #a5b6c7d8
-def analyse_point(cand: Mapping[str, Rollouts], val: Mapping[str, Rollouts], k: int, domain: Domain,
-                  stale: Mapping[str, np.ndarray] | None = None, n_boot: int = 10_000, level: float = 0.95,
-                  chunk: int | None = None, std: bool = True, eps: float = 1e-6, bound: str = DEFAULT_BOUND,
-                  gauss_reps: int = 1000) -> PointResult:
+def analyse_point(
+    cand: Mapping[str, Rollouts],
+    val: Mapping[str, Rollouts],
+    k: int,
+    domain: Domain,
+    stale: Mapping[str, np.ndarray] | None = None,
+    n_boot: int = 10_000,
+    level: float = 0.95,
+    chunk: int | None = None,
+    std: bool = True,
+    eps: float = 1e-6,
+    bound: str = DEFAULT_BOUND,
+    gauss_reps: int = 1000,
+) -> PointResult:
     "Observed Rel_k, u, fresh/stale/control gains with tie streams per split, their bootstrap and every bound method's inputs (layout: see the table above)."
     stale = dict(stale or {})
-    if bound not in BOUNDS: raise ValueError(f"bound: unknown method {bound!r}; choose one of {', '.join(BOUNDS)}")
-    if "control" in stale or "fresh" in stale: raise ValueError("analyse_point: 'control' and 'fresh' are reserved set names")
+    if bound not in BOUNDS:
+        raise ValueError(f"bound: unknown method {bound!r}; choose one of {', '.join(BOUNDS)}")
+    if "control" in stale or "fresh" in stale:
+        raise ValueError("analyse_point: 'control' and 'fresh' are reserved set names")
     missing = [h for h in SPLITS if h not in cand or h not in val]
-    if missing: raise ValueError(f"analyse_point: splits {missing} missing (need R, A, B for candidates and validation)")
+    if missing:
+        raise ValueError(f"analyse_point: splits {missing} missing (need R, A, B for candidates and validation)")
     scores, keys, selected, zero = observed_sets(cand, val, k, domain, stale, std, eps)
     boot, params = bound_inputs(cand, val, k, domain, scores, keys, selected, n_boot, chunk, std, eps, gauss_reps)
     u = (scores["A"] + scores["B"]) / 2
     g = {nm: float(selection_gain(u, m)) for nm, m in selected.items()}
-    return PointResult(n=cand["R"].n, k=k, n_boot=n_boot, level=level,
-                       rel=float(reliability(topk_mask(scores["A"], k, keys["A"]), topk_mask(scores["B"], k, keys["B"]))),
-                       gain_fresh=g["fresh"], gain_stale={nm: v for nm, v in g.items() if nm not in ("fresh", "control")},
-                       u=u, scores=scores, selected=selected, zero_grad=zero, boot=boot, gain_control=g["control"],
-                       K=cand["A"].K, bound=bound, keys=keys, model_params=params)
+    return PointResult(
+        n=cand["R"].n,
+        k=k,
+        n_boot=n_boot,
+        level=level,
+        rel=float(reliability(topk_mask(scores["A"], k, keys["A"]), topk_mask(scores["B"], k, keys["B"]))),
+        gain_fresh=g["fresh"],
+        gain_stale={nm: v for nm, v in g.items() if nm not in ("fresh", "control")},
+        u=u,
+        scores=scores,
+        selected=selected,
+        zero_grad=zero,
+        boot=boot,
+        gain_control=g["control"],
+        K=cand["A"].K,
+        bound=bound,
+        keys=keys,
+        model_params=params,
+    )
 
 # %% ../nbs/18_protocol.ipynb #7b9374dd
 def admissible(rel_lb: float, gain_fresh_lb: float, k: int, n: int, rel_factor: float = 2.0) -> bool:
     "The gate: LB(Rel_k) >= rel_factor*k/n and LB(fresh gain) > 0."
     return bool(rel_lb >= rel_factor * k / n and gain_fresh_lb > 0)
 
-def verdict(admissible_flags: Sequence[bool], stale_gain: float, stale_lb: float, stale_ub: float,
-            fresh_gain: float, min_admissible: float = 0.8, preserve: float = 0.5,
-            futility: float | None = None) -> str:
+
+def verdict(
+    admissible_flags: Sequence[bool],
+    stale_gain: float,
+    stale_lb: float,
+    stale_ub: float,
+    fresh_gain: float,
+    min_admissible: float = 0.8,
+    preserve: float = 0.5,
+    futility: float | None = None,
+) -> str:
     "Effective / Ineffective / Inconclusive from the registered seeds' gate flags and the pooled gains (rules above)."
     flags = list(admissible_flags)
-    if not flags: return "Inconclusive"
-    if sum(flags) < min_admissible * len(flags) - 1e-12: return "Inconclusive"
-    if stale_lb > 0 and stale_gain >= preserve * fresh_gain: return "Effective"
-    if stale_ub <= 0: return "Ineffective"
-    if futility is not None and stale_ub < futility * fresh_gain: return "Ineffective"
+    if not flags:
+        return "Inconclusive"
+    if sum(flags) < min_admissible * len(flags) - 1e-12:
+        return "Inconclusive"
+    if stale_lb > 0 and stale_gain >= preserve * fresh_gain:
+        return "Effective"
+    if stale_ub <= 0:
+        return "Ineffective"
+    if futility is not None and stale_ub < futility * fresh_gain:
+        return "Ineffective"
     return "Inconclusive"
 
 # %% ../nbs/18_protocol.ipynb #c7d8e9f0
@@ -537,27 +783,63 @@ def pooled_bounds(points: Sequence[PointResult], stat: str, method: str, level: 
     has = lambda nm: all(nm in p.boot for p in points)
     mean = lambda nm: np.mean([p.boot[nm] for p in points], 0) if has(nm) else None
     jack = np.sum([p.boot[f"jack/{stat}"] for p in points], 0) if has(f"jack/{stat}") else None
-    sd = float(np.sqrt(sum(float(np.ravel(p.boot[f"gauss/{stat}"])[0]) ** 2 for p in points)) / len(points)) if has(f"gauss/{stat}") else None
+    sd = (
+        float(np.sqrt(sum(float(np.ravel(p.boot[f"gauss/{stat}"])[0]) ** 2 for p in points)) / len(points))
+        if has(f"gauss/{stat}")
+        else None
+    )
     est = float(np.mean([p.estimate(stat) for p in points]))
     return stat_bounds(method, est, mean(stat), level, mean(f"model/{stat}"), jack, sd)
 
-def pool_cell(points: Sequence[PointResult | None], estimator: str, level: float = 0.95, rel_factor: float = 2.0,
-              min_admissible: float = 0.8, preserve: float = 0.5, futility: float | None = None, bound: str | None = None) -> dict:
+
+def pool_cell(
+    points: Sequence[PointResult | None],
+    estimator: str,
+    level: float = 0.95,
+    rel_factor: float = 2.0,
+    min_admissible: float = 0.8,
+    preserve: float = 0.5,
+    futility: float | None = None,
+    bound: str | None = None,
+) -> dict:
     "Verdict of one regime cell: `points` = one entry per registered seed (None = missing); `estimator` a stale name or 'control'; `bound` default: the points' own."
     got = [p for p in points if p is not None]
     method = bound or (got[0].bound if got else DEFAULT_BOUND)
-    flags = [p is not None and admissible(p.bounds("rel", method)[0], p.bounds("gain_fresh", method)[0], p.k, p.n, rel_factor) for p in points]
-    if not got: return dict(verdict="Inconclusive", admissible=flags, n_registered=len(points), bound=method)
+    flags = [
+        p is not None
+        and admissible(p.bounds("rel", method)[0], p.bounds("gain_fresh", method)[0], p.k, p.n, rel_factor)
+        for p in points
+    ]
+    if not got:
+        return dict(verdict="Inconclusive", admissible=flags, n_registered=len(points), bound=method)
     stat = stat_name(estimator)
-    stale_gain, fresh_gain = float(np.mean([p.estimate(stat) for p in got])), float(np.mean([p.gain_fresh for p in got]))
+    stale_gain, fresh_gain = (
+        float(np.mean([p.estimate(stat) for p in got])),
+        float(np.mean([p.gain_fresh for p in got])),
+    )
     lb, ub = pooled_bounds(got, stat, method, level)
     v = verdict(flags, stale_gain, lb, ub, fresh_gain, min_admissible, preserve, futility)
-    return dict(verdict=v, admissible=flags, n_registered=len(points), stale_gain=stale_gain, stale_lb=lb, stale_ub=ub,
-                fresh_gain=fresh_gain, fresh_lb=pooled_bounds(got, "gain_fresh", method, level)[0], bound=method)
+    return dict(
+        verdict=v,
+        admissible=flags,
+        n_registered=len(points),
+        stale_gain=stale_gain,
+        stale_lb=lb,
+        stale_ub=ub,
+        fresh_gain=fresh_gain,
+        fresh_lb=pooled_bounds(got, "gain_fresh", method, level)[0],
+        bound=method,
+    )
 
 # %% ../nbs/18_protocol.ipynb #b2d3e4f5
-def positive_control(res: PointResult, domain: Domain, estimators: Sequence[str] | None = None, n_perm: int = 2000,
-                     level: float = 0.95, tol: float = 1e-9) -> dict:
+def positive_control(
+    res: PointResult,
+    domain: Domain,
+    estimators: Sequence[str] | None = None,
+    n_perm: int = 2000,
+    level: float = 0.95,
+    tol: float = 1e-9,
+) -> dict:
     "At beta = pi: (i) do the stale estimators' scores coincide (max |difference| <= tol)? (ii) is each stale selector exchangeable with the fresh split R (randomisation test of the gain difference)?"
     est = list(res.gain_stale if estimators is None else estimators)
     S = {e: np.asarray(res.scores[f"stale/{e}"]) for e in est}
@@ -568,7 +850,9 @@ def positive_control(res: PointResult, domain: Domain, estimators: Sequence[str]
         ke = res.keys[f"stale/{e}"]
         d0 = float(selection_gain(u, topk_mask(S[e], k, ke)) - selection_gain(u, topk_mask(sR, k, kR)))
         swap = domain.child("positive", e).numpy().random((n_perm, len(u))) < 0.5
-        d = selection_gain(u, topk_mask(np.where(swap, sR, S[e]), k, ke)) - selection_gain(u, topk_mask(np.where(swap, S[e], sR), k, kR))
+        d = selection_gain(u, topk_mask(np.where(swap, sR, S[e]), k, ke)) - selection_gain(
+            u, topk_mask(np.where(swap, S[e], sR), k, kR)
+        )
         p = (1 + int(np.sum(np.abs(d) >= abs(d0) - 1e-12))) / (1 + n_perm)
         out["estimators"][e] = dict(gain_diff=d0, p_value=float(p))
     out["passed"] = bool(out["coincide"] and all(v["p_value"] >= 1 - level for v in out["estimators"].values()))
@@ -578,6 +862,7 @@ def positive_control(res: PointResult, domain: Domain, estimators: Sequence[str]
 @dataclass
 class SyntheticPool:
     "Population of a synthetic point (see text): pass rates, directions, means, noise."
+
     p: np.ndarray
     delta: np.ndarray
     mu: np.ndarray
@@ -586,21 +871,34 @@ class SyntheticPool:
     mu_val: np.ndarray
     sigma_v: float
 
-def synthetic_pool(domain: Domain, n: int, n_val: int, d: int, sigma_v: float = 1.0,
-                   frac_homog: float = 0.2, signal: float = 1.0) -> SyntheticPool:
+
+def synthetic_pool(
+    domain: Domain, n: int, n_val: int, d: int, sigma_v: float = 1.0, frac_homog: float = 0.2, signal: float = 1.0
+) -> SyntheticPool:
     "Draw a synthetic prompt pool (candidate and validation populations) from `domain`."
     g = domain.child("pool").numpy()
-    e = np.zeros(d); e[0] = 1.0
+    e = np.zeros(d)
+    e[0] = 1.0
+
     def dirs(a):
-        xi = g.standard_normal((len(a), d)); xi[:, 0] = 0
+        xi = g.standard_normal((len(a), d))
+        xi[:, 0] = 0
         xi /= np.linalg.norm(xi, axis=1, keepdims=True)
         return a[:, None] * e + np.sqrt(1 - a[:, None] ** 2) * xi
+
     p = g.uniform(0.1, 0.9, n)
     h = g.random(n) < frac_homog
     p[h] = g.integers(0, 2, h.sum())
     a = np.tanh(signal * g.standard_normal(n))
-    return SyntheticPool(p, dirs(a), g.standard_normal((n, d)), g.uniform(0.2, 0.8, n_val),
-                         dirs(np.ones(n_val)), g.standard_normal((n_val, d)), sigma_v)
+    return SyntheticPool(
+        p,
+        dirs(a),
+        g.standard_normal((n, d)),
+        g.uniform(0.2, 0.8, n_val),
+        dirs(np.ones(n_val)),
+        g.standard_normal((n_val, d)),
+        sigma_v,
+    )
 
 # %% ../nbs/18_protocol.ipynb #a2b3c4d5
 def _draw(g, p, delta, mu, K, sigma_v, reps=None):
@@ -609,11 +907,15 @@ def _draw(g, p, delta, mu, K, sigma_v, reps=None):
     v = mu[:, None, :] + r[..., None] * delta[:, None, :] + sigma_v * g.standard_normal(shape + (delta.shape[1],))
     return r, v
 
+
 def synthetic_split(pool: SyntheticPool, domain: Domain, K: int = 8, K_val: int = 8) -> tuple[Rollouts, Rollouts]:
     "One split (candidates, validation) drawn from `pool` with the split's own `domain`."
     g = domain.numpy()
-    return (Rollouts(*_draw(g, pool.p, pool.delta, pool.mu, K, pool.sigma_v)),
-            Rollouts(*_draw(g, pool.p_val, pool.delta_val, pool.mu_val, K_val, pool.sigma_v)))
+    return (
+        Rollouts(*_draw(g, pool.p, pool.delta, pool.mu, K, pool.sigma_v)),
+        Rollouts(*_draw(g, pool.p_val, pool.delta_val, pool.mu_val, K_val, pool.sigma_v)),
+    )
+
 
 def synthetic_point(pool: SyntheticPool, domain: Domain, K: int = 8, K_val: int = 8):
     "cand, val dicts for splits R, A, B, each from its own child domain ('split', h)."
@@ -628,8 +930,10 @@ def _gradient_draw(g, p, delta, K, sigma_v, c):
     coef, nrm = (a * r).sum(-1), np.sqrt((a * a).sum(-1))
     return coef[..., None] * delta + sigma_v * nrm[..., None] * g.standard_normal((c, p.shape[0], delta.shape[1]))
 
-def truth_mc(pool: SyntheticPool, domain: Domain, k: int, K: int = 8, K_val: int = 8, T: int = 4000,
-             chunk: int = 500) -> dict:
+
+def truth_mc(
+    pool: SyntheticPool, domain: Domain, k: int, K: int = 8, K_val: int = 8, T: int = 4000, chunk: int = 500
+) -> dict:
     "Monte Carlo truth at the protocol's K: E[s_i] per prompt (any split), E[Rel_k] (fresh tie keys per draw), with standard errors."
     g, n = domain.numpy(), pool.p.shape[0]
     S, rel = [], []
@@ -651,6 +955,7 @@ def truth_mc(pool: SyntheticPool, domain: Domain, k: int, K: int = 8, K_val: int
 @dataclass(frozen=True)
 class CalibrationCell:
     "One cell of the calibration grid: a regime (pool family) at one design (n, K); k = q n; sigma_v is the noise at K = 8 (scaled by sqrt(K/8))."
+
     regime: str
     n: int
     K: int
@@ -662,38 +967,75 @@ class CalibrationCell:
     q: float = 0.125
 
     @property
-    def k(self) -> int: return max(1, round(self.q * self.n))
+    def k(self) -> int:
+        return max(1, round(self.q * self.n))
 
-REGIMES = {"low-rel/small-gain": dict(signal=0.3, d=64, sigma_v=0.3), "low-rel/large-gain": dict(signal=1.5, d=16, sigma_v=0.7),
-           "high-rel/small-gain": dict(signal=0.3, d=64, sigma_v=0.08), "high-rel/large-gain": dict(signal=1.5, d=16, sigma_v=0.2)}
+
+REGIMES = {
+    "low-rel/small-gain": dict(signal=0.3, d=64, sigma_v=0.3),
+    "low-rel/large-gain": dict(signal=1.5, d=16, sigma_v=0.7),
+    "high-rel/small-gain": dict(signal=0.3, d=64, sigma_v=0.08),
+    "high-rel/large-gain": dict(signal=1.5, d=16, sigma_v=0.2),
+}
 CAL_STATS = ("rel", "gain_fresh", "gain_stale/same", "gain_stale/weak", "gain_control")
 
-def calibration_grid(Ks: Sequence[int] = (4, 8, 16), ns: Sequence[int] = (64, 256), regimes: Mapping = REGIMES) -> list[CalibrationCell]:
+
+def calibration_grid(
+    Ks: Sequence[int] = (4, 8, 16), ns: Sequence[int] = (64, 256), regimes: Mapping = REGIMES
+) -> list[CalibrationCell]:
     "The grid: every regime at every (n, K)."
     return [CalibrationCell(r, n, K, **p) for r, p in regimes.items() for n in ns for K in Ks]
 
+
 def cell_pool(cell: CalibrationCell, domain: Domain) -> SyntheticPool:
     "A pool of `cell`'s regime at its design."
-    return synthetic_pool(domain, cell.n, cell.n_val, cell.d, cell.sigma_v * np.sqrt(cell.K / 8), cell.frac_homog, cell.signal)
+    return synthetic_pool(
+        domain, cell.n, cell.n_val, cell.d, cell.sigma_v * np.sqrt(cell.K / 8), cell.frac_homog, cell.signal
+    )
 
 # %% ../nbs/18_protocol.ipynb #b9c0d1e2
-def calibration_point(pool: SyntheticPool, truth: dict, cell: CalibrationCell, domain: Domain, n_boot: int = 1000,
-                      gauss_reps: int = 500, n_perm: int = 200) -> dict:
+def calibration_point(
+    pool: SyntheticPool,
+    truth: dict,
+    cell: CalibrationCell,
+    domain: Domain,
+    n_boot: int = 1000,
+    gauss_reps: int = 500,
+    n_perm: int = 200,
+) -> dict:
     "One synthetic point of `cell`: estimates, truths and every method's bounds of CAL_STATS, the positive control's p-values."
     cand, val = synthetic_point(pool, domain, cell.K, cell.K)
-    stale = {"same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
-             "weak": prompt_gradients(synthetic_split(pool, domain.child("split", "W"), max(2, cell.K // 2), cell.K)[0])}
+    stale = {
+        "same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
+        "weak": prompt_gradients(synthetic_split(pool, domain.child("split", "W"), max(2, cell.K // 2), cell.K)[0]),
+    }
     res = analyse_point(cand, val, cell.k, domain, stale=stale, n_boot=n_boot, gauss_reps=gauss_reps)
     s = truth["s"]
-    true = {"rel": float(truth["rel"]), **{stat_name(nm): float(s[m].mean() - s.mean()) for nm, m in res.selected.items()}}
-    true["gain_control"] = 0.0                                       # the selector's expected gain (see Controls)
+    true = {
+        "rel": float(truth["rel"]),
+        **{stat_name(nm): float(s[m].mean() - s.mean()) for nm, m in res.selected.items()},
+    }
+    true["gain_control"] = 0.0  # the selector's expected gain (see Controls)
     pc = positive_control(res, domain, ("same", "weak"), n_perm=n_perm)
-    return dict(est={st: res.estimate(st) for st in CAL_STATS}, truth=true,
-                bounds={m: {st: res.bounds(st, m) for st in CAL_STATS} for m in BOUNDS},
-                positive_p={e: v["p_value"] for e, v in pc["estimators"].items()}, model_world=res.model_params)
+    return dict(
+        est={st: res.estimate(st) for st in CAL_STATS},
+        truth=true,
+        bounds={m: {st: res.bounds(st, m) for st in CAL_STATS} for m in BOUNDS},
+        positive_p={e: v["p_value"] for e, v in pc["estimators"].items()},
+        model_world=res.model_params,
+    )
 
-def calibrate_cell(cell: CalibrationCell, domain: Domain, pools: int = 5, seeds: int = 15, n_boot: int = 1000, T: int = 2000,
-                   on_point=None, **kw) -> list[dict]:
+
+def calibrate_cell(
+    cell: CalibrationCell,
+    domain: Domain,
+    pools: int = 5,
+    seeds: int = 15,
+    n_boot: int = 1000,
+    T: int = 2000,
+    on_point=None,
+    **kw,
+) -> list[dict]:
     "All points of one cell: `pools` pools (truth by `truth_mc`), `seeds` independent points each."
     rows = []
     for p in range(pools):
@@ -701,29 +1043,38 @@ def calibrate_cell(cell: CalibrationCell, domain: Domain, pools: int = 5, seeds:
         tr = truth_mc(pool, domain.child("truth", p), cell.k, cell.K, cell.K, T)
         for s in range(seeds):
             rows.append(calibration_point(pool, tr, cell, domain.child("point", p, s), n_boot, **kw))
-            if on_point: on_point()
+            if on_point:
+                on_point()
     return rows
 
 # %% ../nbs/18_protocol.ipynb #c0d1e2f3
 COVERED = {"rel": "rel", "gain_fresh": "gain_fresh", "gain_stale": ("gain_stale/same", "gain_stale/weak")}
 
+
 def summarise_cell(cell: CalibrationCell, rows: Sequence[dict], alpha: float = 0.05) -> dict:
     "Counts of one cell (JSON-able): per method, lower bounds at or below the truth per statistic, upper bounds at or above it, gate passes (all / truly admissible points), mean (estimate - LB)."
     gate_k = 2 * cell.k / cell.n
     ok_true = [r["truth"]["rel"] >= gate_k and r["truth"]["gain_fresh"] > 0 for r in rows]
-    out = dict(cell=dict(cell.__dict__, k=cell.k), points=len(rows), true_admissible=int(sum(ok_true)),
-               truth={st: float(np.mean([r["truth"][st] for r in rows])) for st in CAL_STATS},
-               estimate={st: float(np.mean([r["est"][st] for r in rows])) for st in CAL_STATS}, methods={},
-               positive_rejected={e: int(sum(r["positive_p"][e] < alpha for r in rows)) for e in ("same", "weak")},
-               model_world={nm: float(np.mean([r["model_world"][nm] for r in rows])) for nm in ("shrink", "noise_scale")})
+    out = dict(
+        cell=dict(cell.__dict__, k=cell.k),
+        points=len(rows),
+        true_admissible=int(sum(ok_true)),
+        truth={st: float(np.mean([r["truth"][st] for r in rows])) for st in CAL_STATS},
+        estimate={st: float(np.mean([r["est"][st] for r in rows])) for st in CAL_STATS},
+        methods={},
+        positive_rejected={e: int(sum(r["positive_p"][e] < alpha for r in rows)) for e in ("same", "weak")},
+        model_world={nm: float(np.mean([r["model_world"][nm] for r in rows])) for nm in ("shrink", "noise_scale")},
+    )
     for m in BOUNDS:
         b = [r["bounds"][m] for r in rows]
         gate = [bb["rel"][0] >= gate_k and bb["gain_fresh"][0] > 0 for bb in b]
         out["methods"][m] = dict(
             lb_cover={st: int(sum(bb[st][0] <= r["truth"][st] for bb, r in zip(b, rows))) for st in CAL_STATS},
             ub_cover={st: int(sum(bb[st][1] >= r["truth"][st] for bb, r in zip(b, rows))) for st in CAL_STATS},
-            gate=int(sum(gate)), gate_true=int(sum(g and t for g, t in zip(gate, ok_true))),
-            lb_gap={st: float(np.mean([r["est"][st] - bb[st][0] for bb, r in zip(b, rows)])) for st in CAL_STATS})
+            gate=int(sum(gate)),
+            gate_true=int(sum(g and t for g, t in zip(gate, ok_true))),
+            lb_gap={st: float(np.mean([r["est"][st] - bb[st][0] for bb, r in zip(b, rows)])) for st in CAL_STATS},
+        )
     return out
 
 # %% ../nbs/18_protocol.ipynb #a1558c1a
@@ -742,12 +1093,14 @@ def coverage_table(cells: Sequence[dict]) -> dict:
             out.setdefault(m, {})[reg] = row | dict(points=n)
     return out
 
+
 def choose_bound(table: dict, band: tuple[float, float] = (0.93, 0.97)) -> dict:
     "The rule of this section: in-band coverage everywhere, then highest mean power; else the closest conservative method."
     cov = {m: [r[key] for r in t.values() for key in COVERED] for m, t in table.items()}
     power = {m: float(np.mean([r["power"] for r in t.values()])) for m, t in table.items()}
     ok = [m for m in table if all(band[0] <= c <= band[1] for c in cov[m])]
-    if ok: return dict(bound=max(ok, key=lambda m: power[m]), qualified=ok, conservative_fallback=False, power=power)
+    if ok:
+        return dict(bound=max(ok, key=lambda m: power[m]), qualified=ok, conservative_fallback=False, power=power)
     cons = [m for m in table if min(cov[m]) >= band[0]]
     pick = min(cons, key=lambda m: (max(cov[m]), -power[m])) if cons else None
     return dict(bound=pick, qualified=[], conservative_fallback=True, power=power)
@@ -759,96 +1112,185 @@ def _boot_quantiles(XA, XB, XR_mask, XS_mask, s, k, reps, level, g):
     A, B = XA + s * g.standard_normal((reps, d, n)), XB + s * g.standard_normal((reps, d, n))
     u = (A + B) / 2
     rel = reliability(topk_mask(A, k), topk_mask(B, k))
-    return (np.quantile(rel, 1 - level, axis=0), np.quantile(selection_gain(u, XR_mask), 1 - level, axis=0),
-            selection_gain(u, XS_mask))
+    return (
+        np.quantile(rel, 1 - level, axis=0),
+        np.quantile(selection_gain(u, XR_mask), 1 - level, axis=0),
+        selection_gain(u, XS_mask),
+    )
 
-def latent_draws(rho: float, n: int, k: int, pools: int = 40, draws: int = 50, stale_ratio: float = 1.0, level: float = 0.95,
-                 domain: Domain | None = None, boot_reps: int = 0, noise_scale: float = 1.3) -> dict:
+
+def latent_draws(
+    rho: float,
+    n: int,
+    k: int,
+    pools: int = 40,
+    draws: int = 50,
+    stale_ratio: float = 1.0,
+    level: float = 0.95,
+    domain: Domain | None = None,
+    boot_reps: int = 0,
+    noise_scale: float = 1.3,
+) -> dict:
     "Gaussian-model points at one design: Rel_k, fresh and stale gains [pools, draws], each pool's Rel_k spread, the gains' SD; with boot_reps > 0 the percentile reading too."
     g = (domain or Domain(0, ("protocol", "design"))).numpy()
-    rho = float(np.clip(rho, 1e-6, 1 - 1e-9)); sig = np.sqrt(1 / rho - 1)
-    c = float(np.clip(stale_ratio * np.sqrt(rho), -1 + 1e-9, 1 - 1e-9))          # corr(X^S, mu)
+    rho = float(np.clip(rho, 1e-6, 1 - 1e-9))
+    sig = np.sqrt(1 / rho - 1)
+    c = float(np.clip(stale_ratio * np.sqrt(rho), -1 + 1e-9, 1 - 1e-9))  # corr(X^S, mu)
     names = ["rel", "gain_fresh", "gain_stale"] + (["rel_pct", "fresh_pct"] if boot_reps else [])
-    out = {nm: np.zeros((pools, draws)) for nm in names} | ({"stale_reps": np.zeros((pools, draws, boot_reps))} if boot_reps else {})
+    out = {nm: np.zeros((pools, draws)) for nm in names} | (
+        {"stale_reps": np.zeros((pools, draws, boot_reps))} if boot_reps else {}
+    )
     for p in range(pools):
         mu = g.standard_normal(n)
         X = {h: mu + sig * g.standard_normal((draws, n)) for h in SPLITS}
-        XS = np.sign(c) * mu + np.sqrt(1 / c ** 2 - 1) * g.standard_normal((draws, n)) if c != 0 else g.standard_normal((draws, n))
+        XS = (
+            np.sign(c) * mu + np.sqrt(1 / c**2 - 1) * g.standard_normal((draws, n))
+            if c != 0
+            else g.standard_normal((draws, n))
+        )
         u, mR, mS = (X["A"] + X["B"]) / 2, topk_mask(X["R"], k), topk_mask(XS, k)
         out["rel"][p] = reliability(topk_mask(X["A"], k), topk_mask(X["B"], k))
         out["gain_fresh"][p], out["gain_stale"][p] = selection_gain(u, mR), selection_gain(u, mS)
         if boot_reps:
-            out["rel_pct"][p], out["fresh_pct"][p], st = _boot_quantiles(X["A"], X["B"], mR, mS, sig / noise_scale, k, boot_reps, level, g)
+            out["rel_pct"][p], out["fresh_pct"][p], st = _boot_quantiles(
+                X["A"], X["B"], mR, mS, sig / noise_scale, k, boot_reps, level, g
+            )
             out["stale_reps"][p] = st.T
-    out["rel_spread"] = np.median(out["rel"], 1, keepdims=True) - np.quantile(out["rel"], 1 - level, axis=1, keepdims=True)
-    out["gain_sd"] = float(np.sqrt(sig ** 2 / 2 * (1 / k - 1 / n)))
+    out["rel_spread"] = np.median(out["rel"], 1, keepdims=True) - np.quantile(
+        out["rel"], 1 - level, axis=1, keepdims=True
+    )
+    out["gain_sd"] = float(np.sqrt(sig**2 / 2 * (1 / k - 1 / n)))
     return out
 
 # %% ../nbs/18_protocol.ipynb #2f8da2f3
-def design_power(rho: float, n: int, k: int, seeds: int = 5, stale_ratio: float = 1.0, bound: str = DEFAULT_BOUND, level: float = 0.95,
-                 rel_factor: float = 2.0, min_admissible: float = 0.8, preserve: float = 0.5, pools: int = 40, draws: int = 50,
-                 cells: int = 2000, noise_scale: float = 1.3, boot_reps: int = 100, domain: Domain | None = None) -> dict:
+def design_power(
+    rho: float,
+    n: int,
+    k: int,
+    seeds: int = 5,
+    stale_ratio: float = 1.0,
+    bound: str = DEFAULT_BOUND,
+    level: float = 0.95,
+    rel_factor: float = 2.0,
+    min_admissible: float = 0.8,
+    preserve: float = 0.5,
+    pools: int = 40,
+    draws: int = 50,
+    cells: int = 2000,
+    noise_scale: float = 1.3,
+    boot_reps: int = 100,
+    domain: Domain | None = None,
+) -> dict:
     "P(gate passes) per point and P(each verdict) for a cell of `seeds` points, Gaussian model with split-half correlation rho at (n, k); `bound`: percentile or a calibrated one (model, gaussian)."
     D = domain or Domain(0, ("protocol", "design"))
     pct = bound == "percentile"
     L = latent_draws(rho, n, k, pools, draws, stale_ratio, level, D, boot_reps if pct else 0, noise_scale)
     z = float(stats.norm.ppf(level))
-    rel_lb, fresh_lb = (L["rel_pct"], L["fresh_pct"]) if pct else (L["rel"] - L["rel_spread"], L["gain_fresh"] - z * L["gain_sd"])
+    rel_lb, fresh_lb = (
+        (L["rel_pct"], L["fresh_pct"]) if pct else (L["rel"] - L["rel_spread"], L["gain_fresh"] - z * L["gain_sd"])
+    )
     gate = (rel_lb >= rel_factor * k / n - 1e-12) & (fresh_lb > 0)
     g = D.child("cells").numpy()
     ix = g.integers(0, pools, (cells, seeds)), g.integers(0, draws, (cells, seeds))
     sg, fg = L["gain_stale"][ix].mean(1), L["gain_fresh"][ix].mean(1)
-    if pct: lo, hi = np.quantile(L["stale_reps"][ix].mean(1), [1 - level, level], axis=-1)
-    else: lo, hi = sg - z * L["gain_sd"] / np.sqrt(seeds), sg + z * L["gain_sd"] / np.sqrt(seeds)
+    if pct:
+        lo, hi = np.quantile(L["stale_reps"][ix].mean(1), [1 - level, level], axis=-1)
+    else:
+        lo, hi = sg - z * L["gain_sd"] / np.sqrt(seeds), sg + z * L["gain_sd"] / np.sqrt(seeds)
     v = [verdict(f, s, a, b, fr, min_admissible, preserve) for f, s, a, b, fr in zip(gate[ix], sg, lo, hi, fg)]
-    return dict(rho=float(rho), n=n, k=k, seeds=seeds, bound=bound, p_gate=float(gate.mean()), rel=float(L["rel"].mean()),
-                gain_fresh=float(L["gain_fresh"].mean()), **{f"p_{x.lower()}": v.count(x) / cells for x in ("Effective", "Ineffective", "Inconclusive")})
+    return dict(
+        rho=float(rho),
+        n=n,
+        k=k,
+        seeds=seeds,
+        bound=bound,
+        p_gate=float(gate.mean()),
+        rel=float(L["rel"].mean()),
+        gain_fresh=float(L["gain_fresh"].mean()),
+        **{f"p_{x.lower()}": v.count(x) / cells for x in ("Effective", "Ineffective", "Inconclusive")},
+    )
 
 # %% ../nbs/18_protocol.ipynb #b5c6d7e8
 def pilot_model(summary: Mapping) -> dict:
     "Design inputs from a point's summary (`PointResult.summary()` or result.json's 'result'): rho = O^{-1}(Rel_k) at its k/n, the fresh gain, each stale estimator's gain ratio, its (n, k, K)."
     n, k, g = summary["n"], summary["k"], float(summary["gain_fresh"])
     rho = rho_from_rel(float(summary["rel"]), k / n)
-    ratio = {e: float(np.clip(v / g, -1 / np.sqrt(max(rho, 1e-6)), 1 / np.sqrt(max(rho, 1e-6)))) if g > 0 else 0.0 for e, v in summary["gain_stale"].items()}
-    return dict(rho=rho, gain=g, n=n, k=k, K=int(summary.get("K") or 0), stale_ratio=ratio, bound=summary.get("bound", DEFAULT_BOUND),
-                noise_scale=float(summary.get("model_world", {}).get("noise_scale", 1.3)))
+    ratio = {
+        e: float(np.clip(v / g, -1 / np.sqrt(max(rho, 1e-6)), 1 / np.sqrt(max(rho, 1e-6)))) if g > 0 else 0.0
+        for e, v in summary["gain_stale"].items()
+    }
+    return dict(
+        rho=rho,
+        gain=g,
+        n=n,
+        k=k,
+        K=int(summary.get("K") or 0),
+        stale_ratio=ratio,
+        bound=summary.get("bound", DEFAULT_BOUND),
+        noise_scale=float(summary.get("model_world", {}).get("noise_scale", 1.3)),
+    )
 
-def predict_design(model: Mapping, n: int, K: int, k: int, seeds: int = 5, stale_ratio: float | None = None, **kw) -> dict:
+
+def predict_design(
+    model: Mapping, n: int, K: int, k: int, seeds: int = 5, stale_ratio: float | None = None, **kw
+) -> dict:
     "Predicted gate power, verdict probabilities and fresh gain (in the pilot's units) at (n, K, k), from `pilot_model` or {rho, n, k, K[, gain]}."
     rho = float(spearman_brown(model["rho"], K / model["K"])) if model.get("K") else float(model["rho"])
     r = stale_ratio if stale_ratio is not None else min(model.get("stale_ratio", {}).values(), default=1.0)
     kw = dict(bound=model.get("bound", DEFAULT_BOUND), noise_scale=model.get("noise_scale", 1.3)) | kw
     out = design_power(rho, n, k, seeds, r, **kw)
     if model.get("gain") is not None:
-        out["gain_fresh"] *= model["gain"] / design_power(model["rho"], model["n"], model["k"], 1, 1.0, **(kw | dict(cells=10, bound="model")))["gain_fresh"]
+        out["gain_fresh"] *= (
+            model["gain"]
+            / design_power(model["rho"], model["n"], model["k"], 1, 1.0, **(kw | dict(cells=10, bound="model")))[
+                "gain_fresh"
+            ]
+        )
     return out | dict(K=K, stale_ratio=r)
 
-def smallest_design(model: Mapping, target: float = 0.9, ns: Sequence[int] = (64, 128, 256, 512, 1024), Ks: Sequence[int] = (4, 8, 16, 32),
-                    seeds: int = 5, what: str = "p_gate", q: float | None = None, **kw) -> tuple[dict | None, list[dict]]:
+
+def smallest_design(
+    model: Mapping,
+    target: float = 0.9,
+    ns: Sequence[int] = (64, 128, 256, 512, 1024),
+    Ks: Sequence[int] = (4, 8, 16, 32),
+    seeds: int = 5,
+    what: str = "p_gate",
+    q: float | None = None,
+    **kw,
+) -> tuple[dict | None, list[dict]]:
     "The cheapest design (fewest rollouts per split, n*K) whose predicted `what` reaches `target`; k = q n (default: the pilot's k/n); and every design tried."
     q = q or model["k"] / model["n"]
     tried = []
     for n, K in sorted(((n, K) for n in ns for K in Ks), key=lambda x: (x[0] * x[1], x[0])):
         tried.append(predict_design(model, n, K, max(1, round(q * n)), seeds, **kw))
-        if tried[-1][what] >= target: return tried[-1], tried
+        if tried[-1][what] >= target:
+            return tried[-1], tried
     return None, tried
 
 # %% ../nbs/18_protocol.ipynb #e8f9a0b1
 def _read_pilot(path: str) -> dict:
     p = Path(path)
-    if not p.is_file(): raise StalebookError(f"stalebook design: no such file: {path}")
-    try: data = json.loads(p.read_text())
-    except json.JSONDecodeError as e: raise StalebookError(f"stalebook design: {path} is not JSON ({e.msg})") from None
+    if not p.is_file():
+        raise StalebookError(f"stalebook design: no such file: {path}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise StalebookError(f"stalebook design: {path} is not JSON ({e.msg})") from None
     summ = data.get("result", data)
     summ = dict(summ, K=summ.get("K") or data.get("manifest", {}).get("config", {}).get("group_size"))
     missing = [f for f in ("n", "k", "K", "rel", "gain_fresh", "gain_stale") if summ.get(f) is None]
-    if missing: raise StalebookError(f"stalebook design: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
+    if missing:
+        raise StalebookError(f"stalebook design: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
     return summ
 
 # %% ../nbs/18_protocol.ipynb #af84e2ec
 def cmd_design(argv) -> int:
     "Predicted gate power and verdict probabilities from a pilot point (result.json) or --rho, and the smallest design reaching --target."
-    p = CommandParser(prog="stalebook design", description="Power of the protocol's gate and verdicts, and the smallest design reaching a target.")
+    p = CommandParser(
+        prog="stalebook design",
+        description="Power of the protocol's gate and verdicts, and the smallest design reaching a target.",
+    )
     p.add_argument("result", nargs="?", help="a pilot point's result.json")
     p.add_argument("--rho", type=float, help="split-half correlation of single-split scores (instead of a result.json)")
     p.add_argument("--gain", type=float, help="fresh gain at the --rho design (only scales predicted gains)")
@@ -857,32 +1299,55 @@ def cmd_design(argv) -> int:
     p.add_argument("--seeds", type=int, default=5, help="registered seeds per cell (default 5)")
     p.add_argument("--stale-ratio", type=float, help="stale gain / fresh gain (default: the pilot's smallest, else 1)")
     p.add_argument("--target", type=float, default=0.9, help="target power of the gate (default 0.9)")
-    p.add_argument("--bound", choices=("percentile", "model", "gaussian"), help=f"bound method (default: the pilot's, else {DEFAULT_BOUND})")
-    p.add_argument("--noise-scale", type=float, help="rollout-bootstrap noise understatement kappa (default: the pilot's, else 1.3)")
+    p.add_argument(
+        "--bound",
+        choices=("percentile", "model", "gaussian"),
+        help=f"bound method (default: the pilot's, else {DEFAULT_BOUND})",
+    )
+    p.add_argument(
+        "--noise-scale",
+        type=float,
+        help="rollout-bootstrap noise understatement kappa (default: the pilot's, else 1.3)",
+    )
     a = p.parse_args(argv)
-    if a.result: model = pilot_model(_read_pilot(a.result))
-    elif a.rho is not None and None not in (a.n, a.K, a.k): model = dict(rho=a.rho, gain=a.gain, n=a.n, k=a.k, K=a.K)
-    else: raise StalebookError("stalebook design: give a pilot result.json, or --rho with --n, --K and --k")
+    if a.result:
+        model = pilot_model(_read_pilot(a.result))
+    elif a.rho is not None and None not in (a.n, a.K, a.k):
+        model = dict(rho=a.rho, gain=a.gain, n=a.n, k=a.k, K=a.K)
+    else:
+        raise StalebookError("stalebook design: give a pilot result.json, or --rho with --n, --K and --k")
     model = model | {nm: v for nm, v in (("bound", a.bound), ("noise_scale", a.noise_scale)) if v is not None}
     n, K, k = a.n or model["n"], a.K or model["K"], a.k or model["k"]
-    print(f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  bound {model.get('bound', DEFAULT_BOUND)}"
-          + (f"  fresh gain {model['gain']:.4f}" if model.get("gain") is not None else ""))
+    print(
+        f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  bound {model.get('bound', DEFAULT_BOUND)}"
+        + (f"  fresh gain {model['gain']:.4f}" if model.get("gain") is not None else "")
+    )
     for b in dict.fromkeys((model.get("bound", DEFAULT_BOUND), "model")):
         pr = predict_design(model | {"bound": b}, n, K, k, a.seeds, a.stale_ratio, pools=20, draws=25, boot_reps=60)
-        print(f"design n={n} K={K} k={k}, {a.seeds} seeds, bound {b} (stale ratio {pr['stale_ratio']:.2f}): rho={pr['rho']:.3f}  P(gate)={pr['p_gate']:.3f}  "
-              f"P(Effective)={pr['p_effective']:.3f}  P(Ineffective)={pr['p_ineffective']:.3f}  P(Inconclusive)={pr['p_inconclusive']:.3f}")
-    best, tried = smallest_design(model, a.target, seeds=a.seeds, stale_ratio=a.stale_ratio, q=k / n, pools=20, draws=20, boot_reps=50, cells=500)
-    for t in tried: print(f"  n={t['n']:5d} K={t['K']:3d} k={t['k']:4d}  rho={t['rho']:.3f}  P(gate)={t['p_gate']:.3f}")
-    print(f"smallest design with P(gate) >= {a.target} (bound {model.get('bound', DEFAULT_BOUND)}): "
-          + (f"n={best['n']} K={best['K']} k={best['k']} (P(gate)={best['p_gate']:.3f})" if best else "none in the grid"))
+        print(
+            f"design n={n} K={K} k={k}, {a.seeds} seeds, bound {b} (stale ratio {pr['stale_ratio']:.2f}): rho={pr['rho']:.3f}  P(gate)={pr['p_gate']:.3f}  "
+            f"P(Effective)={pr['p_effective']:.3f}  P(Ineffective)={pr['p_ineffective']:.3f}  P(Inconclusive)={pr['p_inconclusive']:.3f}"
+        )
+    best, tried = smallest_design(
+        model, a.target, seeds=a.seeds, stale_ratio=a.stale_ratio, q=k / n, pools=20, draws=20, boot_reps=50, cells=500
+    )
+    for t in tried:
+        print(f"  n={t['n']:5d} K={t['K']:3d} k={t['k']:4d}  rho={t['rho']:.3f}  P(gate)={t['p_gate']:.3f}")
+    print(
+        f"smallest design with P(gate) >= {a.target} (bound {model.get('bound', DEFAULT_BOUND)}): "
+        + (f"n={best['n']} K={best['K']} k={best['k']} (P(gate)={best['p_gate']:.3f})" if best else "none in the grid")
+    )
     return 0
 
 # %% ../nbs/18_protocol.ipynb #1f2da001
-def _small_point(seed: int = 0, n: int = 10, n_val: int = 3, d: int = 6, K: int = 4, K_val: int = 3, frac_homog: float = 0.3):
+def _small_point(
+    seed: int = 0, n: int = 10, n_val: int = 3, d: int = 6, K: int = 4, K_val: int = 3, frac_homog: float = 0.3
+):
     D = Domain(seed, ("protocol", "small"))
     pool = synthetic_pool(D, n, n_val, d, frac_homog=frac_homog)
     cand, val = synthetic_point(pool, D, K, K_val)
     return D, cand, val
+
 
 @verify_check
 def check_gram_bootstrap():
@@ -890,12 +1355,18 @@ def check_gram_bootstrap():
     D, cand, val = _small_point()
     k, n = 3, cand["R"].n
     keys = {h: tie_keys(D, h, n) for h in SPLITS}
-    masks = {"fresh": topk_mask(point_scores(cand, val)["R"][0], k, keys["R"]),
-             "other": topk_mask(D.child("x").numpy().random(n), k, keys["R"])}
+    masks = {
+        "fresh": topk_mask(point_scores(cand, val)["R"][0], k, keys["R"]),
+        "other": topk_mask(D.child("x").numpy().random(n), k, keys["R"]),
+    }
     a = bootstrap_gram(cand, val, masks, keys["A"], keys["B"], k, D, 64, chunk=16, keep_scores=True)
     b = bootstrap_naive(cand, val, masks, keys["A"], keys["B"], k, D, 64, chunk=16, keep_scores=True)
-    return Check("protocol.gram_bootstrap", "max |Gram - naive|, 64 replicates: s^A, s^B, u, Rel_k, gains",
-                 max(np.abs(a[s] - b[s]).max() for s in a), 1e-9)
+    return Check(
+        "protocol.gram_bootstrap",
+        "max |Gram - naive|, 64 replicates: s^A, s^B, u, Rel_k, gains",
+        max(np.abs(a[s] - b[s]).max() for s in a),
+        1e-9,
+    )
 
 # %% ../nbs/18_protocol.ipynb #ba2bdade
 @verify_check
@@ -903,24 +1374,48 @@ def check_tie_streams():
     "An all-tied pool: index-order ties give Rel_k = 1; independent tie streams give chance k/n."
     n, k, T = 40, 8, 400
     s = np.zeros(n)
-    idx = -np.arange(n, dtype=np.float64)                       # larger key wins: lower index first
+    idx = -np.arange(n, dtype=np.float64)  # larger key wins: lower index first
     rel_idx = float(reliability(topk_mask(s, k, idx), topk_mask(s, k, idx)))
     D = Domain(0, ("protocol", "ties"))
-    rel = np.array([reliability(topk_mask(s, k, tie_keys(D.child(t), "A", n)), topk_mask(s, k, tie_keys(D.child(t), "B", n)))
-                    for t in range(T)])
-    return [Check("protocol.tie_stream", "Rel_k of an all-tied pool, index-order ties in both halves", rel_idx, 1.0, "=="),
-            Check("protocol.tie_stream", "|mean Rel_k - k/n| / SE, independent tie streams", abs(rel.mean() - k / n) / (rel.std() / np.sqrt(T)), 4.0)]
+    rel = np.array(
+        [
+            reliability(topk_mask(s, k, tie_keys(D.child(t), "A", n)), topk_mask(s, k, tie_keys(D.child(t), "B", n)))
+            for t in range(T)
+        ]
+    )
+    return [
+        Check("protocol.tie_stream", "Rel_k of an all-tied pool, index-order ties in both halves", rel_idx, 1.0, "=="),
+        Check(
+            "protocol.tie_stream",
+            "|mean Rel_k - k/n| / SE, independent tie streams",
+            abs(rel.mean() - k / n) / (rel.std() / np.sqrt(T)),
+            4.0,
+        ),
+    ]
+
 
 @verify_check
 def check_verdict_boundaries():
     "Gate and verdict at their thresholds (>= vs > as the rules state)."
     F = [True] * 4 + [False]
-    cases = [(admissible(0.25, 1e-9, 4, 32), True), (admissible(0.25 - 1e-12, 1.0, 4, 32), False),
-             (admissible(0.5, 0.0, 4, 32), False), (verdict(F, 0.5, 1e-9, 0.9, 1.0), "Effective"),
-             (verdict(F, 0.5, 0.0, 0.9, 1.0), "Inconclusive"), (verdict(F, 0.4999, 0.1, 0.9, 1.0), "Inconclusive"),
-             (verdict(F, -0.1, -0.3, 0.0, 1.0), "Ineffective"), (verdict(F, -0.1, -0.3, 1e-12, 1.0), "Inconclusive"),
-             (verdict([True] * 3 + [False] * 2, -0.1, -0.3, -0.1, 1.0), "Inconclusive")]
-    return Check("protocol.verdict", "boundary cases decided differently from the stated gate and verdict rules", sum(a != b for a, b in cases), 0, "==")
+    cases = [
+        (admissible(0.25, 1e-9, 4, 32), True),
+        (admissible(0.25 - 1e-12, 1.0, 4, 32), False),
+        (admissible(0.5, 0.0, 4, 32), False),
+        (verdict(F, 0.5, 1e-9, 0.9, 1.0), "Effective"),
+        (verdict(F, 0.5, 0.0, 0.9, 1.0), "Inconclusive"),
+        (verdict(F, 0.4999, 0.1, 0.9, 1.0), "Inconclusive"),
+        (verdict(F, -0.1, -0.3, 0.0, 1.0), "Ineffective"),
+        (verdict(F, -0.1, -0.3, 1e-12, 1.0), "Inconclusive"),
+        (verdict([True] * 3 + [False] * 2, -0.1, -0.3, -0.1, 1.0), "Inconclusive"),
+    ]
+    return Check(
+        "protocol.verdict",
+        "boundary cases decided differently from the stated gate and verdict rules",
+        sum(a != b for a, b in cases),
+        0,
+        "==",
+    )
 
 # %% ../nbs/18_protocol.ipynb #f0a1b2c3
 @verify_check
@@ -933,14 +1428,23 @@ def check_bound_inputs():
         gv = validation_gradient(val[h])
         for i in range(cand[h].n):
             for y in range(cand[h].K):
-                ro = Rollouts(np.delete(cand[h].rewards[i:i + 1], y, 1), np.delete(cand[h].vectors[i:i + 1], y, 1))
+                ro = Rollouts(np.delete(cand[h].rewards[i : i + 1], y, 1), np.delete(cand[h].vectors[i : i + 1], y, 1))
                 worst = max(worst, abs(sc[i, y] - cosine_scores(prompt_gradients(ro), gv)[0][0]))
     r = D.child("sym").numpy().standard_normal(500)
     sym = np.concatenate([r, -r]) + 0.2
     bc = max(abs(a - b) for a, b in zip(bca_bounds(0.2, sym), percentile_bounds(sym)))
     q, rel = 0.125, 0.4
     lo = gaussian_rel_bounds(rel, 64, 8, 0.1)[0]
-    inv = abs(float(overlap_limit(rho_from_rel(rel, q) - float(stats.norm.ppf(0.95)) * 0.1 / overlap_slope(rho_from_rel(rel, q), q), q)) - lo)
-    return [Check("protocol.jackknife", "max |Gram - direct| delete-one-rollout candidate scores", worst, 1e-9),
-            Check("protocol.bounds", "max |BC - percentile| on replicates centred on the estimate", bc, 1e-12),
-            Check("protocol.bounds", "|Gaussian LB - O(O^-1(Rel) - z se)|", inv, 1e-12)]
+    inv = abs(
+        float(
+            overlap_limit(
+                rho_from_rel(rel, q) - float(stats.norm.ppf(0.95)) * 0.1 / overlap_slope(rho_from_rel(rel, q), q), q
+            )
+        )
+        - lo
+    )
+    return [
+        Check("protocol.jackknife", "max |Gram - direct| delete-one-rollout candidate scores", worst, 1e-9),
+        Check("protocol.bounds", "max |BC - percentile| on replicates centred on the estimate", bc, 1e-12),
+        Check("protocol.bounds", "|Gaussian LB - O(O^-1(Rel) - z se)|", inv, 1e-12),
+    ]

@@ -11,7 +11,6 @@ Docs: https://stalebook.github.io/stalebook/registry.html.md"""
 # %% ../nbs/31_registry.ipynb #e054de54
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import os
@@ -32,40 +31,55 @@ __all__ = ['KINDS', 'KIND_MODULES', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 
 @dataclass
 class ModelSpec:
     "A model of a registry: a locked local snapshot, named by a folder or an environment variable (neither: the embedded tiny model)."
-    snapshot: str = ""             # the snapshot folder
-    snapshot_env: str = ""         # environment variable holding the folder (wins over `snapshot` when set)
-    source: str = ""               # where the weights come from (a hub repo id), for the preparation hint
-    revision: str = ""             # the lockfile revision the registry was written for ("" = not pinned)
+
+    snapshot: str = ""  # the snapshot folder
+    snapshot_env: str = ""  # environment variable holding the folder (wins over `snapshot` when set)
+    source: str = ""  # where the weights come from (a hub repo id), for the preparation hint
+    revision: str = ""  # the lockfile revision the registry was written for ("" = not pinned)
     architecture: str = ""
-    params: str = ""               # capacity, e.g. "7B"
+    params: str = ""  # capacity, e.g. "7B"
     note: str = ""
 
     @property
-    def embedded(self) -> bool: return not self.snapshot and not self.snapshot_env
+    def embedded(self) -> bool:
+        return not self.snapshot and not self.snapshot_env
 
     def folder(self) -> str:
         "The snapshot folder this machine would use ('' for the embedded model or when none is given)."
-        return os.environ.get(self.snapshot_env, "") if self.snapshot_env and os.environ.get(self.snapshot_env) else self.snapshot
+        return (
+            os.environ.get(self.snapshot_env, "")
+            if self.snapshot_env and os.environ.get(self.snapshot_env)
+            else self.snapshot
+        )
 
 # %% ../nbs/31_registry.ipynb #47a8d882
 def _prepare_hint(name: str, m: ModelSpec) -> str:
-    get = f"put the files of {m.source} in a folder DIR (e.g. `huggingface-cli download {m.source} --local-dir DIR` " \
-          "on a machine with network)" if m.source else f"put the files of model '{name}' in a folder DIR"
+    get = (
+        f"put the files of {m.source} in a folder DIR (e.g. `huggingface-cli download {m.source} --local-dir DIR` "
+        "on a machine with network)"
+        if m.source
+        else f"put the files of model '{name}' in a folder DIR"
+    )
     use = f"`export {m.snapshot_env}=DIR`" if m.snapshot_env else "set `snapshot: DIR` in the registry"
     return f"to prepare it: {get}, lock it with `stalebook snapshot lock DIR`, then {use}"
 
+
 def snapshot_problem(name: str, m: ModelSpec) -> str | None:
     "Why model `name` cannot run on this machine (one line with the fix), or None."
-    if m.embedded: return None
+    if m.embedded:
+        return None
     d = m.folder()
     if not d:
         where = f"${m.snapshot_env} is not set" + ("" if not m.snapshot else f" and {m.snapshot} is not given")
         return f"model '{name}' needs a local snapshot: {where}; {_prepare_hint(name, m)}"
-    if not Path(d).is_dir(): return f"model '{name}': snapshot folder {d} does not exist; {_prepare_hint(name, m)}"
+    if not Path(d).is_dir():
+        return f"model '{name}': snapshot folder {d} does not exist; {_prepare_hint(name, m)}"
     if not (Path(d) / LOCKFILE).is_file():
         return f"model '{name}': snapshot folder {d} is not locked (no {LOCKFILE}); run `stalebook snapshot lock {d}`"
-    try: rev = read_lock(d)["revision"]
-    except StalebookError as e: return f"model '{name}': {e}"
+    try:
+        rev = read_lock(d)["revision"]
+    except StalebookError as e:
+        return f"model '{name}': {e}"
     if m.revision and rev != m.revision:
         return f"model '{name}': snapshot {d} is locked at revision {rev[:16]}, the registry was written for {m.revision[:16]}"
     return None
@@ -74,26 +88,37 @@ def snapshot_problem(name: str, m: ModelSpec) -> str | None:
 @dataclass(frozen=True)
 class UnitKind:
     "A kind of unit of work: how a registry's study section is typed and expanded, and the phases of one unit."
+
     name: str
-    study: type                     # dataclass typing the registry's `study:` section
-    units: Callable                 # (registry) -> {unit id: unit config (a dataclass)}, in run order
-    phases: Callable                # (units.Unit: registry, id, config, folder) -> [units.Phase], in order
-    items: Callable | None = None   # (registry, unit id, unit config) -> [item ids] for status (default: [unit id])
+    study: type  # dataclass typing the registry's `study:` section
+    units: Callable  # (registry) -> {unit id: unit config (a dataclass)}, in run order
+    phases: Callable  # (units.Unit: registry, id, config, folder) -> [units.Phase], in order
+    items: Callable | None = None  # (registry, unit id, unit config) -> [item ids] for status (default: [unit id])
     doc: str = ""
 
+
 KINDS: dict[str, UnitKind] = {}
-KIND_MODULES = ["stalebook.units", "stalebook.contracts", "stalebook.staleness_study", "stalebook.bolt_study"]   # modules that register kinds (and their contracts)
+KIND_MODULES = [
+    "stalebook.units",
+    "stalebook.contracts",
+    "stalebook.staleness_study",
+    "stalebook.bolt_study",
+]  # modules that register kinds (and their contracts)
+
 
 def register_kind(kind: UnitKind) -> UnitKind:
     "Make `kind` available to registries under `kind.name` (registering the same name again replaces it)."
     KINDS[kind.name] = kind
     return kind
 
+
 def kind_of(name: str, src: str = "<registry>") -> UnitKind:
     "The registered kind `name` (importing `KIND_MODULES` first)."
-    for m in KIND_MODULES:                              # not an import statement: kinds register themselves
-        if importlib.util.find_spec(m) is not None: importlib.import_module(m)
-    if name not in KINDS: raise ConfigError(f"{src}: field 'kind': unknown kind '{name}' (registered: {', '.join(sorted(KINDS))})")
+    for m in KIND_MODULES:  # not an import statement: kinds register themselves
+        if importlib.util.find_spec(m) is not None:
+            importlib.import_module(m)
+    if name not in KINDS:
+        raise ConfigError(f"{src}: field 'kind': unknown kind '{name}' (registered: {', '.join(sorted(KINDS))})")
     return KINDS[name]
 
 # %% ../nbs/31_registry.ipynb #f1fe52f7
@@ -104,21 +129,24 @@ def deep_merge(base: dict, over: dict) -> dict:
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
+
 @dataclass
 class Registry:
     "A study as data: a kind of unit, its typed study section, the models, the results folder, the slices."
+
     name: str
     kind: str
-    study: dict = field(default_factory=dict)              # typed by the kind (see `spec`)
+    study: dict = field(default_factory=dict)  # typed by the kind (see `spec`)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     description: str = ""
-    out: str = ""                                          # results folder (default runs/<name>)
+    out: str = ""  # results folder (default runs/<name>)
     slices: dict[str, dict] = field(default_factory=dict)  # slice name -> override of `study`
-    source: str = field(default="", init=False)            # set by load_registry: the file (for messages)
-    spec: Any = field(default=None, init=False, repr=False)   # set by load_registry: the typed study section
+    source: str = field(default="", init=False)  # set by load_registry: the file (for messages)
+    spec: Any = field(default=None, init=False, repr=False)  # set by load_registry: the typed study section
 
     @property
-    def unit_kind(self) -> UnitKind: return kind_of(self.kind, self.source)
+    def unit_kind(self) -> UnitKind:
+        return kind_of(self.kind, self.source)
 
     def units(self) -> dict:
         "{unit id: unit config} of this registry, in run order."
@@ -129,44 +157,65 @@ def registries_dir() -> Path:
     "`<project root or cwd>/configs/registries`."
     return (project_root() or Path.cwd()) / "configs" / "registries"
 
+
 def registry_path(name: str) -> Path:
     "The file of registry `name` (a path to a YAML/JSON file, or a name in `configs/registries/`)."
     p = Path(name)
-    if p.suffix in (".yaml", ".yml", ".json") and p.is_file(): return p
+    if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
+        return p
     f = registries_dir() / f"{name}.yaml"
-    if f.is_file(): return f
+    if f.is_file():
+        return f
     have = sorted(x.stem for x in registries_dir().glob("*.yaml")) if registries_dir().is_dir() else []
     raise StalebookError(f"registry '{name}' not found (no {f}; registries here: {', '.join(have) or 'none'})")
 
+
 UNIT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 
 def load_registry(spec) -> Registry:
     "Load `NAME`, `NAME:SLICE` or a file path (a `Registry` is returned as is); typed, sliced and expanded once."
-    if isinstance(spec, Registry): return spec
-    base, _, sl = str(spec).partition(":") if ":" in str(spec) and "/" not in str(spec).rpartition(":")[2] else (str(spec), "", "")
+    if isinstance(spec, Registry):
+        return spec
+    base, _, sl = (
+        str(spec).partition(":")
+        if ":" in str(spec) and "/" not in str(spec).rpartition(":")[2]
+        else (str(spec), "", "")
+    )
     path = registry_path(base)
     reg = from_dict(Registry, read_mapping(path), src=str(path))
     reg.source, study = str(path), reg.study
     if sl:
-        if sl not in reg.slices: raise ConfigError(f"{path}: no slice '{sl}' (slices: {', '.join(reg.slices) or 'none'})")
+        if sl not in reg.slices:
+            raise ConfigError(f"{path}: no slice '{sl}' (slices: {', '.join(reg.slices) or 'none'})")
         study, reg.out = deep_merge(study, reg.slices[sl]), (reg.out or f"runs/{reg.name}") + f"-{sl}"
         reg.name = f"{reg.name}:{sl}"
     reg.spec = from_dict(reg.unit_kind.study, study, src=str(path) + (f" (slice {sl})" if sl else ""), prefix="study.")
     bad = [u for u in reg.units() if not UNIT_ID.fullmatch(u)]
-    if bad: raise ConfigError(f"{path}: unit ids must be plain file names, got {bad[:3]}")
+    if bad:
+        raise ConfigError(f"{path}: unit ids must be plain file names, got {bad[:3]}")
     return reg
 
 # %% ../nbs/31_registry.ipynb #2c6bb9d4
 def registry_hash(reg: Registry) -> str:
     "Content hash of what the registry runs: name, kind, typed study section, models."
-    return hash_json(dict(name=reg.name, kind=reg.kind, study=config_dict(reg.spec),
-                          models={k: config_dict(v) for k, v in sorted(reg.models.items())}))
+    return hash_json(
+        dict(
+            name=reg.name,
+            kind=reg.kind,
+            study=config_dict(reg.spec),
+            models={k: config_dict(v) for k, v in sorted(reg.models.items())},
+        )
+    )
+
 
 def registry_root(reg: Registry, root=None) -> Path:
     "The folder of a registry's results: `root` if given, else `out` (default runs/<name>) under the project root."
-    if root is not None: return Path(root)
+    if root is not None:
+        return Path(root)
     out = Path(reg.out or f"runs/{reg.name.replace(':', '-')}")
     return out if out.is_absolute() else (project_root() or Path.cwd()) / out
+
 
 def registry_problems(reg: Registry) -> list[str]:
     "What keeps this registry from starting on this machine (each a line naming the registry): missing snapshots."

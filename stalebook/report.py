@@ -20,13 +20,30 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .contracts import cmd_freeze, cmd_status, frozen_content, registry_cells, registry_status, table_csv, table_markdown, watermark
-from .point import load_point
-from .protocol import pilot_model, pool_cell, predict_design
 from . import sandbox
-from .core import (CommandParser, StalebookError, atomic_write, atomic_write_json, experiment_notebook, hash_json, run_notebook,
-                            figures_dir, save_figure)
+from stalebook.contracts import (
+    cmd_freeze,
+    cmd_status,
+    frozen_content,
+    registry_cells,
+    registry_status,
+    table_csv,
+    table_markdown,
+    watermark,
+)
+from stalebook.core import (
+    CommandParser,
+    StalebookError,
+    atomic_write,
+    atomic_write_json,
+    experiment_notebook,
+    figures_dir,
+    hash_json,
+    run_notebook,
+    save_figure,
+)
 from .executors import cmd_run, node_gpus
+from .protocol import pilot_model, pool_cell, predict_design
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
@@ -42,13 +59,28 @@ def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
     ok, rows = {r["item"] for r in status["rows"] if r["state"] == "pass"}, []
     for uid, fam in reg.units().items():
         for c in fam.checkpoints:
-            if f"{uid}/c{c}" not in ok: continue
+            if f"{uid}/c{c}" not in ok:
+                continue
             r = json.loads((unit_dir(root, uid) / "points" / point_name(c) / "result.json").read_text())["result"]
-            rows.append(dict(model=fam.model, domain=fam.domain, tag=fam.tag, seed=fam.seed, checkpoint=c, rel=r["rel"],
-                             rel_lb=r["rel_bounds"][0], gate=2 * r["k"] / r["n"], fresh_gain=r["gain_fresh"],
-                             stale_gain={ab: r["gain_stale"][ab] for ab in ESTIMATORS}, kl=r["kl_pi_beta"],
-                             max_abs_logratio=r["stale_max_abs_logratio"], admissible=r["admissible"]))
+            rows.append(
+                dict(
+                    model=fam.model,
+                    domain=fam.domain,
+                    tag=fam.tag,
+                    seed=fam.seed,
+                    checkpoint=c,
+                    rel=r["rel"],
+                    rel_lb=r["rel_bounds"][0],
+                    gate=2 * r["k"] / r["n"],
+                    fresh_gain=r["gain_fresh"],
+                    stale_gain={ab: r["gain_stale"][ab] for ab in ESTIMATORS},
+                    kl=r["kl_pi_beta"],
+                    max_abs_logratio=r["stale_max_abs_logratio"],
+                    admissible=r["admissible"],
+                )
+            )
     return rows
+
 
 def study_view(registry, root=None) -> dict:
     "{registry, root, partial, table, content_hash, points, watermark} of a registry under its root."
@@ -57,18 +89,30 @@ def study_view(registry, root=None) -> dict:
     st = registry_status(reg, root)
     frozen = root / "frozen" / "table.json"
     if st["state"] == "frozen":
-        t = json.loads(frozen.read_text()); ch = t.pop("content_hash")
-    else: t = frozen_content(reg, root, st); ch = hash_json(t)
-    return dict(registry=reg.name, root=root, partial=st["state"] != "frozen", table=t, content_hash=ch,
-                points=point_rows(reg, root, st), watermark=watermark(st))
+        t = json.loads(frozen.read_text())
+        ch = t.pop("content_hash")
+    else:
+        t = frozen_content(reg, root, st)
+        ch = hash_json(t)
+    return dict(
+        registry=reg.name,
+        root=root,
+        partial=st["state"] != "frozen",
+        table=t,
+        content_hash=ch,
+        points=point_rows(reg, root, st),
+        watermark=watermark(st),
+    )
 
 # %% ../nbs/34_report.ipynb #24c28aad
 def report_name(registry: str, what: str, partial: bool) -> str:
     "`report-<registry>-<what>`, with `-PARTIAL` unless the registry is frozen (':' of a slice becomes '-')."
     return f"report-{registry.replace(':', '-')}-{what}" + ("-PARTIAL" if partial else "")
 
+
 def report_title(view: dict, text: str) -> str:
     return ("PARTIAL - " if view["partial"] else "") + f"{view['registry']}: {text}"
+
 
 def save_report_figure(fig, view: dict, what: str, out_dir) -> Path:
     "Write a figure to the project's figures/ (`core.save_figure`) and to `out_dir`; returns the latter."
@@ -77,7 +121,9 @@ def save_report_figure(fig, view: dict, what: str, out_dir) -> Path:
     return atomic_write(Path(out_dir) / p.name, p.read_bytes())
 
 # %% ../nbs/34_report.ipynb #363509e6
-def _strata(points): return sorted({(p["model"], p["domain"], p["tag"]) for p in points})
+def _strata(points):
+    return sorted({(p["model"], p["domain"], p["tag"]) for p in points})
+
 
 def plot_reliability(view: dict):
     "Rel_k with its LB95 against the checkpoint, one panel per (model, domain, arm)."
@@ -92,9 +138,13 @@ def plot_reliability(view: dict):
             x = np.array([cks.index(p["checkpoint"]) for p in q]) + 0.08 * (j - (len(seeds) - 1) / 2)
             y, lb = np.array([p["rel"] for p in q]), np.array([p["rel_lb"] for p in q])
             ax.errorbar(x, y, yerr=[y - lb, np.zeros_like(y)], fmt="o", capsize=3, label=f"seed {s}")
-        if sel: ax.axhline(sel[0]["gate"], ls="--", c="k", lw=1, label="gate 2k/n")
-        ax.set_xticks(range(len(cks)), [str(c) for c in cks]); ax.set_ylim(-0.05, 1.05)
-        ax.set_xlabel("checkpoint"); ax.set_ylabel("Rel_k (LB95 whisker)"); ax.set_title(f"{m} {d} {tag}".strip(), fontsize=9)
+        if sel:
+            ax.axhline(sel[0]["gate"], ls="--", c="k", lw=1, label="gate 2k/n")
+        ax.set_xticks(range(len(cks)), [str(c) for c in cks])
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("checkpoint")
+        ax.set_ylabel("Rel_k (LB95 whisker)")
+        ax.set_title(f"{m} {d} {tag}".strip(), fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(report_title(view, "split-half reliability against the checkpoint"), fontsize=10)
     fig.tight_layout()
@@ -110,16 +160,23 @@ def plot_gain_ratio(view: dict):
         for ax, key in zip(axes, ("kl", "max_abs_logratio")):
             ax.scatter([p[key] for p in pts], r, marker=mk, s=22, alpha=0.75, label=f"g{ab}")
     for ax, lab in zip(axes, ("KL(π‖β) per sequence (nats)", "max |log π − log β| (stale tokens)")):
-        ax.axhline(1, c="k", lw=0.8); ax.axhline(0, c="grey", lw=0.8, ls=":"); ax.set_xlabel(lab)
-    axes[0].set_ylabel("stale gain / fresh gain"); axes[0].legend(fontsize=7)
+        ax.axhline(1, c="k", lw=0.8)
+        ax.axhline(0, c="grey", lw=0.8, ls=":")
+        ax.set_xlabel(lab)
+    axes[0].set_ylabel("stale gain / fresh gain")
+    axes[0].legend(fontsize=7)
     left = len(view["points"]) - len(pts)
-    fig.suptitle(report_title(view, "stale/fresh gain ratio against drift") + (f" ({left} point{'s' * (left != 1)} with fresh gain <= 0 left out)" if left else ""),
-                 fontsize=10)
+    fig.suptitle(
+        report_title(view, "stale/fresh gain ratio against drift")
+        + (f" ({left} point{'s' * (left != 1)} with fresh gain <= 0 left out)" if left else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
 # %% ../nbs/34_report.ipynb #716d9e48
 VERDICT_COLOURS = {"Effective": "#4daf4a", "Ineffective": "#e41a1c", "Inconclusive": "#bdbdbd"}
+
 
 def plot_verdicts(view: dict):
     "The verdict grid of the aggregate table."
@@ -130,9 +187,13 @@ def plot_verdicts(view: dict):
     for r in rows:
         i, j = keys.index((r["model"], r["domain"], r["tag"], r["estimator"])), cks.index(r["checkpoint"])
         ax.add_patch(plt.Rectangle((j, i), 1, 1, color=VERDICT_COLOURS[r["verdict"]], ec="w"))
-        ax.text(j + 0.5, i + 0.5, f"{r['verdict']} {r['admissible']}/{r['seeds']}", ha="center", va="center", fontsize=7)
-    ax.set_xlim(0, len(cks)); ax.set_ylim(len(keys), 0)
-    ax.set_xticks(np.arange(len(cks)) + 0.5, [str(c) for c in cks]); ax.set_xlabel("checkpoint")
+        ax.text(
+            j + 0.5, i + 0.5, f"{r['verdict']} {r['admissible']}/{r['seeds']}", ha="center", va="center", fontsize=7
+        )
+    ax.set_xlim(0, len(cks))
+    ax.set_ylim(len(keys), 0)
+    ax.set_xticks(np.arange(len(cks)) + 0.5, [str(c) for c in cks])
+    ax.set_xlabel("checkpoint")
     ax.set_yticks(np.arange(len(keys)) + 0.5, [" ".join(x for x in k if x) for k in keys], fontsize=7)
     ax.set_title(report_title(view, "verdicts (admissible seeds / registered)"), fontsize=10)
     fig.tight_layout()
@@ -145,8 +206,12 @@ def write_tables(view: dict, out_dir) -> list[Path]:
     sfx, t, ch = "-PARTIAL" if view["partial"] else "", view["table"], view["content_hash"]
     out, js = Path(out_dir), t | {"content_hash": ch, "partial": view["partial"]}
     atomic_write_json(figures_dir() / f"{report_name(view['registry'], 'table', view['partial'])}.json", js)
-    return [atomic_write(out / f"table{sfx}.md", table_markdown(t, ch, partial=view["partial"])),
-            atomic_write(out / f"table{sfx}.csv", table_csv(t)), atomic_write_json(out / f"table{sfx}.json", js)]
+    return [
+        atomic_write(out / f"table{sfx}.md", table_markdown(t, ch, partial=view["partial"])),
+        atomic_write(out / f"table{sfx}.csv", table_csv(t)),
+        atomic_write_json(out / f"table{sfx}.json", js),
+    ]
+
 
 def run_report(registry, root=None) -> Path:
     "Execute the report notebook of a registry in its root; returns the executed notebook's path."
@@ -157,11 +222,14 @@ def run_report(registry, root=None) -> Path:
     run_notebook(experiment_notebook("report"), out, dict(registry=_spec(reg), root=".", out="report"), cwd=root)
     return out
 
+
 def _spec(reg: Registry) -> str:
     "How the report notebook names the registry: its name when it is one of the project's registries, else its file."
     try:
-        if load_registry(reg.name).source == reg.source: return reg.name
-    except StalebookError: pass
+        if load_registry(reg.name).source == reg.source:
+            return reg.name
+    except StalebookError:
+        pass
     return reg.source + (f":{reg.name.split(':', 1)[1]}" if ":" in reg.name else "")
 
 # %% ../nbs/34_report.ipynb #7cb0554b
@@ -182,82 +250,147 @@ def control_summary(pts: list) -> dict:
     res = [r for _, r in pts if r is not None]
     neg = pool_cell([p for p, _ in pts], "control")
     pos = [r["positive_control"] for r in res if r.get("positive_control") is not None]
-    return dict(seeds=len(pts), points=len(res), negative_verdict=neg["verdict"], negative_gain=neg.get("stale_gain"),
-                negative_lb=neg.get("stale_lb"), negative_fp=sum(r["negative_control"]["false_positive"] for r in res),
-                positive_applicable=len(pos), positive_passed=sum(pc["passed"] for pc in pos))
+    return dict(
+        seeds=len(pts),
+        points=len(res),
+        negative_verdict=neg["verdict"],
+        negative_gain=neg.get("stale_gain"),
+        negative_lb=neg.get("stale_lb"),
+        negative_fp=sum(r["negative_control"]["false_positive"] for r in res),
+        positive_applicable=len(pos),
+        positive_passed=sum(pc["passed"] for pc in pos),
+    )
 
 # %% ../nbs/34_report.ipynb #f6b4a0d5
 def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
     "Predicted gate passes at the summaries' design (`predict_design` on their pooled pilot, and per seed) against the observed passes."
-    if not summaries: return None
+    if not summaries:
+        return None
     s0, mean = summaries[0], lambda f: float(np.mean([f(s) for s in summaries]))
-    pooled = dict(s0, rel=mean(lambda s: s["rel"]), gain_fresh=mean(lambda s: s["gain_fresh"]),
-                  gain_stale={e: mean(lambda s: s["gain_stale"][e]) for e in s0["gain_stale"]})
+    pooled = dict(
+        s0,
+        rel=mean(lambda s: s["rel"]),
+        gain_fresh=mean(lambda s: s["gain_fresh"]),
+        gain_stale={e: mean(lambda s: s["gain_stale"][e]) for e in s0["gain_stale"]},
+    )
     m = pilot_model(pooled)
     p = predict_design(m, s0["n"], s0["K"], s0["k"], registered, **kw)
     per_seed = [predict_design(pilot_model(s), s["n"], s["K"], s["k"], 1, **kw)["p_gate"] for s in summaries]
-    return dict(n=s0["n"], K=s0["K"], k=s0["k"], bound=m["bound"], rho=m["rho"], p_gate=p["p_gate"], expected=p["p_gate"] * registered,
-                per_seed=per_seed, observed=int(sum(bool(s["admissible"]) for s in summaries)), registered=registered,
-                **{f"p_{v}": p[f"p_{v}"] for v in ("effective", "ineffective", "inconclusive")})
+    return dict(
+        n=s0["n"],
+        K=s0["K"],
+        k=s0["k"],
+        bound=m["bound"],
+        rho=m["rho"],
+        p_gate=p["p_gate"],
+        expected=p["p_gate"] * registered,
+        per_seed=per_seed,
+        observed=int(sum(bool(s["admissible"]) for s in summaries)),
+        registered=registered,
+        **{f"p_{v}": p[f"p_{v}"] for v in ("effective", "ineffective", "inconclusive")},
+    )
 
 # %% ../nbs/34_report.ipynb #b8d6c2f7
-def _g(v): return "-" if v is None else f"{v:+.4f}"
+def _g(v):
+    return "-" if v is None else f"{v:+.4f}"
+
 
 def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
     "The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at the behaviour checkpoint the gate forecast."
     rows = view["table"]["rows"]
     bound = next((r["bound"] for pts in by_cell.values() for _, r in pts if r is not None), "-")
-    out = [f"decisions ({view['watermark'] if view['partial'] else 'frozen'}; bounds: {bound}; gate: LB95(Rel_k) >= 2k/n and LB95(fresh gain) > 0; "
-           "a cell pools its seeds)",
-           f"{'cell':24s} {'selector':17s} {'gate':>5s}  {'verdict':13s} {'gain':>8s} {'LB95':>8s} {'UB95':>8s}"]
+    out = [
+        f"decisions ({view['watermark'] if view['partial'] else 'frozen'}; bounds: {bound}; gate: LB95(Rel_k) >= 2k/n and LB95(fresh gain) > 0; "
+        "a cell pools its seeds)",
+        f"{'cell':24s} {'selector':17s} {'gate':>5s}  {'verdict':13s} {'gain':>8s} {'LB95':>8s} {'UB95':>8s}",
+    ]
     for key, pts in by_cell.items():
         m, d, tag, c = key
         name = f"{m} {d}{' ' + tag if tag else ''} c={c}"
         for r in (r for r in rows if (r["model"], r["domain"], r["tag"], r["checkpoint"]) == key):
-            out.append(f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  {r['verdict']:13s} "
-                       f"{_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}")
+            out.append(
+                f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  {r['verdict']:13s} "
+                f"{_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}"
+            )
         cs = control_summary(pts)
-        out.append(f"{name:24s} {'negative control':17s} {'':5s}  {cs['negative_verdict']:13s} {_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
-                   f"   LB95 > 0 in {cs['negative_fp']}/{cs['points']} seeds")
-        out.append(f"{name:24s} {'positive control':17s} " + (f"passed in {cs['positive_passed']}/{cs['positive_applicable']} seeds (π = β)"
-                                                              if cs["positive_applicable"] else "n/a (π ≠ β)"))
+        out.append(
+            f"{name:24s} {'negative control':17s} {'':5s}  {cs['negative_verdict']:13s} {_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
+            f"   LB95 > 0 in {cs['negative_fp']}/{cs['points']} seeds"
+        )
+        out.append(
+            f"{name:24s} {'positive control':17s} "
+            + (
+                f"passed in {cs['positive_passed']}/{cs['positive_applicable']} seeds (π = β)"
+                if cs["positive_applicable"]
+                else "n/a (π ≠ β)"
+            )
+        )
         if c == behaviour.get(key[:3]):
             f = gate_forecast([r for _, r in pts if r is not None], len(pts), **kw)
-            if f: out.append(f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): predicted P(gate) {f['p_gate']:.2f} per seed "
-                             f"(rho {f['rho']:.3f} from the points' mean Rel_k; per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
-                             f"{f['expected']:.1f} of {f['registered']} expected; observed {f['observed']} of {f['registered']}; predicted cell verdict "
-                             f"P(Effective) {f['p_effective']:.2f}, P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}")
+            if f:
+                out.append(
+                    f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): predicted P(gate) {f['p_gate']:.2f} per seed "
+                    f"(rho {f['rho']:.3f} from the points' mean Rel_k; per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+                    f"{f['expected']:.1f} of {f['registered']} expected; observed {f['observed']} of {f['registered']}; predicted cell verdict "
+                    f"P(Effective) {f['p_effective']:.2f}, P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}"
+                )
     return out
+
 
 def registry_decisions(registry, root=None, **kw) -> list[str]:
     "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
     view = study_view(registry, root)
     reg = load_registry(registry)
-    cells = {k: [(p, r) for p, r, _ in v] for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()}
+    cells = {
+        k: [(p, r) for p, r, _ in v]
+        for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()
+    }
     behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
     return decision_lines(view, cells, behaviour, **kw)
 
 # %% ../nbs/34_report.ipynb #f66300af
 def demo_workers(reg: Registry, only: str | None = None) -> int | None:
     "Workers of the demo's run stage: without GPUs, one per core up to one per unit; with GPUs None (one per GPU)."
-    if node_gpus(): return None
+    if node_gpus():
+        return None
     return max(1, min(sandbox.cores(), len(select_units(reg, only))))
+
 
 def cmd_demo(argv) -> int:
     "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
-    p = CommandParser(prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine.")
-    p.add_argument("registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)")
+    p = CommandParser(
+        prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine."
+    )
+    p.add_argument(
+        "registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)"
+    )
     p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    p.add_argument("--workers", type=int, default=None, help="run-stage workers (default: one per core, up to one per unit; 1: local)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="run-stage workers (default: one per core, up to one per unit; 1: local)",
+    )
     a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1: raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {a.workers})")
+    if a.workers is not None and a.workers < 1:
+        raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {a.workers})")
     n = a.workers if a.workers is not None else demo_workers(load_registry(a.registry))
     extra, t0 = ["--root", a.root] if a.root else [], time.perf_counter()
     run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
-    for stage, fn, more in (("status", cmd_status, []), ("run", cmd_run, run), ("freeze", cmd_freeze, []), ("report", cmd_report, [])):
-        print(f"\n[demo] stalebook {stage} {a.registry} {' '.join(more)}".rstrip() + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for stage, fn, more in (
+        ("status", cmd_status, []),
+        ("run", cmd_run, run),
+        ("freeze", cmd_freeze, []),
+        ("report", cmd_report, []),
+    ):
+        print(
+            f"\n[demo] stalebook {stage} {a.registry} {' '.join(more)}".rstrip()
+            + f" ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
         rc = fn([a.registry, *extra, *more])
-        if rc != 0 and stage != "status": return rc
+        if rc != 0 and stage != "status":
+            return rc
     print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
     print("\n".join(registry_decisions(a.registry, a.root)))
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")

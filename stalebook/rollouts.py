@@ -22,8 +22,21 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 
-from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, atomic_write_json, canonical_json, config_dict,
-                            config_hash, fault_point, hash_file, hash_json, load_config)
+from stalebook.core import (
+    CommandParser,
+    Domain,
+    JsonlLog,
+    Progress,
+    StalebookError,
+    atomic_write_json,
+    canonical_json,
+    config_dict,
+    config_hash,
+    fault_point,
+    hash_file,
+    hash_json,
+    load_config,
+)
 from .model import LoraSpec, compute_setup, default_snapshot, load_policy, policy_hash
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
@@ -38,19 +51,25 @@ __all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'gr
 @dataclass
 class SamplingConfig:
     "How a prompt group is sampled. Its hash binds a rollout store."
-    group_size: int = 8                  # K responses per prompt
+
+    group_size: int = 8  # K responses per prompt
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    groups_per_batch: int = 8            # prompt groups per generate call (fixed batches => reproducible)
+    groups_per_batch: int = 8  # prompt groups per generate call (fixed batches => reproducible)
     backend: Literal["hf", "vllm"] = "hf"
 
     def __post_init__(self):
-        if self.group_size < 1: raise ValueError("group_size must be >= 1")
-        if self.max_new_tokens < 1: raise ValueError("max_new_tokens must be >= 1")
-        if not self.temperature > 0: raise ValueError("temperature must be > 0")
-        if not 0 < self.top_p <= 1: raise ValueError("top_p must be in (0, 1]")
-        if self.groups_per_batch < 1: raise ValueError("groups_per_batch must be >= 1")
+        if self.group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.groups_per_batch < 1:
+            raise ValueError("groups_per_batch must be >= 1")
 
 # %% ../nbs/25_rollouts.ipynb #b96f6dd8
 def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
@@ -58,11 +77,12 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     p = torch.softmax(logits.double() / temperature, -1)
     if top_p < 1.0:
         sp, si = p.sort(-1, descending=True)
-        keep = (sp.cumsum(-1) - sp) < top_p                    # smallest prefix with mass >= top_p
+        keep = (sp.cumsum(-1) - sp) < top_p  # smallest prefix with mass >= top_p
         sp = sp * keep
         p = torch.zeros_like(p).scatter_(-1, si, sp)
         p = p / p.sum(-1, keepdim=True)
     return p
+
 
 def inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     "Token ids min{a: F(a) > u} for rows of probabilities p [B, V] and uniforms u [B]."
@@ -75,9 +95,10 @@ def inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 # %% ../nbs/25_rollouts.ipynb #2333278f
 class _DomainSampler:
     "Logits processor for HF generate: inverse-CDF sampling with pre-drawn per-row uniforms."
+
     def __init__(self, u: torch.Tensor, prompt_len: int, temperature: float, top_p: float):
         self.u, self.prompt_len, self.temperature, self.top_p = u, prompt_len, temperature, top_p
-        self.logp = []                                          # sampler log-prob per step [B]
+        self.logp = []  # sampler log-prob per step [B]
 
     def __call__(self, input_ids, scores):
         t = input_ids.shape[1] - self.prompt_len
@@ -87,6 +108,7 @@ class _DomainSampler:
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok[:, None], 0.0)
 
+
 def group_uniforms(domain: Domain, K: int, L: int) -> torch.Tensor:
     "[K, L] float64 uniforms of one prompt group, from its RNG domain alone."
     return torch.rand(K, L, generator=domain.torch(), dtype=torch.float64)
@@ -94,29 +116,38 @@ def group_uniforms(domain: Domain, K: int, L: int) -> torch.Tensor:
 # %% ../nbs/25_rollouts.ipynb #05ff14d3
 class RoomLayer(DynamicLayer):
     "A `DynamicLayer` that appends into a buffer with `room` free positions reserved, instead of copying the cache each step."
+
     def __init__(self, room: int):
         super().__init__()
-        self.room, self._buf, self._view = room, None, None      # (key, value) buffers; the keys view last handed out
+        self.room, self._buf, self._view = room, None, None  # (key, value) buffers; the keys view last handed out
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized: self.lazy_initialization(key_states, value_states)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
         n, q = self.get_seq_length(), key_states.shape[-2]
-        if self._buf is None or self.keys is not self._view or self._buf[0].shape[-2] < n + q:   # none yet, replaced, or full
+        if (
+            self._buf is None or self.keys is not self._view or self._buf[0].shape[-2] < n + q
+        ):  # none yet, replaced, or full
             new = lambda x: x.new_empty(*x.shape[:-2], n + q + self.room, x.shape[-1])
             self._buf = new(key_states), new(value_states)
-            if n: self._buf[0][..., :n, :] = self.keys; self._buf[1][..., :n, :] = self.values
+            if n:
+                self._buf[0][..., :n, :] = self.keys
+                self._buf[1][..., :n, :] = self.values
         bk, bv = self._buf
-        bk[..., n:n + q, :] = key_states; bv[..., n:n + q, :] = value_states
-        self.keys, self.values = bk[..., :n + q, :], bv[..., :n + q, :]
+        bk[..., n : n + q, :] = key_states
+        bv[..., n : n + q, :] = value_states
+        self.keys, self.values = bk[..., : n + q, :], bv[..., : n + q, :]
         self._view = self.keys
         return self.keys, self.values
+
 
 def room_cache(model, room: int, like: DynamicCache | None = None) -> DynamicCache:
     "A `DynamicCache` for `model` whose full-attention layers are `RoomLayer`s with `room` positions reserved (filled from `like`)."
     cache = DynamicCache(config=model.config)
     cache.layers = [RoomLayer(room) if type(l) is DynamicLayer else l for l in cache.layers]
     for l, src in zip(cache.layers, like.layers if like is not None else []):
-        if src.is_initialized and src.get_seq_length(): l.update(src.keys, src.values)
+        if src.is_initialized and src.get_seq_length():
+            l.update(src.keys, src.values)
     return cache
 
 # %% ../nbs/25_rollouts.ipynb #b771dd7f
@@ -124,35 +155,58 @@ def _eos_ids(tokenizer) -> set:
     e = tokenizer.eos_token_id
     return set(e if isinstance(e, (list, tuple)) else [e])
 
+
 def _cut(ids: list, eos: set) -> list:
     "Completion tokens up to and including the first EOS."
     for i, t in enumerate(ids):
-        if t in eos: return ids[: i + 1]
+        if t in eos:
+            return ids[: i + 1]
     return ids
 
+
 @torch.no_grad()
-def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False):
+def hf_sample(
+    model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False
+):
     """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
     sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows. The cache
     reserves the completions' room (`room_cache`) unless the snapshot's generation config names a cache of its own."""
     tokenizer.padding_side = "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True)     # the tokenizer's own specials (e.g. BOS)
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True)  # the tokenizer's own specials (e.g. BOS)
     dev = next(model.parameters()).device
     enc = {k: v.to(dev) for k, v in enc.items()}
     proc = _DomainSampler(uniforms, enc["input_ids"].shape[1], cfg.temperature, cfg.top_p)
     was_training = model.training
     model.eval()
-    cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if shared_prefix and enc["input_ids"].shape[1] > 1 else None
-    if getattr(model.generation_config, "cache_implementation", None) is None:    # else the snapshot's own cache (HF's choice)
+    cache = (
+        shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])
+        if shared_prefix and enc["input_ids"].shape[1] > 1
+        else None
+    )
+    if (
+        getattr(model.generation_config, "cache_implementation", None) is None
+    ):  # else the snapshot's own cache (HF's choice)
         cache = room_cache(model, cfg.max_new_tokens, cache)
-    if cache is not None: enc["cache"] = cache
-    out = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=cfg.max_new_tokens,
-                         logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, temperature=None, top_p=None, top_k=None)
+    if cache is not None:
+        enc["cache"] = cache
+    out = model.generate(
+        **enc,
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=cfg.max_new_tokens,
+        logits_processor=LogitsProcessorList([proc]),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
     model.train(was_training)
     plen, eos = enc["input_ids"].shape[1], _eos_ids(tokenizer)
     lp = torch.stack(proc.logp, 1) if proc.logp else torch.zeros(len(prompts), 0)
-    prompt_ids = [[t for t, m in zip(r, a) if m] for r, a in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
+    prompt_ids = [
+        [t for t, m in zip(r, a) if m] for r, a in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())
+    ]
     comps = [_cut(r[plen:], eos) for r in out.tolist()]
     return prompt_ids, comps, [lp[i, : len(c)].tolist() for i, c in enumerate(comps)]
 
@@ -160,38 +214,57 @@ def hf_sample(model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, 
 def pad_rows(rows, pad_id: int, dev, left: bool = False) -> tuple:
     "Rows of token ids padded to one width, on the right (or the left, as prompts for generate): (ids, attention mask)."
     W = max([len(r) for r in rows], default=0)
-    ids = torch.full((len(rows), W), pad_id, dtype=torch.long); att = torch.zeros((len(rows), W), dtype=torch.long)
+    ids = torch.full((len(rows), W), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), W), dtype=torch.long)
     for j, r in enumerate(rows):
-        if not len(r): continue
+        if not len(r):
+            continue
         sl = slice(W - len(r), W) if left else slice(0, len(r))
-        ids[j, sl] = torch.tensor(list(r), dtype=torch.long); att[j, sl] = 1
+        ids[j, sl] = torch.tensor(list(r), dtype=torch.long)
+        att[j, sl] = 1
     return ids.to(dev), att.to(dev)
+
 
 def _row_logits(model, prompts, comps, pad_id: int, dev):
     "Logits of right-padded prompt + completion rows, and where each row's completion predictors start."
     ids, att = pad_rows([list(p) + list(c) for p, c in zip(prompts, comps)], pad_id, dev)
     return model(input_ids=ids, attention_mask=att).logits, [len(p) - 1 for p in prompts]
 
+
 def micro_batches(B: int, size: int) -> list[slice]:
     "The rows of a B-row batch, micro-batch by micro-batch, in order."
     return [slice(s, min(B, s + size)) for s in range(0, B, size)]
 
-def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                        micro_batch: int = 64, pad_id: int = 0, shared_prefix: bool = False):
+
+def completion_logprobs(
+    model,
+    prompt_ids: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    micro_batch: int = 64,
+    pad_id: int = 0,
+    shared_prefix: bool = False,
+):
     "Teacher-forced log pi(A_t|H_t) of each completion token: ([B, L] tensor, [B, L] bool mask)."
     dev = next(model.parameters()).device
     B = len(completions)
-    odt = torch.float32 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else next(model.parameters()).dtype
+    odt = (
+        torch.float32
+        if next(model.parameters()).dtype in (torch.float16, torch.bfloat16)
+        else next(model.parameters()).dtype
+    )
     vals = [torch.zeros(0, device=dev, dtype=odt)] * B
     for rows in micro_batches(B, micro_batch):
         idx = list(range(B))[rows]
         logits, first = (_prefix_logits if shared_prefix else _row_logits)(
-            model, [prompt_ids[i] for i in idx], [completions[i] for i in idx], pad_id, dev)
+            model, [prompt_ids[i] for i in idx], [completions[i] for i in idx], pad_id, dev
+        )
         for j, i in enumerate(idx):
             c = len(completions[i])
-            if c == 0: continue
-            lg = logits[j, first[j]: first[j] + c]               # the positions predicting the completion's c tokens
-            if lg.dtype in (torch.float16, torch.bfloat16): lg = lg.float()
+            if c == 0:
+                continue
+            lg = logits[j, first[j] : first[j] + c]  # the positions predicting the completion's c tokens
+            if lg.dtype in (torch.float16, torch.bfloat16):
+                lg = lg.float()
             vals[i] = lg.log_softmax(-1).gather(1, torch.tensor(list(completions[i]), device=dev)[:, None]).squeeze(1)
     lens = torch.tensor([v.shape[0] for v in vals], device=dev)
     out = torch.nn.utils.rnn.pad_sequence(vals, batch_first=True) if B else torch.zeros(0, 0, device=dev)
@@ -205,19 +278,24 @@ def distinct_rows(rows) -> tuple[list, list]:
     sel = [first.setdefault(tuple(r), len(first)) for r in rows]
     return [list(r) for r in first], sel
 
+
 def prefix_forward(model, ids, att):
     "Forward of left-padded prefixes into a fresh KV cache, positions counted from each row's first token: (logits, cache)."
-    pos = (att.cumsum(-1) - 1).clamp(min=0)                    # the position ids generate gives left-padded rows
-    out = model(input_ids=ids, attention_mask=att, position_ids=pos, cache=DynamicCache(config=model.config), use_cache=True)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)  # the position ids generate gives left-padded rows
+    out = model(
+        input_ids=ids, attention_mask=att, position_ids=pos, cache=DynamicCache(config=model.config), use_cache=True
+    )
     return out.logits, out.cache
+
 
 def shared_prompt_cache(model, ids, att):
     "KV cache of each row's left-padded prompt but its last token, each distinct prompt computed once (generate goes on from it)."
-    uniq, sel = distinct_rows(ids.tolist())                    # equal prompts pad equally
+    uniq, sel = distinct_rows(ids.tolist())  # equal prompts pad equally
     rep = torch.tensor([sel.index(k) for k in range(len(uniq))], device=ids.device)
     _, cache = prefix_forward(model, ids[rep, :-1], att[rep, :-1])
     cache.batch_select_indices(torch.tensor(sel, device=ids.device))
     return cache
+
 
 def _prefix_logits(model, prompts, comps, pad_id: int, dev):
     "Logits predicting every completion token, each distinct prompt's forward run once and continued by its rows."
@@ -225,25 +303,31 @@ def _prefix_logits(model, prompts, comps, pad_id: int, dev):
     ids, att = pad_rows(uniq, pad_id, dev, left=True)
     logits, cache = prefix_forward(model, ids, att)
     s = torch.tensor(sel, device=dev)
-    first = logits[s, -1:]                                      # the last prompt position predicts completion token 0
-    rest = [list(c)[:-1] for c in comps]                        # token t predicts token t+1; the last one predicts nothing scored
-    if not any(rest): return first, [0] * len(comps)
+    first = logits[s, -1:]  # the last prompt position predicts completion token 0
+    rest = [list(c)[:-1] for c in comps]  # token t predicts token t+1; the last one predicts nothing scored
+    if not any(rest):
+        return first, [0] * len(comps)
     cache.batch_select_indices(s)
     cids, catt = pad_rows(rest, pad_id, dev)
     pos = att.sum(-1)[s, None] + torch.arange(cids.shape[1], device=dev)[None]
-    out = model(input_ids=cids, attention_mask=torch.cat([att[s], catt], 1), position_ids=pos, cache=cache, use_cache=True)
+    out = model(
+        input_ids=cids, attention_mask=torch.cat([att[s], catt], 1), position_ids=pos, cache=cache, use_cache=True
+    )
     return torch.cat([first, out.logits], 1), [0] * len(comps)
 
 # %% ../nbs/25_rollouts.ipynb #88023209
 def _store_name(policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids, numerics: str) -> str:
     return f"{policy_hash[:16]}-{domain.hex[:12]}-{config_hash(scfg)[:12]}-{hash_json([list(task_ids), numerics])[:8]}"
 
+
 def numerics_of(model) -> str:
     "The numeric setting a store is bound to besides the weights: parameter dtype and device type (e.g. 'bfloat16/cuda')."
     p = next(model.parameters())
     return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}"
 
-RUN_DETAILS = ("wall_s", "stderr_tail")       # verifier details of this run on this machine (sidecar, not content)
+
+RUN_DETAILS = ("wall_s", "stderr_tail")  # verifier details of this run on this machine (sidecar, not content)
+
 
 def split_run_details(rec: dict) -> tuple[dict, list]:
     "(the record with content-only verifier details, the per-rollout run details moved out of them)."
@@ -256,23 +340,46 @@ def split_run_details(rec: dict) -> tuple[dict, list]:
 # %% ../nbs/25_rollouts.ipynb #88ea83e6
 class RolloutStore:
     "Append-only, hash-bound store of complete prompt groups."
-    def __init__(self, root, policy_hash: str, domain: Domain, sampling: SamplingConfig, task_ids: Sequence[str],
-                 path=None, numerics: str = "float32/cpu"):
+
+    def __init__(
+        self,
+        root,
+        policy_hash: str,
+        domain: Domain,
+        sampling: SamplingConfig,
+        task_ids: Sequence[str],
+        path=None,
+        numerics: str = "float32/cpu",
+    ):
         self.policy_hash, self.domain, self.sampling, self.task_ids = policy_hash, domain, sampling, list(task_ids)
         self.numerics = numerics
-        if len(set(self.task_ids)) != len(self.task_ids): raise StalebookError("rollout store: duplicate task ids")
-        self.path = Path(path) if path is not None else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics)
-        self.manifest = dict(kind="stalebook.rollouts", version=1, policy_hash=policy_hash, numerics=numerics,
-                             rng_domain=dict(root=domain.root, path=list(domain.path), key=domain.hex),
-                             sampling=config_dict(sampling), sampling_hash=config_hash(sampling),
-                             task_ids=self.task_ids, tasks_hash=hash_json(self.task_ids))
+        if len(set(self.task_ids)) != len(self.task_ids):
+            raise StalebookError("rollout store: duplicate task ids")
+        self.path = (
+            Path(path)
+            if path is not None
+            else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics)
+        )
+        self.manifest = dict(
+            kind="stalebook.rollouts",
+            version=1,
+            policy_hash=policy_hash,
+            numerics=numerics,
+            rng_domain=dict(root=domain.root, path=list(domain.path), key=domain.hex),
+            sampling=config_dict(sampling),
+            sampling_hash=config_hash(sampling),
+            task_ids=self.task_ids,
+            tasks_hash=hash_json(self.task_ids),
+        )
         mf = self.path / "manifest.json"
         if mf.exists():
             have = json.loads(mf.read_text())
             for k in ("policy_hash", "numerics", "rng_domain", "sampling_hash", "tasks_hash"):
                 if have.get(k) != self.manifest[k]:
-                    raise StalebookError(f"{mf}: rollout store was made under another {k.replace('_', ' ')} "
-                                         f"({str(have.get(k))[:16]}… ≠ {str(self.manifest[k])[:16]}…); refusing to reuse it")
+                    raise StalebookError(
+                        f"{mf}: rollout store was made under another {k.replace('_', ' ')} "
+                        f"({str(have.get(k))[:16]}… ≠ {str(self.manifest[k])[:16]}…); refusing to reuse it"
+                    )
         else:
             atomic_write_json(mf, self.manifest)
         self.log = JsonlLog(self.path / "groups.jsonl")
@@ -281,21 +388,29 @@ class RolloutStore:
                 raise StalebookError(f"{self.path / 'groups.jsonl'}:{i + 1}: group record out of order")
 
     @property
-    def n_done(self) -> int: return len(self.log)
-    @property
-    def complete(self) -> bool: return (self.path / "complete.json").exists()
-    @property
-    def records(self) -> list: return self.log.records
+    def n_done(self) -> int:
+        return len(self.log)
 
-    def group_domain(self, task_id: str) -> Domain: return self.domain.child(task_id)
+    @property
+    def complete(self) -> bool:
+        return (self.path / "complete.json").exists()
+
+    @property
+    def records(self) -> list:
+        return self.log.records
+
+    def group_domain(self, task_id: str) -> Domain:
+        return self.domain.child(task_id)
 
     def append(self, rec: dict) -> None:
         "Append the next complete group (its run details go to the `timings.jsonl` sidecar)."
-        if rec["group"] != self.n_done: raise RuntimeError("groups must be appended in order")
+        if rec["group"] != self.n_done:
+            raise RuntimeError("groups must be appended in order")
         rec, run = split_run_details(rec)
         self.log.append(rec)
         if any(run):
-            with open(self.path / "timings.jsonl", "a", encoding="utf-8") as f: f.write(canonical_json({"group": rec["group"], "details": run}) + "\n")
+            with open(self.path / "timings.jsonl", "a", encoding="utf-8") as f:
+                f.write(canonical_json({"group": rec["group"], "details": run}) + "\n")
 
     def finish(self) -> dict:
         info = dict(n_groups=self.n_done, groups_sha256=hash_file(self.path / "groups.jsonl"))
@@ -317,59 +432,97 @@ def batch_rewards(tasks, texts, reward_fn=None, verify=None, memo: dict | None =
     key = lambda t, x: (t.id, x)
     memo, uniq = {} if memo is None else memo, {}
     for t, x in zip(tasks, texts):
-        if key(t, x) not in memo: uniq.setdefault(key(t, x), (t, x))
+        if key(t, x) not in memo:
+            uniq.setdefault(key(t, x), (t, x))
     pairs = list(uniq.values())
-    if reward_fn is None: got = (verify or rewards)([t for t, _ in pairs], [x for _, x in pairs])
-    else: got = [reward_fn(t, x) for t, x in pairs]
+    if reward_fn is None:
+        got = (verify or rewards)([t for t, _ in pairs], [x for _, x in pairs])
+    else:
+        got = [reward_fn(t, x) for t, x in pairs]
     memo.update(zip(uniq, got))
     return [memo[key(t, x)] for t, x in zip(tasks, texts)]
+
 
 def rollout_domain(root: int, policy_hash: str, purpose: str) -> Domain:
     "The RNG domain of a rollout batch: (root, 'rollout', policy hash, purpose); each group adds its prompt id."
     return Domain(root, ("rollout", policy_hash, purpose))
 
+
 def task_pool(domain: str, n: int, seed: int, level: int = 0, jsonl: str = "", fmt: str = "gsm8k") -> list:
     "A run's tasks: the records of `jsonl` (format `fmt`), else `n` synthetic tasks from domain (seed, 'tasks', domain, level)."
-    if jsonl: return load_tasks_jsonl(jsonl, fmt)
+    if jsonl:
+        return load_tasks_jsonl(jsonl, fmt)
     return synthetic_tasks(domain, n, Domain(seed, ("tasks", domain, level)), level=level)
 
 # %% ../nbs/25_rollouts.ipynb #8f1112af
 def _group_record(g: int, task, prompt_ids, comps, logp, sampler_logp, rw, texts) -> dict:
     "The stored record of prompt group `g`: tokens, teacher-forced and sampler log-probs, rewards, verifier details."
-    return dict(group=g, task_id=task.id, prompt_ids=list(prompt_ids), tokens=comps, logp=logp, sampler_logp=sampler_logp,
-                rewards=[float(x[0]) for x in rw], details=[x[1] for x in rw], texts=texts)
+    return dict(
+        group=g,
+        task_id=task.id,
+        prompt_ids=list(prompt_ids),
+        tokens=comps,
+        logp=logp,
+        sampler_logp=sampler_logp,
+        rewards=[float(x[0]) for x in rw],
+        details=[x[1] for x in rw],
+        texts=texts,
+    )
+
 
 def sample_groups(model, tokenizer, batch, store: "RolloutStore", first: int, reward_fn=None) -> list[dict]:
     "Records of the prompt groups `batch` (store positions `first`...): sample, teacher-force, verify."
     cfg, K = store.sampling, store.sampling.group_size
     u = torch.cat([group_uniforms(store.group_domain(t.id), K, cfg.max_new_tokens) for t in batch])
     pids, comps, slp = hf_sample(model, tokenizer, [t.prompt for t in batch for _ in range(K)], u, cfg)
-    with torch.no_grad():                                  # one forward per generation batch (scoring repeats it)
+    with torch.no_grad():  # one forward per generation batch (scoring repeats it)
         tf, m = completion_logprobs(model, pids, comps, micro_batch=len(comps), pad_id=tokenizer.pad_token_id)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comps]
     rw = batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn)
-    return [_group_record(first + gi, t, pids[gi * K], comps[gi * K:(gi + 1) * K], [tf[r, m[r]].tolist() for r in range(gi * K, (gi + 1) * K)],
-                          slp[gi * K:(gi + 1) * K], rw[gi * K:(gi + 1) * K], texts[gi * K:(gi + 1) * K]) for gi, t in enumerate(batch)]
+    return [
+        _group_record(
+            first + gi,
+            t,
+            pids[gi * K],
+            comps[gi * K : (gi + 1) * K],
+            [tf[r, m[r]].tolist() for r in range(gi * K, (gi + 1) * K)],
+            slp[gi * K : (gi + 1) * K],
+            rw[gi * K : (gi + 1) * K],
+            texts[gi * K : (gi + 1) * K],
+        )
+        for gi, t in enumerate(batch)
+    ]
 
 # %% ../nbs/25_rollouts.ipynb #370dfe0a
-def generate_store(model, tokenizer, tasks, store: RolloutStore, reward_fn=None, progress: bool = True,
-                   max_groups: int | None = None) -> RolloutStore:
+def generate_store(
+    model, tokenizer, tasks, store: RolloutStore, reward_fn=None, progress: bool = True, max_groups: int | None = None
+) -> RolloutStore:
     "Fill `store` with one complete group per task (resuming after the last complete group)."
     if store.complete:
-        store.verify(); return store
+        store.verify()
+        return store
     if store.numerics != numerics_of(model):
-        raise StalebookError(f"{store.path}: store is bound to {store.numerics}, the model runs in {numerics_of(model)}")
-    if [t.id for t in tasks] != store.task_ids: raise StalebookError("generate_store: tasks differ from the store's task list")
-    if store.sampling.backend != "hf": raise StalebookError(f"backend '{store.sampling.backend}': use generate_store_vllm")
+        raise StalebookError(
+            f"{store.path}: store is bound to {store.numerics}, the model runs in {numerics_of(model)}"
+        )
+    if [t.id for t in tasks] != store.task_ids:
+        raise StalebookError("generate_store: tasks differ from the store's task list")
+    if store.sampling.backend != "hf":
+        raise StalebookError(f"backend '{store.sampling.backend}': use generate_store_vllm")
     G, made = store.sampling.groups_per_batch, 0
     bar = Progress(len(tasks), f"rollouts {store.path.name[:16]}", initial=store.n_done, unit="group", enabled=progress)
-    for b0 in range((store.n_done // G) * G, len(tasks), G):     # whole batches: a resumed run pads like an uninterrupted one
-        for rec in sample_groups(model, tokenizer, tasks[b0: b0 + G], store, b0, reward_fn):
-            if rec["group"] < store.n_done: continue               # already on disk
+    for b0 in range(
+        (store.n_done // G) * G, len(tasks), G
+    ):  # whole batches: a resumed run pads like an uninterrupted one
+        for rec in sample_groups(model, tokenizer, tasks[b0 : b0 + G], store, b0, reward_fn):
+            if rec["group"] < store.n_done:
+                continue  # already on disk
             store.append(rec)
             fault_point("group", rec["group"])
-            made += 1; bar.update(1)
-            if max_groups is not None and made >= max_groups: return store
+            made += 1
+            bar.update(1)
+            if max_groups is not None and made >= max_groups:
+                return store
     bar.close()
     store.finish()
     return store
@@ -377,20 +530,34 @@ def generate_store(model, tokenizer, tasks, store: RolloutStore, reward_fn=None,
 # %% ../nbs/25_rollouts.ipynb #98e38abb
 def lora_request_id(adapter_hash: str) -> int:
     "Positive 31-bit integer id for vLLM's LoRARequest, derived from the adapter content hash."
-    return int(adapter_hash[:8], 16) % (2 ** 31 - 1) + 1
+    return int(adapter_hash[:8], 16) % (2**31 - 1) + 1
 
-def generate_store_vllm(llm, model, tokenizer, tasks, store: RolloutStore, adapter_dir=None, adapter_hash=None,
-                        reward_fn=None) -> RolloutStore:
+
+def generate_store_vllm(
+    llm, model, tokenizer, tasks, store: RolloutStore, adapter_dir=None, adapter_hash=None, reward_fn=None
+) -> RolloutStore:
     "vLLM backend: sample with `llm` (a vllm.LLM), recompute behaviour log-probs with the HF `model`."
-    from vllm import SamplingParams                  # optional extra (GPU): imported only on this path
-    from vllm.lora.request import LoRARequest        # (the same optional extra)
+    from vllm import SamplingParams  # optional extra (GPU): imported only on this path
+    from vllm.lora.request import LoRARequest  # (the same optional extra)
+
     cfg, K = store.sampling, store.sampling.group_size
-    lora = LoRARequest(f"a{adapter_hash[:12]}", lora_request_id(adapter_hash), str(adapter_dir)) if adapter_dir else None
+    lora = (
+        LoRARequest(f"a{adapter_hash[:12]}", lora_request_id(adapter_hash), str(adapter_dir)) if adapter_dir else None
+    )
     for g in range(store.n_done, len(tasks)):
         t = tasks[g]
-        seed = store.group_domain(t.id).seed64() % (2 ** 63)
-        params = [SamplingParams(n=1, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
-                                 seed=(seed + j) % (2 ** 63), logprobs=0) for j in range(K)]
+        seed = store.group_domain(t.id).seed64() % (2**63)
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_tokens=cfg.max_new_tokens,
+                seed=(seed + j) % (2**63),
+                logprobs=0,
+            )
+            for j in range(K)
+        ]
         outs = llm.generate([t.prompt] * K, params, lora_request=lora, use_tqdm=False)
         pid = tokenizer(t.prompt).input_ids
         comps = [_cut(list(o.outputs[0].token_ids), _eos_ids(tokenizer)) for o in outs]
@@ -407,9 +574,10 @@ def generate_store_vllm(llm, model, tokenizer, tasks, store: RolloutStore, adapt
 @dataclass
 class RolloutsConfig:
     "One rollout store: which policy, which tasks, which RNG domain, how sampled."
-    out: str                                          # root folder of rollout stores
-    snapshot: str = ""                                # "" = the embedded tiny snapshot
-    adapter: str = ""                                 # a checkpoint dir (with adapter/) or an adapter dir; "" = fresh LoRA
+
+    out: str  # root folder of rollout stores
+    snapshot: str = ""  # "" = the embedded tiny snapshot
+    adapter: str = ""  # a checkpoint dir (with adapter/) or an adapter dir; "" = fresh LoRA
     domain: Literal["math", "code"] = "math"
     task_level: int = 0
     n_tasks: int = 64
@@ -420,7 +588,8 @@ class RolloutsConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     device: str = "cpu"
     dtype: str = "float32"
-    threads: int = 1                                  # torch CPU threads (0 = torch's default)
+    threads: int = 1  # torch CPU threads (0 = torch's default)
+
 
 def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=None, seed: int = 0):
     """(model, tokenizer) of a run's policy: the locked base snapshot ("" = the embedded tiny one, built on
@@ -431,10 +600,13 @@ def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=N
         a = Path(adapter)
         a = a / "adapter" if (a / "adapter").is_dir() else a
         if not (a / "adapter_config.json").is_file():
-            raise StalebookError(f"{adapter}: not an adapter folder (no adapter_config.json) nor a checkpoint with adapter/")
+            raise StalebookError(
+                f"{adapter}: not an adapter folder (no adapter_config.json) nor a checkpoint with adapter/"
+            )
         return load_policy(snap, device=device, dtype=dtype, adapter=a, trainable=False)
-    return load_policy(snap, device=device, dtype=dtype, lora=lora or LoraSpec(),
-                         init_domain=Domain(seed, ("lora", "init")))
+    return load_policy(
+        snap, device=device, dtype=dtype, lora=lora or LoraSpec(), init_domain=Domain(seed, ("lora", "init"))
+    )
 
 # %% ../nbs/25_rollouts.ipynb #1072cb57
 def cmd_rollouts(argv) -> int:
@@ -448,10 +620,18 @@ def cmd_rollouts(argv) -> int:
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
     ph = policy_hash(model)
-    store = RolloutStore(cfg.out, ph, rollout_domain(cfg.seed, ph, cfg.purpose), cfg.sampling, [t.id for t in tasks],
-                         numerics=numerics_of(model))
+    store = RolloutStore(
+        cfg.out,
+        ph,
+        rollout_domain(cfg.seed, ph, cfg.purpose),
+        cfg.sampling,
+        [t.id for t in tasks],
+        numerics=numerics_of(model),
+    )
     generate_store(model, tok, tasks, store, progress=not a.quiet)
     r = np.array([x["rewards"] for x in store.records])
-    print(f"{store.path}: {store.n_done} groups x {cfg.sampling.group_size}, mean reward {r.mean():.3f}, "
-          f"zero-advantage groups {int((r == r[:, :1]).all(-1).sum())}")
+    print(
+        f"{store.path}: {store.n_done} groups x {cfg.sampling.group_size}, mean reward {r.mean():.3f}, "
+        f"zero-advantage groups {int((r == r[:, :1]).all(-1).sum())}"
+    )
     return 0

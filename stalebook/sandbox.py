@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, fields, asdict
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 
 from .core import StalebookError
@@ -36,15 +36,17 @@ __all__ = ['Limits', 'cores', 'Check', 'compile_test', 'judge', 'SandboxResult',
 @dataclass(frozen=True)
 class Limits:
     "Resource limits of one sandboxed run."
-    cpu_s: int = 4           # RLIMIT_CPU soft limit (SIGXCPU); hard = soft + 1 (SIGKILL)
-    wall_s: float = 8.0      # wall clock, then SIGKILL to the whole process group
-    as_mb: int = 768         # RLIMIT_AS per process
-    nproc: int = 16          # RLIMIT_NPROC for the throwaway uid (threads count too)
-    fsize_mb: int = 1        # RLIMIT_FSIZE (largest file the candidate can write)
-    nofile: int = 32         # RLIMIT_NOFILE
-    tmpfs_mb: int = 16       # size of each private tmpfs (namespace mode)
-    result_kb: int = 256     # largest accepted result message
-    stderr_kb: int = 4       # stderr kept for diagnostics (the rest is drained and dropped)
+
+    cpu_s: int = 4  # RLIMIT_CPU soft limit (SIGXCPU); hard = soft + 1 (SIGKILL)
+    wall_s: float = 8.0  # wall clock, then SIGKILL to the whole process group
+    as_mb: int = 768  # RLIMIT_AS per process
+    nproc: int = 16  # RLIMIT_NPROC for the throwaway uid (threads count too)
+    fsize_mb: int = 1  # RLIMIT_FSIZE (largest file the candidate can write)
+    nofile: int = 32  # RLIMIT_NOFILE
+    tmpfs_mb: int = 16  # size of each private tmpfs (namespace mode)
+    result_kb: int = 256  # largest accepted result message
+    stderr_kb: int = 4  # stderr kept for diagnostics (the rest is drained and dropped)
+
 
 def cores() -> int:
     "CPU cores this process may run on (its affinity mask), the default number of verifier workers."
@@ -57,26 +59,36 @@ def _world_executable(path) -> bool:
     parts, d = [path], os.path.dirname(path)
     while True:
         parts.append(d)
-        if d == os.path.dirname(d): break
+        if d == os.path.dirname(d):
+            break
         d = os.path.dirname(d)
-    try: return all(os.stat(q).st_mode & 0o001 for q in parts)
-    except OSError: return False
+    try:
+        return all(os.stat(q).st_mode & 0o001 for q in parts)
+    except OSError:
+        return False
+
 
 def _sandbox_python() -> str:
     "The interpreter the throwaway uid runs: ours if it can reach it, else the system python3 (stdlib only is needed)."
     for c in (os.environ.get("STALEBOOK_SANDBOX_PYTHON"), sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if c and os.path.exists(c) and _world_executable(c): return os.path.realpath(c)
+        if c and os.path.exists(c) and _world_executable(c):
+            return os.path.realpath(c)
     return os.path.realpath(sys.executable)
 
+
 _PYTHON = _sandbox_python()
-_TOOLS = {t: shutil.which(t, path="/usr/bin:/bin:/usr/sbin:/sbin") for t in ("prlimit", "unshare", "setpriv", "env", "sh", "chroot")}
+_TOOLS = {
+    t: shutil.which(t, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    for t in ("prlimit", "unshare", "setpriv", "env", "sh", "chroot")
+}
+
 
 def _uid() -> int:
     "A throwaway numeric uid (no passwd entry) so RLIMIT_NPROC counts only this run's processes."
     return 1_000_000_000 + secrets.randbelow(1_000_000_000)  # security randomness, not experiment randomness
 
 # %% ../nbs/20_sandbox.ipynb #9c2a4e57
-_NS_SCRIPT = r'''
+_NS_SCRIPT = r"""
 R=/tmp/sbxroot
 mount -t tmpfs -o "size=1m,mode=755" tmpfs /tmp || exit 97
 mkdir -p $R/usr $R/dev $R/proc $R/tmp $R/w $R/etc || exit 97
@@ -92,7 +104,7 @@ mount -t tmpfs -o "size=${2}m,mode=700,uid=$1,gid=$1,nosuid,nodev" tmpfs $R/w ||
 mount -o remount,ro /tmp || exit 97
 "$8" "$R" "$5" --reuid="$1" --regid="$1" --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs -- "$6" -i "$3" -I -S -c "$7" "$4" /w
 exit $?
-'''
+"""
 
 # %% ../nbs/20_sandbox.ipynb #6a8f0c13
 def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
@@ -100,22 +112,64 @@ def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
     cpu = "unlimited:unlimited" if template else f"{lim.cpu_s}:{lim.cpu_s + 1}"
     nproc = lim.nproc + 1 if template else lim.nproc
     nofile = max(lim.nofile, 64) if template else lim.nofile
-    return [f"--cpu={cpu}", f"--as={lim.as_mb * mb}:{lim.as_mb * mb}", f"--nproc={nproc}:{nproc}",
-            f"--fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}", f"--nofile={nofile}:{nofile}", "--core=0:0", "--msgqueue=0:0"]
+    return [
+        f"--cpu={cpu}",
+        f"--as={lim.as_mb * mb}:{lim.as_mb * mb}",
+        f"--nproc={nproc}:{nproc}",
+        f"--fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}",
+        f"--nofile={nofile}:{nofile}",
+        "--core=0:0",
+        "--msgqueue=0:0",
+    ]
 
-def _command(mode: str, lim: Limits, uid: int, arg: str, code: str, template: bool = False) -> tuple[list[str], str | None]:
+
+def _command(
+    mode: str, lim: Limits, uid: int, arg: str, code: str, template: bool = False
+) -> tuple[list[str], str | None]:
     "argv of the launcher running `python -I -S -c code arg` and its cwd ('tmp': the caller makes one; None: the launcher does)."
     pre = [_TOOLS["prlimit"], *_rlimit_args(lim, template), "--"]
     if mode == "namespaces":
-        return pre + [_TOOLS["unshare"], "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-                      _TOOLS["sh"], "-c", _NS_SCRIPT, "sh", str(uid), str(lim.tmpfs_mb), _PYTHON, arg,
-                      _TOOLS["setpriv"], _TOOLS["env"], code, _TOOLS["chroot"]], None
-    drop = ([_TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-             "--bounding-set=-all", "--no-new-privs", "--"] if os.geteuid() == 0 and _TOOLS["setpriv"] else [])
+        return pre + [
+            _TOOLS["unshare"],
+            "--mount",
+            "--net",
+            "--ipc",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--",
+            _TOOLS["sh"],
+            "-c",
+            _NS_SCRIPT,
+            "sh",
+            str(uid),
+            str(lim.tmpfs_mb),
+            _PYTHON,
+            arg,
+            _TOOLS["setpriv"],
+            _TOOLS["env"],
+            code,
+            _TOOLS["chroot"],
+        ], None
+    drop = (
+        [
+            _TOOLS["setpriv"],
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+        if os.geteuid() == 0 and _TOOLS["setpriv"]
+        else []
+    )
     return pre + drop + [_TOOLS["env"], "-i", _PYTHON, "-I", "-S", "-c", code, arg], "tmp"
 
 # %% ../nbs/20_sandbox.ipynb #7e3b5c08
-_GUARD = r'''
+_GUARD = r"""
 def _guard(_isinstance=isinstance, _int=int, _bytes=bytes, _tuple=tuple, _all=all, _PE=PermissionError):
     _fsdecode, _fspath, _absp = os.fsdecode, os.fspath, os.path.abspath
     work = os.getcwd().rstrip("/") + "/"
@@ -137,10 +191,10 @@ def _guard(_isinstance=isinstance, _int=int, _bytes=bytes, _tuple=tuple, _all=al
         if ev in change and not _all(inside(args[i], (work,)) for i in change[ev]):
             raise _PE("sandbox: " + ev + " outside the work dir refused")
     sys.addaudithook(hook)
-'''
+"""
 
 # %% ../nbs/20_sandbox.ipynb #ae722c85
-_HARNESS = r'''
+_HARNESS = r"""
 import sys, os, json
 def _main(_type=type, _repr=repr, _str=str, _len=len, _BaseException=BaseException, _write=os.write,
           _dumps=json.dumps, _exit=os._exit, _list=list, _tuple=tuple, _dict=dict, _set=set, _fset=frozenset,
@@ -186,114 +240,169 @@ def _main(_type=type, _repr=repr, _str=str, _len=len, _BaseException=BaseExcepti
     v = memoryview(msg)
     while _len(v): v = v[_write(fd, v):]
     _exit(0)
-'''
-_SCRIPT = _HARNESS + _GUARD + "_main()\n"   # the per-program sandbox runs this
+"""
+_SCRIPT = _HARNESS + _GUARD + "_main()\n"  # the per-program sandbox runs this
 
 # %% ../nbs/20_sandbox.ipynb #f03b085b
 @dataclass(frozen=True)
 class Check:
     call: str
-    op: str            # eq | is | truthy | falsy | close
+    op: str  # eq | is | truthy | falsy | close
     expected: object = None
     tol: float = 0.0
 
-def _lit(node):
-    try: return True, ast.literal_eval(node)
-    except Exception: return False, None
 
-def _is_lit(node): return _lit(node)[0]
+def _lit(node):
+    try:
+        return True, ast.literal_eval(node)
+    except Exception:
+        return False, None
+
+
+def _is_lit(node):
+    return _lit(node)[0]
+
 
 @lru_cache(maxsize=1 << 14)
 def compile_test(src: str) -> Check | None:
     "The parent-side `Check` of one assert snippet, or None (→ raw test run in the child); memoised (a group's K programs share their tests)."
-    try: mod = ast.parse(src.strip())
-    except SyntaxError as e: raise StalebookError(f"test snippet is not Python: {src[:60]!r} ({e.msg})") from None
-    if len(mod.body) != 1 or not isinstance(mod.body[0], ast.Assert): return None
+    try:
+        mod = ast.parse(src.strip())
+    except SyntaxError as e:
+        raise StalebookError(f"test snippet is not Python: {src[:60]!r} ({e.msg})") from None
+    if len(mod.body) != 1 or not isinstance(mod.body[0], ast.Assert):
+        return None
     t = mod.body[0].test
     if isinstance(t, ast.Compare) and len(t.ops) == 1:
         l, r, op = t.left, t.comparators[0], t.ops[0]
         if isinstance(op, ast.Eq):
-            if _is_lit(r) and not _is_lit(l): return Check(ast.unparse(l), "eq", _lit(r)[1])
-            if _is_lit(l) and not _is_lit(r): return Check(ast.unparse(r), "eq", _lit(l)[1])
+            if _is_lit(r) and not _is_lit(l):
+                return Check(ast.unparse(l), "eq", _lit(r)[1])
+            if _is_lit(l) and not _is_lit(r):
+                return Check(ast.unparse(r), "eq", _lit(l)[1])
         if isinstance(op, ast.Is) and isinstance(r, ast.Constant) and r.value in (True, False, None) and not _is_lit(l):
             return Check(ast.unparse(l), "is", r.value)
-        if (isinstance(op, (ast.Lt, ast.LtE)) and _is_lit(r) and isinstance(l, ast.Call) and isinstance(l.func, ast.Name)
-                and l.func.id == "abs" and len(l.args) == 1 and isinstance(l.args[0], ast.BinOp)
-                and isinstance(l.args[0].op, ast.Sub) and _is_lit(l.args[0].right) and not _is_lit(l.args[0].left)):
+        if (
+            isinstance(op, (ast.Lt, ast.LtE))
+            and _is_lit(r)
+            and isinstance(l, ast.Call)
+            and isinstance(l.func, ast.Name)
+            and l.func.id == "abs"
+            and len(l.args) == 1
+            and isinstance(l.args[0], ast.BinOp)
+            and isinstance(l.args[0].op, ast.Sub)
+            and _is_lit(l.args[0].right)
+            and not _is_lit(l.args[0].left)
+        ):
             exp, tol = _lit(l.args[0].right)[1], _lit(r)[1]
             if isinstance(exp, (int, float)) and isinstance(tol, (int, float)):
                 return Check(ast.unparse(l.args[0].left), "close", exp, float(tol))
         return None
     if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and not _is_lit(t.operand):
         return Check(ast.unparse(t.operand), "falsy")
-    if isinstance(t, (ast.Call, ast.Subscript, ast.Attribute)): return Check(ast.unparse(t), "truthy")
+    if isinstance(t, (ast.Call, ast.Subscript, ast.Attribute)):
+        return Check(ast.unparse(t), "truthy")
     return None
 
 # %% ../nbs/20_sandbox.ipynb #1610e576
-class _Bad(Exception): pass
+class _Bad(Exception):
+    pass
+
 
 _TAGS = {"b", "i", "f", "s", "l", "t", "d", "S", "u", "x", "r"}
 
+
 def _dec(o, d=0):
     "Tagged JSON → fresh plain Python value; anything off-schema raises _Bad."
-    if d > 45: raise _Bad("too deep")
-    if o is None: return None
-    if not (isinstance(o, dict) and len(o) == 1): raise _Bad("not a tagged value")
-    (k, v), = o.items()
-    if k not in _TAGS: raise _Bad(f"unknown tag {k!r}")
-    if k == "b" and type(v) is bool: return v
-    if k == "i" and type(v) is str and 0 < len(v) <= 4300: return int(v)
-    if k == "f" and type(v) is str and len(v) <= 40: return float(v)
-    if k == "s" and type(v) is str: return v
+    if d > 45:
+        raise _Bad("too deep")
+    if o is None:
+        return None
+    if not (isinstance(o, dict) and len(o) == 1):
+        raise _Bad("not a tagged value")
+    ((k, v),) = o.items()
+    if k not in _TAGS:
+        raise _Bad(f"unknown tag {k!r}")
+    if k == "b" and type(v) is bool:
+        return v
+    if k == "i" and type(v) is str and 0 < len(v) <= 4300:
+        return int(v)
+    if k == "f" and type(v) is str and len(v) <= 40:
+        return float(v)
+    if k == "s" and type(v) is str:
+        return v
     if k in "ltS" and type(v) is list:
         xs = [_dec(x, d + 1) for x in v]
         return xs if k == "l" else tuple(xs) if k == "t" else set(xs)
     if k == "d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
         return {_dec(a, d + 1): _dec(b, d + 1) for a, b in v}
-    if k == "u": return _Unsupported(str(v))
-    if k == "x": return _Raised(str(v))
-    if k == "r" and v is True: return _RawOk()
+    if k == "u":
+        return _Unsupported(str(v))
+    if k == "x":
+        return _Raised(str(v))
+    if k == "r" and v is True:
+        return _RawOk()
     raise _Bad(f"bad payload for tag {k!r}")
 
+
 class _Unsupported:
-    def __init__(self, w): self.what = w
+    def __init__(self, w):
+        self.what = w
+
+
 class _Raised:
-    def __init__(self, w): self.what = w
-class _RawOk: pass
+    def __init__(self, w):
+        self.what = w
+
+
+class _RawOk:
+    pass
 
 # %% ../nbs/20_sandbox.ipynb #d5e9f3b7
 def judge(check: Check, got) -> bool:
     "Does the decoded value `got` pass `check`? (pure, parent-side)"
-    if isinstance(got, (_Unsupported, _Raised, _RawOk)): return False
+    if isinstance(got, (_Unsupported, _Raised, _RawOk)):
+        return False
     try:
-        if check.op == "eq": return bool(got == check.expected)
-        if check.op == "is": return got is check.expected
-        if check.op == "truthy": return bool(got)
-        if check.op == "falsy": return not got
+        if check.op == "eq":
+            return bool(got == check.expected)
+        if check.op == "is":
+            return got is check.expected
+        if check.op == "truthy":
+            return bool(got)
+        if check.op == "falsy":
+            return not got
         if check.op == "close":
             return type(got) in (int, float) and abs(got - check.expected) < check.tol
-    except Exception: return False
+    except Exception:
+        return False
     raise ValueError(f"unknown op {check.op}")
 
 # %% ../nbs/20_sandbox.ipynb #8385d5ab
 @dataclass
 class SandboxResult:
-    ok: bool                  # every test passed (reward 1)
-    reason: str               # why not (or "all tests passed")
+    ok: bool  # every test passed (reward 1)
+    reason: str  # why not (or "all tests passed")
     n_tests: int = 0
     n_passed: int = 0
     exit_status: int | None = None
     timed_out: bool = False
     isolation: str = ""
-    oracle: str = "parent"    # "parent": all expected values stayed in the parent; "child": some raw asserts ran in the child
-    wall_s: float = 0.0       # -- below: this run on this machine (not in detail())
-    server: str = ""          # "fork" (child of a template) | "per-program" (fresh sandbox)
+    oracle: str = (
+        "parent"  # "parent": all expected values stayed in the parent; "child": some raw asserts ran in the child
+    )
+    wall_s: float = 0.0  # -- below: this run on this machine (not in detail())
+    server: str = ""  # "fork" (child of a template) | "per-program" (fresh sandbox)
     stderr_tail: str = ""
     outputs: list = field(default_factory=list, repr=False)
 
     def detail(self) -> dict:
         "JSON-able, reproducible summary: a function of the program and its tests (no times, paths, values)."
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("wall_s", "server", "stderr_tail", "outputs")}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("wall_s", "server", "stderr_tail", "outputs")
+        }
 
     def timing(self) -> dict:
         "Wall time and path of this run, for sidecar files."
@@ -303,42 +412,64 @@ class SandboxResult:
 def _verdict(out: SandboxResult, msg: bytes, nonce: str, n: int, overflow: bool, lim: Limits) -> SandboxResult:
     "Fill `out.reason`/`out.outputs` from the exit status and the result-channel bytes `msg`."
     out.n_tests = n
-    if out.timed_out: out.reason = f"wall-clock timeout ({lim.wall_s}s): process group killed"; return out
-    if overflow: out.reason, out.exit_status = "result channel overflow", None; return out   # status of a cut-off run: noise
+    if out.timed_out:
+        out.reason = f"wall-clock timeout ({lim.wall_s}s): process group killed"
+        return out
+    if overflow:
+        out.reason, out.exit_status = "result channel overflow", None
+        return out  # status of a cut-off run: noise
     rc = out.exit_status
-    if rc != 0: out.reason = f"exit status {rc}" + (" (namespace setup failed)" if rc == 97 else ""); return out
-    if not msg: out.reason = "exit 0 without a result message"; return out
+    if rc != 0:
+        out.reason = f"exit status {rc}" + (" (namespace setup failed)" if rc == 97 else "")
+        return out
+    if not msg:
+        out.reason = "exit 0 without a result message"
+        return out
     if not (msg.startswith(nonce.encode()) and msg.endswith(b"\n") and msg.count(b"\n") == 1):
-        out.reason = "result channel forged or garbled (nonce / framing mismatch)"; return out
+        out.reason = "result channel forged or garbled (nonce / framing mismatch)"
+        return out
     try:
-        body = json.loads(msg[len(nonce):])
+        body = json.loads(msg[len(nonce) :])
         if not (isinstance(body, dict) and set(body) == {"status", "outputs"} and isinstance(body["outputs"], list)):
             raise _Bad("bad message")
-        if body["status"] != "ok": out.reason = str(body["status"])[:200]; return out
-        if len(body["outputs"]) != n: raise _Bad("wrong number of outputs")
+        if body["status"] != "ok":
+            out.reason = str(body["status"])[:200]
+            return out
+        if len(body["outputs"]) != n:
+            raise _Bad("wrong number of outputs")
         out.outputs = [_dec(o) for o in body["outputs"]]
     except (_Bad, ValueError, TypeError, RecursionError) as e:
-        out.reason = f"result message rejected: {e}"[:200]; return out
+        out.reason = f"result message rejected: {e}"[:200]
+        return out
     return out
 
 # %% ../nbs/20_sandbox.ipynb #2d8b6e35
 def _kill_group(pid):
-    try: os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError): pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
 
 def _ready(rfds, wfds, timeout: float) -> tuple[list, list]:
     "Descriptors ready to read / write within `timeout` s (poll: no FD_SETSIZE limit in a process with many files)."
     p = select.poll()
-    for f in rfds: p.register(f, select.POLLIN)
-    for f in wfds: p.register(f, select.POLLOUT)
+    for f in rfds:
+        p.register(f, select.POLLIN)
+    for f in wfds:
+        p.register(f, select.POLLOUT)
     ev = p.poll(max(0.0, timeout) * 1000)
-    return [f for f, e in ev if f in rfds and e & (select.POLLIN | select.POLLHUP | select.POLLERR)], \
-           [f for f, e in ev if f in wfds and e & (select.POLLOUT | select.POLLERR | select.POLLHUP)]
+    return [f for f, e in ev if f in rfds and e & (select.POLLIN | select.POLLHUP | select.POLLERR)], [
+        f for f, e in ev if f in wfds and e & (select.POLLOUT | select.POLLERR | select.POLLHUP)
+    ]
+
 
 def _payload(code, calls, raw, mode) -> tuple[str, bytes]:
     nonce = secrets.token_hex(16)
-    return nonce, json.dumps({"nonce": nonce, "code": code, "calls": calls, "raw": raw,
-                              "refuse_sockets": mode != "namespaces"}).encode()
+    return nonce, json.dumps(
+        {"nonce": nonce, "code": code, "calls": calls, "raw": raw, "refuse_sockets": mode != "namespaces"}
+    ).encode()
+
 
 def _launch(mode: str, lim: Limits, uid: int, fd: int):
     "Start the per-program sandbox: (process, its throwaway work dir or None)."
@@ -346,14 +477,24 @@ def _launch(mode: str, lim: Limits, uid: int, fd: int):
     tmp = None
     if cwd == "tmp":
         tmp = cwd = tempfile.mkdtemp(prefix="stalebook-sbx-")
-        if os.geteuid() == 0: os.chown(tmp, uid, uid)
+        if os.geteuid() == 0:
+            os.chown(tmp, uid, uid)
         os.chmod(tmp, 0o700)
     try:
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=(fd,), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd,
-                                start_new_session=True, close_fds=True), tmp
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(fd,),
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        ), tmp
     except BaseException:
-        if tmp: shutil.rmtree(tmp, ignore_errors=True)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 # %% ../nbs/20_sandbox.ipynb #5f1a9c47
@@ -362,13 +503,21 @@ def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) ->
     nonce, payload = _payload(code, calls, raw, mode)
     r, w = os.pipe()
     t0 = time.monotonic()
-    try: p, tmp = _launch(mode, lim, _uid(), w)
+    try:
+        p, tmp = _launch(mode, lim, _uid(), w)
     except BaseException:
-        os.close(r); os.close(w); raise
+        os.close(r)
+        os.close(w)
+        raise
     os.close(w)
+
     def feed():
-        try: p.stdin.write(payload); p.stdin.close()
-        except (BrokenPipeError, OSError, ValueError): pass
+        try:
+            p.stdin.write(payload)
+            p.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
     threading.Thread(target=feed, daemon=True).start()
     efd = p.stderr.fileno()
     res, err, live = bytearray(), bytearray(), {r, efd}
@@ -377,36 +526,61 @@ def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) ->
     try:
         while live:
             left = deadline - time.monotonic()
-            if left <= 0: timed_out = True; break
+            if left <= 0:
+                timed_out = True
+                break
             for fd in _ready(list(live), [], left)[0]:
                 chunk = os.read(fd, 65536)
-                if not chunk: live.discard(fd); continue
+                if not chunk:
+                    live.discard(fd)
+                    continue
                 if fd == r:
                     res += chunk
-                    if len(res) > lim.result_kb * 1024: overflow = True
-                elif len(err) < lim.stderr_kb * 1024: err += chunk[: lim.stderr_kb * 1024 - len(err)]
-            if overflow: break
-        if timed_out or overflow: _kill_group(p.pid)
-        try: rc = p.wait(timeout=max(0.5, deadline - time.monotonic() + 0.5))
+                    if len(res) > lim.result_kb * 1024:
+                        overflow = True
+                elif len(err) < lim.stderr_kb * 1024:
+                    err += chunk[: lim.stderr_kb * 1024 - len(err)]
+            if overflow:
+                break
+        if timed_out or overflow:
+            _kill_group(p.pid)
+        try:
+            rc = p.wait(timeout=max(0.5, deadline - time.monotonic() + 0.5))
         except subprocess.TimeoutExpired:
-            timed_out = True; _kill_group(p.pid); rc = p.wait()
+            timed_out = True
+            _kill_group(p.pid)
+            rc = p.wait()
     finally:
         _kill_group(p.pid)  # stragglers in the group (the PID namespace is already gone with its init)
         os.close(r)
-        if p.poll() is None: p.kill(); p.wait()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
         p.stderr.close()
-        if tmp: shutil.rmtree(tmp, ignore_errors=True)
-    if mode == "namespaces" and 128 < rc < 128 + 65: rc = 128 - rc          # the init shell's "killed by signal N"
-    out = SandboxResult(False, "", exit_status=rc, timed_out=timed_out, isolation=mode, wall_s=round(time.monotonic() - t0, 4),
-                        server="per-program", stderr_tail=err.decode("utf-8", "replace")[-400:])
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if mode == "namespaces" and 128 < rc < 128 + 65:
+        rc = 128 - rc  # the init shell's "killed by signal N"
+    out = SandboxResult(
+        False,
+        "",
+        exit_status=rc,
+        timed_out=timed_out,
+        isolation=mode,
+        wall_s=round(time.monotonic() - t0, 4),
+        server="per-program",
+        stderr_tail=err.decode("utf-8", "replace")[-400:],
+    )
     return _verdict(out, bytes(res), nonce, len(calls) + len(raw), overflow, lim)
 
 # %% ../nbs/20_sandbox.ipynb #9e4c7a21
 @lru_cache(maxsize=None)
 def isolation() -> str:
     "'namespaces' if the full launcher works here (root + unshare), else 'rlimits' (weaker; see above)."
-    if os.environ.get("STALEBOOK_SANDBOX_FORCE") == "rlimits": return "rlimits"
-    if not (os.geteuid() == 0 and all(_TOOLS.values()) and _PYTHON.startswith("/usr/")): return "rlimits"
+    if os.environ.get("STALEBOOK_SANDBOX_FORCE") == "rlimits":
+        return "rlimits"
+    if not (os.geteuid() == 0 and all(_TOOLS.values()) and _PYTHON.startswith("/usr/")):
+        return "rlimits"
     try:
         r = _run("def f(x):\n    return x + 1\n", ["f(1)"], [], Limits(wall_s=20), mode="namespaces")
         return "namespaces" if not r.reason and r.outputs == [2] else "rlimits"
@@ -458,7 +632,7 @@ def _serve():
 '''
 
 # %% ../nbs/20_sandbox.ipynb #f2c8d4e6
-_CHILD = r'''
+_CHILD = r"""
 def _child(sin, rw, ew):
     os.setsid()
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG: die with the template
@@ -491,10 +665,10 @@ def _one(sin, rw, ew):
         except OSError: pass
     rc, clean = _sweep(pid)
     return {"rc": rc, "timed_out": timed_out, "clean": clean}
-'''
+"""
 
 # %% ../nbs/20_sandbox.ipynb #b3e6f1c8
-_CLEAN = r'''
+_CLEAN = r"""
 def _rm(p):
     try:
         if os.path.isdir(p) and not os.path.islink(p):
@@ -539,10 +713,10 @@ def _keys():
         for spec in (-3, -4, -5): _libc.syscall(_KEYCTL, 7, spec)         # KEYCTL_CLEAR @s @u @us
         k = _libc.syscall(_KEYCTL, 22, -1, -1)                            # KEYCTL_GET_PERSISTENT (into @t)
         if k > 0: _libc.syscall(_KEYCTL, 7, k)
-'''
+"""
 
 # %% ../nbs/20_sandbox.ipynb #c4d8e2a6
-_SWEEP = r'''
+_SWEEP = r"""
 def _sweep(pid):
     rc, end = None, time.monotonic() + 2.0
     while True:
@@ -563,25 +737,49 @@ def _sweep(pid):
         _ipc(os.getuid()); _keys()
     except Exception: ok = False
     return rc, ok
-'''
+"""
 _SERVER = _HARNESS + _GUARD + _SERVE + _CHILD + _CLEAN + _SWEEP + "_serve()\n"
 
 # %% ../nbs/20_sandbox.ipynb #e8c1f5a3
-class _StartFailed(Exception): pass
-class _Lost(Exception): pass
+class _StartFailed(Exception):
+    pass
+
+
+class _Lost(Exception):
+    pass
+
 
 _GRACE_S = 2.0
 
+
 def _reap_uid(uid: int):
     "SIGKILL every process of `uid` (a one-off process under that uid calls kill(-1))."
-    if os.geteuid() != 0 or not _TOOLS["setpriv"]: return
-    subprocess.run([_TOOLS["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", _PYTHON, "-I", "-S", "-c",
-                    "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"], timeout=30, env={}, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.geteuid() != 0 or not _TOOLS["setpriv"]:
+        return
+    subprocess.run(
+        [
+            _TOOLS["setpriv"],
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--",
+            _PYTHON,
+            "-I",
+            "-S",
+            "-c",
+            "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
+        ],
+        timeout=30,
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 # %% ../nbs/20_sandbox.ipynb #f9d2a6b4
 class _Template:
     "One fork server (a template interpreter inside the isolation) and the parent's end of its control socket."
+
     def __init__(self, mode: str, lim: Limits, start_timeout: float = 30.0):
         self.mode, self.lim, self.uid, self.work = mode, lim, _uid(), None
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -589,13 +787,25 @@ class _Template:
         cmd, cwd = _command(mode, lim, self.uid, cfg, _SERVER, template=True)
         if cwd == "tmp":
             self.work = cwd = tempfile.mkdtemp(prefix="stalebook-fsrv-")
-            os.chown(cwd, self.uid, self.uid); os.chmod(cwd, 0o700)
+            os.chown(cwd, self.uid, self.uid)
+            os.chmod(cwd, 0o700)
         self.err, self.sock = tempfile.TemporaryFile(), a
         try:
-            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err, pass_fds=(b.fileno(),),
-                                      env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd, start_new_session=True)
+            self.p = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self.err,
+                pass_fds=(b.fileno(),),
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                cwd=cwd,
+                start_new_session=True,
+            )
         except BaseException:
-            a.close(); b.close(); self._cleanup_dir(); raise
+            a.close()
+            b.close()
+            self._cleanup_dir()
+            raise
         b.close()
         ready = select.select([a], [], [], start_timeout)[0] and a.recv(16) == b"ready"
         if not ready:
@@ -604,20 +814,28 @@ class _Template:
 
     def diagnostics(self) -> str:
         "The template's stderr (launcher or interpreter errors), last 300 characters."
-        try: self.err.seek(0); return self.err.read().decode("utf-8", "replace")[-300:].strip() or "no output"
-        except (OSError, ValueError): return "no output"
+        try:
+            self.err.seek(0)
+            return self.err.read().decode("utf-8", "replace")[-300:].strip() or "no output"
+        except (OSError, ValueError):
+            return "no output"
 
     def _cleanup_dir(self):
-        if self.work: shutil.rmtree(self.work, ignore_errors=True)
+        if self.work:
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def close(self):
         "Destroy the template and everything it started (idempotent)."
         self.sock.close()
         if getattr(self, "p", None) is not None:
             _kill_group(self.p.pid)
-            if self.mode != "namespaces": _reap_uid(self.uid)
-            try: self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired: self.p.kill(); self.p.wait()
+            if self.mode != "namespaces":
+                _reap_uid(self.uid)
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
         self._cleanup_dir()
         self.err.close()
 
@@ -626,18 +844,23 @@ def _drain(fd, buf, cap) -> None:
     "Read what is already in pipe `fd` (non-blocking) into `buf`, keeping at most `cap` bytes."
     os.set_blocking(fd, False)
     try:
-        while (chunk := os.read(fd, 65536)) and len(buf) <= cap: buf += chunk[: cap + 1 - len(buf)]
-    except BlockingIOError: pass
+        while (chunk := os.read(fd, 65536)) and len(buf) <= cap:
+            buf += chunk[: cap + 1 - len(buf)]
+    except BlockingIOError:
+        pass
 
 # %% ../nbs/20_sandbox.ipynb #f70b15d9
 def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
     "(status, result bytes, stderr bytes, overflow) of one program; raises _Lost if the template died or wedged."
     lim, pipes = self.lim, [os.pipe() for _ in range(3)]
     (sin_r, sin_w), (res_r, res_w), (err_r, err_w) = pipes
-    try: socket.send_fds(self.sock, [b"run"], [sin_r, res_w, err_w])
-    except OSError: raise _Lost("template died")
+    try:
+        socket.send_fds(self.sock, [b"run"], [sin_r, res_w, err_w])
+    except OSError:
+        raise _Lost("template died")
     finally:
-        for f in (sin_r, res_w, err_w): os.close(f)
+        for f in (sin_r, res_w, err_w):
+            os.close(f)
     os.set_blocking(sin_w, False)
     res, err, todo, status, overflow = bytearray(), bytearray(), memoryview(payload), None, False
     live, cap_r, cap_e = {res_r, err_r}, lim.result_kb * 1024, lim.stderr_kb * 1024
@@ -645,56 +868,81 @@ def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
     try:
         while status is None:
             left = deadline - time.monotonic()
-            if left <= 0: raise _Lost("template stopped answering")
+            if left <= 0:
+                raise _Lost("template stopped answering")
             rl, wl = _ready([*live, self.sock.fileno()], [sin_w] if todo is not None else [], left)
             if wl:
-                try: todo = todo[os.write(sin_w, todo):]
-                except BlockingIOError: pass
-                except BrokenPipeError: todo = todo[:0]          # the child is gone; its status will say why
-                if not len(todo): os.close(sin_w); todo = None
+                try:
+                    todo = todo[os.write(sin_w, todo) :]
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    todo = todo[:0]  # the child is gone; its status will say why
+                if not len(todo):
+                    os.close(sin_w)
+                    todo = None
             for fd in rl:
                 if fd == self.sock.fileno():
                     data = self.sock.recv(4096)
-                    if not data: raise _Lost("template died")
-                    status = json.loads(data); continue
+                    if not data:
+                        raise _Lost("template died")
+                    status = json.loads(data)
+                    continue
                 chunk = os.read(fd, 65536)
-                if not chunk: live.discard(fd)
+                if not chunk:
+                    live.discard(fd)
                 elif fd == res_r:
                     res += chunk
-                    if len(res) > cap_r:                                   # close it: the writer gets EPIPE
-                        overflow = True; live.discard(res_r); os.close(res_r); res_r = None
-                elif len(err) < cap_e: err += chunk[: cap_e - len(err)]
-        if res_r is not None: _drain(res_r, res, cap_r); overflow = len(res) > cap_r
+                    if len(res) > cap_r:  # close it: the writer gets EPIPE
+                        overflow = True
+                        live.discard(res_r)
+                        os.close(res_r)
+                        res_r = None
+                elif len(err) < cap_e:
+                    err += chunk[: cap_e - len(err)]
+        if res_r is not None:
+            _drain(res_r, res, cap_r)
+            overflow = len(res) > cap_r
         _drain(err_r, err, cap_e)
     finally:
         for f in (res_r, err_r, sin_w if todo is not None else None):
-            if f is not None: os.close(f)
+            if f is not None:
+                os.close(f)
     return status, bytes(res), bytes(err[:cap_e]), overflow
+
 
 _Template.run = _template_run
 
 # %% ../nbs/20_sandbox.ipynb #d4b9f3a7
 _SAID: set = set()
-_LIVE = weakref.WeakSet()              # every pool of this process, closed at exit
+_LIVE = weakref.WeakSet()  # every pool of this process, closed at exit
+
 
 def _say_once(msg: str):
     if msg not in _SAID:
-        _SAID.add(msg); print(f"stalebook.sandbox: {msg}", file=sys.stderr, flush=True)
+        _SAID.add(msg)
+        print(f"stalebook.sandbox: {msg}", file=sys.stderr, flush=True)
+
 
 def _split_tests(tests) -> tuple[list[Check], list[str]]:
     tests = [tests] if isinstance(tests, str) else list(tests)
-    if not tests: raise StalebookError("a code task needs at least one test")
+    if not tests:
+        raise StalebookError("a code task needs at least one test")
     checks, raw = [], []
     for t in tests:
         c = compile_test(t)
         (checks.append(c) if c else raw.append(t))
     return checks, raw
 
+
 def _judged(res: SandboxResult, checks: list[Check], raw: list[str]) -> SandboxResult:
     "Apply the parent-side checks to the decoded outputs of a run that produced a valid message."
     res.oracle = "child" if raw else "parent"
-    if res.reason: return res
-    passed = [judge(c, g) for c, g in zip(checks, res.outputs)] + [isinstance(g, _RawOk) for g in res.outputs[len(checks):]]
+    if res.reason:
+        return res
+    passed = [judge(c, g) for c, g in zip(checks, res.outputs)] + [
+        isinstance(g, _RawOk) for g in res.outputs[len(checks) :]
+    ]
     res.n_passed = sum(passed)
     res.ok = all(passed)
     res.reason = "all tests passed" if res.ok else f"{res.n_tests - res.n_passed}/{res.n_tests} tests failed"
@@ -703,42 +951,64 @@ def _judged(res: SandboxResult, checks: list[Check], raw: list[str]) -> SandboxR
 # %% ../nbs/20_sandbox.ipynb #e5c0a4b8
 class Pool:
     "Verifiers for one (isolation mode, limits): fork servers, one per worker, or fresh sandboxes as the fallback."
-    def __init__(self, workers: int | None = None, limits: Limits | None = None, mode: str | None = None,
-                 fork_server: bool | None = None):
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        limits: Limits | None = None,
+        mode: str | None = None,
+        fork_server: bool | None = None,
+    ):
         self.limits, self.mode = limits or Limits(), mode or isolation()
         self.workers = workers or cores()
-        if fork_server is None: fork_server = os.environ.get("STALEBOOK_SANDBOX_FORKSERVER", "1") != "0"
+        if fork_server is None:
+            fork_server = os.environ.get("STALEBOOK_SANDBOX_FORKSERVER", "1") != "0"
         self.fork_server = fork_server and os.geteuid() == 0 and bool(_TOOLS["setpriv"])
-        if fork_server and not self.fork_server: _say_once("no throwaway uid here (not root): fresh sandbox per program")
+        if fork_server and not self.fork_server:
+            _say_once("no throwaway uid here (not root): fresh sandbox per program")
         self.stats = {"started": 0, "replaced": 0, "fork": 0, "per_program": 0}
-        self.fallback, self.uids = None, []                 # why the fork server is off; uids of every template
+        self.fallback, self.uids = None, []  # why the fork server is off; uids of every template
         self._idle, self._n, self._cv, self._pid, self._closed = [], 0, threading.Condition(), os.getpid(), False
         _LIVE.add(self)
 
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.close()
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _acquire(self) -> _Template | None:
         with self._cv:
-            while not self._idle and self._n >= self.workers and self.fallback is None: self._cv.wait()
-            if self.fallback is not None: return None
-            if self._idle: return self._idle.pop()
+            while not self._idle and self._n >= self.workers and self.fallback is None:
+                self._cv.wait()
+            if self.fallback is not None:
+                return None
+            if self._idle:
+                return self._idle.pop()
             self._n += 1
         try:
             t = _Template(self.mode, self.limits)
         except (_StartFailed, OSError) as e:
             with self._cv:
-                self._n -= 1; self.fallback = str(e)[:300]; self._cv.notify_all()
+                self._n -= 1
+                self.fallback = str(e)[:300]
+                self._cv.notify_all()
             _say_once(f"fork server unavailable ({self.fallback}); fresh sandbox per program")
             return None
-        with self._cv: self.stats["started"] += 1; self.uids.append(t.uid)
+        with self._cv:
+            self.stats["started"] += 1
+            self.uids.append(t.uid)
         return t
 
     def _release(self, t: _Template, healthy: bool):
-        if not healthy or self._closed: t.close()
+        if not healthy or self._closed:
+            t.close()
         with self._cv:
-            if healthy and not self._closed: self._idle.append(t)
-            else: self._n -= 1; self.stats["replaced"] += not healthy
+            if healthy and not self._closed:
+                self._idle.append(t)
+            else:
+                self._n -= 1
+                self.stats["replaced"] += not healthy
             self._cv.notify()
 
 # %% ../nbs/20_sandbox.ipynb #a7e2c6d0
@@ -747,54 +1017,79 @@ def _pool_run(self, code: str, tests) -> SandboxResult:
     checks, raw = _split_tests(tests)
     calls, n = [c.call for c in checks], len(checks) + len(raw)
     t = self._acquire() if self.fork_server and self._pid == os.getpid() else None
-    with self._cv: self.stats["fork" if t else "per_program"] += 1
-    if t is None: return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
+    with self._cv:
+        self.stats["fork" if t else "per_program"] += 1
+    if t is None:
+        return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
     nonce, payload = _payload(code, calls, raw, self.mode)
     t0, healthy = time.monotonic(), False
     try:
         status, msg, err, overflow = t.run(payload)
         healthy = bool(status.get("clean"))
-        out = SandboxResult(False, "", exit_status=status["rc"], timed_out=bool(status["timed_out"]), isolation=self.mode)
+        out = SandboxResult(
+            False, "", exit_status=status["rc"], timed_out=bool(status["timed_out"]), isolation=self.mode
+        )
         out = _verdict(out, msg, nonce, n, overflow, self.limits)
         out.stderr_tail = err.decode("utf-8", "replace")[-400:]
     except _Lost as e:
         wedged = "stopped" in str(e)
-        out = SandboxResult(False, f"wall-clock timeout ({self.limits.wall_s}s): the template stopped answering and was killed"
-                            if wedged else "sandbox template died during the run", n_tests=n, timed_out=wedged, isolation=self.mode)
+        out = SandboxResult(
+            False,
+            f"wall-clock timeout ({self.limits.wall_s}s): the template stopped answering and was killed"
+            if wedged
+            else "sandbox template died during the run",
+            n_tests=n,
+            timed_out=wedged,
+            isolation=self.mode,
+        )
     finally:
         self._release(t, healthy)
     out.wall_s, out.server = round(time.monotonic() - t0, 4), "fork"
     return _judged(out, checks, raw)
 
+
 def _pool_close(self):
     "Destroy every template (idle ones now; busy ones are not tracked here and end with their run)."
-    with self._cv: idle, self._idle, self._closed = self._idle, [], True
+    with self._cv:
+        idle, self._idle, self._closed = self._idle, [], True
     for t in idle:
         t.close()
-        with self._cv: self._n -= 1
+        with self._cv:
+            self._n -= 1
+
 
 Pool.run, Pool.close = _pool_run, _pool_close
 
 # %% ../nbs/20_sandbox.ipynb #c9a4e8f2
-_POOLS: dict = {}                     # (mode, limits) -> Pool, for the process _POOLS_PID
+_POOLS: dict = {}  # (mode, limits) -> Pool, for the process _POOLS_PID
 _POOLS_PID, _POOLS_LOCK = [os.getpid()], threading.Lock()
+
 
 def pool_for(mode: str | None = None, limits: Limits | None = None, workers: int | None = None) -> Pool:
     "The shared pool of this process for (mode, limits), grown to at least `workers` templates."
     key = (mode or isolation(), limits or Limits())
     with _POOLS_LOCK:
-        if _POOLS_PID[0] != os.getpid(): _POOLS.clear(); _POOLS_PID[0] = os.getpid()   # forked: not our templates
+        if _POOLS_PID[0] != os.getpid():
+            _POOLS.clear()
+            _POOLS_PID[0] = os.getpid()  # forked: not our templates
         p = _POOLS.get(key)
-        if p is None: p = _POOLS[key] = Pool(workers, key[1], key[0])
+        if p is None:
+            p = _POOLS[key] = Pool(workers, key[1], key[0])
         elif workers and workers > p.workers:
-            with p._cv: p.workers = workers
+            with p._cv:
+                p.workers = workers
     return p
+
 
 @atexit.register
 def _close_pools():
     for p in list(_LIVE):
-        if p._pid == os.getpid(): p.close()
+        if p._pid == os.getpid():
+            p.close()
 
-def run_tests(code: str, tests, limits: Limits | None = None, mode: str | None = None, pool: Pool | None = None) -> SandboxResult:
+
+def run_tests(
+    code: str, tests, limits: Limits | None = None, mode: str | None = None, pool: Pool | None = None
+) -> SandboxResult:
     "Run `code` in the sandbox against assert snippets `tests`; ok only if every test passes."
     return (pool or pool_for(mode, limits)).run(code, tests)

@@ -26,6 +26,7 @@ __all__ = ['CountSketch', 'lora_modules', 'lora_dim', 'per_rollout_gradients', '
 # %% ../nbs/27_scoring.ipynb #257f7bfe
 class CountSketch:
     "k-dimensional CountSketch of D-dimensional vectors; hash and sign from an RNG domain."
+
     def __init__(self, D: int, k: int, domain: Domain):
         self.D, self.k, self.domain = int(D), int(k), domain
         self.identity = self.k >= self.D
@@ -33,33 +34,40 @@ class CountSketch:
             g = domain.numpy()
             self.h = g.integers(0, self.k, self.D)
             self.s = g.integers(0, 2, self.D) * 2 - 1
-            order = np.argsort(self.h, kind="stable")                  # rows by bucket, columns ascending
+            order = np.argsort(self.h, kind="stable")  # rows by bucket, columns ascending
             crow = np.concatenate([[0], np.cumsum(np.bincount(self.h, minlength=self.k))])
             self._S = {}
             self._csr = (torch.from_numpy(crow), torch.from_numpy(order), torch.from_numpy(self.s[order]).double())
 
     @property
-    def out_dim(self) -> int: return self.D if self.identity else self.k
+    def out_dim(self) -> int:
+        return self.D if self.identity else self.k
 
     def matrix(self, device="cpu", dtype=torch.float32):
         "The sparse CSR sketch matrix S [k, D] on a device (cached)."
         key = (str(device), dtype)
         if key not in self._S:
             crow, col, val = self._csr
-            self._S[key] = torch.sparse_csr_tensor(crow, col, val.to(dtype), size=(self.k, self.D),
-                                                   check_invariants=False).to(device)
+            self._S[key] = torch.sparse_csr_tensor(
+                crow, col, val.to(dtype), size=(self.k, self.D), check_invariants=False
+            ).to(device)
         return self._S[key]
 
     def _hs(self, device, dtype):
         key = ("hs", str(device), dtype)
         if key not in self._S:
-            self._S[key] = (torch.from_numpy(self.h).to(device), torch.from_numpy(self.s).to(device=device, dtype=dtype))
+            self._S[key] = (
+                torch.from_numpy(self.h).to(device),
+                torch.from_numpy(self.s).to(device=device, dtype=dtype),
+            )
         return self._S[key]
 
     def __call__(self, G: torch.Tensor) -> torch.Tensor:
         "Sketch rows of G [..., D] → [..., k] (identity when k >= D): one scatter-add pass over the gradient."
-        if G.shape[-1] != self.D: raise ValueError(f"expected last dim {self.D}, got {G.shape[-1]}")
-        if self.identity: return G
+        if G.shape[-1] != self.D:
+            raise ValueError(f"expected last dim {self.D}, got {G.shape[-1]}")
+        if self.identity:
+            return G
         h, s = self._hs(G.device, G.dtype)
         out = torch.zeros(*G.shape[:-1], self.k, device=G.device, dtype=G.dtype)
         return out.index_add_(-1, h, G * s)
@@ -70,31 +78,41 @@ def lora_modules(model) -> list[tuple[str, torch.nn.Linear]]:
     out = []
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and (".lora_A." in name or ".lora_B." in name) and mod.weight.requires_grad:
-            if mod.bias is not None: raise ValueError(f"{name}: LoRA factors with bias are not supported")
+            if mod.bias is not None:
+                raise ValueError(f"{name}: LoRA factors with bias are not supported")
             out.append((name, mod))
-    if not out: raise ValueError("no trainable LoRA layers found")
+    if not out:
+        raise ValueError("no trainable LoRA layers found")
     return out
+
 
 def lora_dim(model) -> int:
     "D = number of trainable LoRA parameters (the gradient dimension)."
     return sum(m.weight.numel() for _, m in lora_modules(model))
+
 
 class _Capture:
     def __init__(self, mods):
         self.mods, self.x, self.g, self.handles = mods, {}, {}, []
         for i, (_, m) in enumerate(mods):
             self.handles.append(m.register_forward_hook(self._fwd(i)))
+
     def _fwd(self, i):
         def hook(mod, inp, out):
             self.x[i] = inp[0].detach()
-            if out.requires_grad: out.register_hook(lambda g, i=i: self.g.__setitem__(i, g.detach()))
+            if out.requires_grad:
+                out.register_hook(lambda g, i=i: self.g.__setitem__(i, g.detach()))
+
         return hook
+
     def remove(self):
-        for h in self.handles: h.remove()
+        for h in self.handles:
+            h.remove()
 
 # %% ../nbs/27_scoring.ipynb #9f9029e1
-def per_rollout_gradients(model, prompt_ids, completions, coef_fn, pad_id: int = 0,
-                          sketch: CountSketch | None = None, micro_batch: int = 64):
+def per_rollout_gradients(
+    model, prompt_ids, completions, coef_fn, pad_id: int = 0, sketch: CountSketch | None = None, micro_batch: int = 64
+):
     """Per-rollout LoRA gradients of weighted log-likelihoods, one forward and one backward per weighting.
 
     `coef_fn(logp [b, L], mask [b, L], rows: slice) -> list of coefficient tensors [b, L]` is called after
@@ -110,9 +128,12 @@ def per_rollout_gradients(model, prompt_ids, completions, coef_fn, pad_id: int =
         sl = slice(s, min(B, s + micro_batch))
         cap = _Capture(mods)
         try:
-            lp, mask = completion_logprobs(model, prompt_ids[sl], completions[sl], micro_batch=micro_batch, pad_id=pad_id)
+            lp, mask = completion_logprobs(
+                model, prompt_ids[sl], completions[sl], micro_batch=micro_batch, pad_id=pad_id
+            )
             coefs = coef_fn(lp.detach(), mask, sl)
-            if outs is None: outs = [[] for _ in coefs]
+            if outs is None:
+                outs = [[] for _ in coefs]
             for ci, c in enumerate(coefs):
                 cc = c.to(lp.device, lp.dtype) * mask
                 cap.g.clear()
@@ -121,7 +142,8 @@ def per_rollout_gradients(model, prompt_ids, completions, coef_fn, pad_id: int =
                 for i, (name, m) in enumerate(mods):
                     dt = torch.float32 if m.weight.dtype in (torch.float16, torch.bfloat16) else m.weight.dtype
                     if i not in cap.g:
-                        parts.append(torch.zeros(lp.shape[0], m.weight.numel(), device=lp.device, dtype=dt)); continue
+                        parts.append(torch.zeros(lp.shape[0], m.weight.numel(), device=lp.device, dtype=dt))
+                        continue
                     g, x = cap.g[i].to(dt), cap.x[i].to(dt)
                     parts.append(torch.einsum("bto,bti->boi", g, x).reshape(lp.shape[0], -1))
                 w = torch.cat(parts, 1)
@@ -129,10 +151,15 @@ def per_rollout_gradients(model, prompt_ids, completions, coef_fn, pad_id: int =
         finally:
             cap.remove()
             model.zero_grad(set_to_none=True)
-        lps.append(lp.detach().cpu()); masks.append(mask.cpu())
+        lps.append(lp.detach().cpu())
+        masks.append(mask.cpu())
     L = max(x.shape[1] for x in lps)
     pad = lambda t, v: torch.nn.functional.pad(t, (0, L - t.shape[1]), value=v)
-    return [torch.cat(o) for o in outs], torch.cat([pad(x, 0.0) for x in lps]), torch.cat([pad(m, False) for m in masks])
+    return (
+        [torch.cat(o) for o in outs],
+        torch.cat([pad(x, 0.0) for x in lps]),
+        torch.cat([pad(m, False) for m in masks]),
+    )
 
 # %% ../nbs/27_scoring.ipynb #9ac47632
 def store_rows(records):
@@ -143,22 +170,37 @@ def store_rows(records):
     rewards = np.array([r["rewards"] for r in records], dtype=np.float64)
     return pids, comps, logb, rewards
 
+
 def _padded(rows, L, dtype=torch.float64):
     out = torch.zeros(len(rows), L, dtype=dtype)
-    for i, r in enumerate(rows): out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
     return out
+
 
 def fresh_features(model, records, sketch: CountSketch | None, pad_id: int, rows_per_batch: int):
     "(rewards [n, K], sketched per-rollout score vectors [n, K, k]) of an on-policy store."
     pids, comps, _, rewards = store_rows(records)
     n, K = rewards.shape
-    (v,), _, _ = per_rollout_gradients(model, pids, comps, lambda lp, m, sl: [torch.ones_like(lp)], pad_id, sketch, rows_per_batch)
+    (v,), _, _ = per_rollout_gradients(
+        model, pids, comps, lambda lp, m, sl: [torch.ones_like(lp)], pad_id, sketch, rows_per_batch
+    )
     return rewards, v.double().numpy().reshape(n, K, -1)
 
 # %% ../nbs/27_scoring.ipynb #428bcace
-def stale_features(model, records, sketch: CountSketch | None, pad_id: int, rows_per_batch: int,
-                   which=ESTIMATORS, c: float | None = None, C: float | None = None, std: bool = True, eps: float = 1e-6,
-                   normalise: str | None = "group"):
+def stale_features(
+    model,
+    records,
+    sketch: CountSketch | None,
+    pad_id: int,
+    rows_per_batch: int,
+    which=ESTIMATORS,
+    c: float | None = None,
+    C: float | None = None,
+    std: bool = True,
+    eps: float = 1e-6,
+    normalise: str | None = "group",
+):
     """({ab: per-prompt gradient [n, k]}, rewards [n, K], max |log pi - log beta|) of a stale store under the
     current policy, with `theory.estimators.estimator_coefs`: GRPO advantages per stale group
     (`normalise="group"`) or raw rewards (`normalise=None`, the case g11 = grad E_pi[R] covers), weights 1/K."""
@@ -168,10 +210,13 @@ def stale_features(model, records, sketch: CountSketch | None, pad_id: int, rows
     L = max(len(x) for x in comps)
     lb_all = _padded(logb, L)
     gap = [0.0]
+
     def coef_fn(lp, mask, sl):
-        lp = lp.double() * mask; lb = lb_all[sl, :lp.shape[1]].to(lp.device) * mask
+        lp = lp.double() * mask
+        lb = lb_all[sl, : lp.shape[1]].to(lp.device) * mask
         gap[0] = max(gap[0], float((lp - lb).abs().max()))
         co = estimator_coefs(lp, lb, adv[sl].to(lp.device), torch.tensor(1.0 / K, dtype=lp.dtype), which, c, C)
         return [co[ab] for ab in which]
+
     ws, _, _ = per_rollout_gradients(model, pids, comps, coef_fn, pad_id, sketch, rows_per_batch)
     return {ab: w.double().numpy().reshape(n, K, -1).sum(1) for ab, w in zip(which, ws)}, rewards, gap[0]

@@ -24,16 +24,23 @@ __all__ = ['LOCKFILE', 'LOCK_VERSION', 'snapshot_layout', 'snapshot_files', 'fil
 LOCKFILE = "stalebook.lock.json"
 LOCK_VERSION = 1
 
+
 def snapshot_layout(d) -> dict:
     "`{'layout': 'plain'}` or, for `.../models--org--name/snapshots/<commit>`, the hf-cache facts."
     d = Path(d).absolute()
     if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
-        return {"layout": "hf-cache", "hf_repo": d.parent.parent.name[len("models--"):].replace("--", "/"), "hf_commit": d.name}
+        return {
+            "layout": "hf-cache",
+            "hf_repo": d.parent.parent.name[len("models--") :].replace("--", "/"),
+            "hf_commit": d.name,
+        }
     return {"layout": "plain"}
+
 
 def snapshot_files(d) -> dict:
     "`{relpath: sha256}` of every file in the snapshot except the lockfile."
     return dict(dir_listing(d, exclude=[LOCKFILE]))
+
 
 def files_revision(files: dict) -> str:
     "The revision of a file map (`core.hash_listing`: equals `core.hash_dir` of the folder without its lockfile)."
@@ -41,9 +48,13 @@ def files_revision(files: dict) -> str:
 
 # %% ../nbs/22_snapshot.ipynb #74822640
 def _read_json(p: Path, what: str) -> dict:
-    try: return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError: raise StalebookError(f"{what}: {p.name} missing") from None
-    except ValueError as e: raise StalebookError(f"{what}: {p.name} is not valid JSON ({e})") from None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StalebookError(f"{what}: {p.name} missing") from None
+    except ValueError as e:
+        raise StalebookError(f"{what}: {p.name} is not valid JSON ({e})") from None
+
 
 def schema_facts(d) -> dict:
     "Schema of a snapshot read from its JSON files (config, tokenizer) plus the current task schema version."
@@ -54,35 +65,55 @@ def schema_facts(d) -> dict:
     if (d / "tokenizer.json").exists():
         model = _read_json(d / "tokenizer.json", "schema").get("model", {})
         tvocab = len(model.get("vocab", {})) if isinstance(model.get("vocab"), (dict, list)) else None
-    return {"model_type": cfg.get("model_type"), "architectures": cfg.get("architectures"),
-            "vocab_size": cfg.get("vocab_size"), "tokenizer_class": tcfg.get("tokenizer_class"),
-            "tokenizer_vocab": tvocab, "task_schema_version": SCHEMA_VERSION}
+    return {
+        "model_type": cfg.get("model_type"),
+        "architectures": cfg.get("architectures"),
+        "vocab_size": cfg.get("vocab_size"),
+        "tokenizer_class": tcfg.get("tokenizer_class"),
+        "tokenizer_vocab": tvocab,
+        "task_schema_version": SCHEMA_VERSION,
+    }
+
 
 def self_test_set(domains=("math", "code")) -> dict:
     "The verifier self-test cases to record: `{domain: [{task, completion, expected}]}`."
-    return {dom: [{"task": t.to_dict(), "completion": c, "expected": float(w)} for t, c, w in self_test_cases(dom)]
-            for dom in domains}
+    return {
+        dom: [{"task": t.to_dict(), "completion": c, "expected": float(w)} for t, c, w in self_test_cases(dom)]
+        for dom in domains
+    }
 
 # %% ../nbs/22_snapshot.ipynb #b778472a
 def write_lock(d, domains=("math", "code")) -> dict:
     "Lock the snapshot folder `d`: write `d/stalebook.lock.json` atomically; return the lock."
     d = Path(d)
-    if not d.is_dir(): raise StalebookError(f"snapshot lock: {d} is not a directory")
+    if not d.is_dir():
+        raise StalebookError(f"snapshot lock: {d} is not a directory")
     files = snapshot_files(d)
-    if not files: raise StalebookError(f"snapshot lock: {d} contains no files")
-    lock = {"lock_version": LOCK_VERSION, "revision": files_revision(files), **snapshot_layout(d), "files": files,
-            "schema": schema_facts(d), "self_test": self_test_set(domains)}
+    if not files:
+        raise StalebookError(f"snapshot lock: {d} contains no files")
+    lock = {
+        "lock_version": LOCK_VERSION,
+        "revision": files_revision(files),
+        **snapshot_layout(d),
+        "files": files,
+        "schema": schema_facts(d),
+        "self_test": self_test_set(domains),
+    }
     atomic_write_json(d / LOCKFILE, lock)
     return lock
+
 
 def read_lock(d) -> dict:
     "The parsed lockfile of snapshot `d` (one-line error if missing or malformed)."
     p = Path(d) / LOCKFILE
-    if not p.is_file(): raise StalebookError(f"{d}: no lockfile {LOCKFILE} (run 'stalebook snapshot lock {d}')")
+    if not p.is_file():
+        raise StalebookError(f"{d}: no lockfile {LOCKFILE} (run 'stalebook snapshot lock {d}')")
     lock = _read_json(p, "lockfile")
     miss = {"lock_version", "revision", "files", "schema", "self_test", "layout"} - set(lock)
-    if miss: raise StalebookError(f"{p}: lockfile lacks {sorted(miss)}")
-    if lock["lock_version"] != LOCK_VERSION: raise StalebookError(f"{p}: lock_version {lock['lock_version']} unsupported")
+    if miss:
+        raise StalebookError(f"{p}: lockfile lacks {sorted(miss)}")
+    if lock["lock_version"] != LOCK_VERSION:
+        raise StalebookError(f"{p}: lock_version {lock['lock_version']} unsupported")
     return lock
 
 # %% ../nbs/22_snapshot.ipynb #ab708ac7
@@ -90,17 +121,22 @@ def _identity_failures(d: Path, lock: dict, revision: str | None) -> list[str]:
     "Steps 1-2: the lock's own revision, the expected revision, the cache commit, and the file set."
     bad = []
     if files_revision(lock["files"]) != lock["revision"]:
-        bad.append(f"revision: lockfile revision {lock['revision'][:16]} does not match its file list ({files_revision(lock['files'])[:16]})")
+        bad.append(
+            f"revision: lockfile revision {lock['revision'][:16]} does not match its file list ({files_revision(lock['files'])[:16]})"
+        )
     if revision is not None and revision != lock["revision"]:
         bad.append(f"revision: expected {revision[:16]}, snapshot is locked at {lock['revision'][:16]}")
     lay = snapshot_layout(d)
     if lock["layout"] == "hf-cache" and lay.get("hf_commit") != lock.get("hf_commit"):
         bad.append(f"revision: hf cache commit {lay.get('hf_commit')} != locked {lock.get('hf_commit')}")
     have = snapshot_files(d)
-    for p in sorted(set(lock["files"]) - set(have)): bad.append(f"file missing: {p}")
-    for p in sorted(set(have) - set(lock["files"])): bad.append(f"extra file: {p}")
+    for p in sorted(set(lock["files"]) - set(have)):
+        bad.append(f"file missing: {p}")
+    for p in sorted(set(have) - set(lock["files"])):
+        bad.append(f"extra file: {p}")
     for p in sorted(set(have) & set(lock["files"])):
-        if have[p] != lock["files"][p]: bad.append(f"hash mismatch: {p} (sha256 {have[p][:16]}, locked {lock['files'][p][:16]})")
+        if have[p] != lock["files"][p]:
+            bad.append(f"hash mismatch: {p} (sha256 {have[p][:16]}, locked {lock['files'][p][:16]})")
     return bad
 
 # %% ../nbs/22_snapshot.ipynb #ffd0a5cf
@@ -109,26 +145,40 @@ def _self_test_failures(lock: dict) -> list[str]:
     bad = []
     for dom, cases in sorted(lock["self_test"].items()):
         for i, c in enumerate(cases):
-            try: got = reward(Task.from_dict(c["task"]), c["completion"])[0]
-            except Exception: got = None
+            try:
+                got = reward(Task.from_dict(c["task"]), c["completion"])[0]
+            except Exception:
+                got = None
             if got != c["expected"]:
-                bad.append(f"verifier self-test: {dom} case {i} ({c['task']['id']}, completion {c['completion']!r}) "
-                           f"got reward {got}, expected {c['expected']}")
+                bad.append(
+                    f"verifier self-test: {dom} case {i} ({c['task']['id']}, completion {c['completion']!r}) "
+                    f"got reward {got}, expected {c['expected']}"
+                )
     return bad
 
-def verify_snapshot(d, revision: str | None = None, expect_schema: dict | None = None, self_test: bool = True) -> list[str]:
+
+def verify_snapshot(
+    d, revision: str | None = None, expect_schema: dict | None = None, self_test: bool = True
+) -> list[str]:
     "Failures (one line each) of snapshot `d` against its lockfile; empty list = verified."
     d = Path(d)
-    if not d.is_dir(): return [f"snapshot: {d} is not a directory"]
-    try: lock = read_lock(d)
-    except StalebookError as e: return [f"lockfile: {e}"]
+    if not d.is_dir():
+        return [f"snapshot: {d} is not a directory"]
+    try:
+        lock = read_lock(d)
+    except StalebookError as e:
+        return [f"lockfile: {e}"]
     bad = _identity_failures(d, lock, revision)
-    if bad: return bad
-    try: now = schema_facts(d)
-    except StalebookError as e: return [str(e)]
+    if bad:
+        return bad
+    try:
+        now = schema_facts(d)
+    except StalebookError as e:
+        return [str(e)]
     for k in sorted(set(now) | set(lock["schema"])):
         if now.get(k) != lock["schema"].get(k):
             bad.append(f"schema: {k} is {now.get(k)!r}, lockfile says {lock['schema'].get(k)!r}")
     for k, v in sorted((expect_schema or {}).items()):
-        if now.get(k) != v: bad.append(f"schema: {k} is {now.get(k)!r}, run expects {v!r}")
+        if now.get(k) != v:
+            bad.append(f"schema: {k} is {now.get(k)!r}, run expects {v!r}")
     return bad + (_self_test_failures(lock) if self_test and not bad else [])

@@ -24,15 +24,33 @@ from typing import Literal
 
 import numpy as np
 
-from .core import Check, ConfigError, StalebookError, from_dict, hash_file, load_config, project_root, read_jsonl, verify_check
-from .pipeline import (CellConfig, CollapseCriterion, cell_identity, cell_train_config, collapse_step, run_cell,
-                                study_report, study_sweep)
+from .contracts import aggregator, contract, register_checks, unit_phase_problems
+from stalebook.core import (
+    Check,
+    ConfigError,
+    StalebookError,
+    from_dict,
+    hash_file,
+    load_config,
+    project_root,
+    read_jsonl,
+    verify_check,
+)
+from stalebook.pipeline import (
+    CellConfig,
+    CollapseCriterion,
+    cell_identity,
+    cell_train_config,
+    collapse_step,
+    run_cell,
+    study_report,
+    study_sweep,
+)
 from .registry import Registry, UnitKind, deep_merge, register_kind
 from .theory.async_sim import behaviour_source
 from .theory.staleness import stability_bound
 from .trainer import TrainConfig, check_lineage, run_identity
 from .units import Phase, Unit, record_path, unit_dir
-from .contracts import aggregator, contract, register_checks, unit_phase_problems
 
 # %% auto #0
 __all__ = ['SET_PER_CELL', 'TITLE', 'COLUMNS', 'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id',
@@ -44,38 +62,48 @@ __all__ = ['SET_PER_CELL', 'TITLE', 'COLUMNS', 'OptimizerArm', 'StalenessStudy',
 @dataclass
 class OptimizerArm:
     "One optimizer of the sweep, its learning-rate grid and its gradient-norm clip."
+
     optimizer: Literal["adamw", "sgd"]
     lr: list[float]
-    max_grad_norm: float = 1.0        # 0 = no clipping (plain SGD's update, the theory's)
+    max_grad_norm: float = 1.0  # 0 = no clipping (plain SGD's update, the theory's)
+
 
 SET_PER_CELL = ("out", "snapshot", "seed", "lr", "optimizer", "max_grad_norm")
+
 
 @dataclass
 class StalenessStudy:
     "The `study:` section of a staleness registry: the model, the shared training config, the grid, the criterion."
+
     train: dict
     staleness: list[int]
     seeds: list[int]
     optimizers: list[OptimizerArm]
     model: str = "tiny"
     criterion: CollapseCriterion = field(default_factory=CollapseCriterion)
-    eval_n: int = 32                  # held-out prompts scored before and after each run
-    eval_k: int = 4                   # samples per held-out prompt
+    eval_n: int = 32  # held-out prompts scored before and after each run
+    eval_k: int = 4  # samples per held-out prompt
     note: str = ""
 
     def __post_init__(self):
         bad = sorted(set(self.train) & set(SET_PER_CELL))
-        if bad: raise ValueError(f"train.{bad[0]} is set per cell by the study, not in the train section")
-        if "staleness" in (self.train.get("async_training") or {}): raise ValueError("train.async_training.staleness is the grid's `staleness`")
-        if not self.staleness or min(self.staleness) < 1: raise ValueError(f"staleness must be a list of S >= 1, got {self.staleness}")
+        if bad:
+            raise ValueError(f"train.{bad[0]} is set per cell by the study, not in the train section")
+        if "staleness" in (self.train.get("async_training") or {}):
+            raise ValueError("train.async_training.staleness is the grid's `staleness`")
+        if not self.staleness or min(self.staleness) < 1:
+            raise ValueError(f"staleness must be a list of S >= 1, got {self.staleness}")
         names = [a.optimizer for a in self.optimizers]
-        if not names or len(set(names)) != len(names): raise ValueError(f"optimizers: one arm per optimizer, got {names}")
-        if any(not a.lr for a in self.optimizers): raise ValueError("optimizers: every arm needs a learning-rate grid")
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"optimizers: one arm per optimizer, got {names}")
+        if any(not a.lr for a in self.optimizers):
+            raise ValueError("optimizers: every arm needs a learning-rate grid")
 
 # %% ../nbs/36_staleness_study.ipynb #36a00008
 @dataclass
 class StalenessCell:
     "One unit of a staleness registry: the cell's coordinates and what run_cell runs (`snapshot` is filled in where it runs)."
+
     model: str
     optimizer: str
     S: int
@@ -83,25 +111,36 @@ class StalenessCell:
     seed: int
     cell: CellConfig
 
+
 def cell_config(s: StalenessStudy, arm: OptimizerArm, S: int, lr: float, seed: int) -> CellConfig:
     "The CellConfig of one grid point: the study's train section with the cell's fields laid over it."
-    train = deep_merge(s.train, dict(seed=seed, lr=lr, optimizer=arm.optimizer, max_grad_norm=arm.max_grad_norm,
-                                     async_training=dict(staleness=S)))
+    train = deep_merge(
+        s.train,
+        dict(
+            seed=seed, lr=lr, optimizer=arm.optimizer, max_grad_norm=arm.max_grad_norm, async_training=dict(staleness=S)
+        ),
+    )
     return CellConfig(train=train, criterion=s.criterion, eval_n=s.eval_n, eval_k=s.eval_k)
 
-def cell_id(optimizer: str, S: int, lr: float, seed: int) -> str: return f"{optimizer}-S{S}-lr{lr:g}-s{seed}"
+
+def cell_id(optimizer: str, S: int, lr: float, seed: int) -> str:
+    return f"{optimizer}-S{S}-lr{lr:g}-s{seed}"
+
 
 def staleness_units(reg: Registry) -> dict:
     "{`<optimizer>-S<S>-lr<eta>-s<seed>`: StalenessCell} of the grid, seeds outermost."
     s, src = reg.spec, reg.source
-    if s.model not in reg.models: raise ConfigError(f"{src}: field 'study.model': unknown model '{s.model}' (models: {', '.join(reg.models)})")
+    if s.model not in reg.models:
+        raise ConfigError(f"{src}: field 'study.model': unknown model '{s.model}' (models: {', '.join(reg.models)})")
     out = {}
     for seed in s.seeds:
         for arm in s.optimizers:
             for S in s.staleness:
                 for lr in arm.lr:
                     c = cell_config(s, arm, S, lr, seed)
-                    from_dict(TrainConfig, {**c.train, "out": ""}, src=src, prefix="study.train.")   # fails at load time, not in a cell
+                    from_dict(
+                        TrainConfig, {**c.train, "out": ""}, src=src, prefix="study.train."
+                    )  # fails at load time, not in a cell
                     out[cell_id(arm.optimizer, S, lr, seed)] = StalenessCell(s.model, arm.optimizer, S, lr, seed, c)
     return out
 
@@ -111,41 +150,72 @@ def cell_run_config(u: Unit) -> CellConfig:
     c = u.config.cell
     return dataclasses.replace(c, train={**c.train, "snapshot": u.registry.models[u.config.model].folder()})
 
+
 def cell_phase(u: Unit) -> None:
     "Phase cell: run, resume or read back the unit's cell."
     r = run_cell(cell_run_config(u), Path(u.dir) / "cell")
     u.log(f"[{u.id}] t_collapse {r['t_collapse']}, {r['steps_done']}/{r['steps']} steps")
 
-def staleness_phases(u: Unit) -> list[Phase]:
-    return [Phase("cell", functools.partial(cell_phase, u), outputs=("cell/results.json", "cell/run/lineage.json"),
-                  check=functools.partial(check_lineage, Path(u.dir) / "cell" / "run"))]
 
-register_kind(UnitKind("staleness", StalenessStudy, staleness_units, staleness_phases,
-                       doc="the staleness x learning-rate study: one exact-lag GRPO run (a cell) per unit"))
+def staleness_phases(u: Unit) -> list[Phase]:
+    return [
+        Phase(
+            "cell",
+            functools.partial(cell_phase, u),
+            outputs=("cell/results.json", "cell/run/lineage.json"),
+            check=functools.partial(check_lineage, Path(u.dir) / "cell" / "run"),
+        )
+    ]
+
+
+register_kind(
+    UnitKind(
+        "staleness",
+        StalenessStudy,
+        staleness_units,
+        staleness_phases,
+        doc="the staleness x learning-rate study: one exact-lag GRPO run (a cell) per unit",
+    )
+)
 
 # %% ../nbs/36_staleness_study.ipynb #36a00014
 @dataclass
 class CellCheck:
     "A unit of a staleness registry as its contracts read it (files read once, on first use)."
+
     unit: Unit
 
     @property
-    def dir(self) -> Path: return Path(self.unit.dir) / "cell"
+    def dir(self) -> Path:
+        return Path(self.unit.dir) / "cell"
+
     @functools.cached_property
-    def cell(self) -> CellConfig: return cell_run_config(self.unit)
+    def cell(self) -> CellConfig:
+        return cell_run_config(self.unit)
+
     @functools.cached_property
-    def train(self) -> TrainConfig: return cell_train_config(self.cell, self.dir)
+    def train(self) -> TrainConfig:
+        return cell_train_config(self.cell, self.dir)
+
     @functools.cached_property
     def results(self) -> dict | None:
-        try: return json.loads((self.dir / "results.json").read_text())
-        except (FileNotFoundError, ValueError): return None
-    def steps(self) -> list[dict]: return read_jsonl(self.dir / "run" / "steps.jsonl", warn=False).records
+        try:
+            return json.loads((self.dir / "results.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def steps(self) -> list[dict]:
+        return read_jsonl(self.dir / "run" / "steps.jsonl", warn=False).records
+
 
 def cell_missing(c: CellCheck) -> str | None:
     "What the cell still waits for (None once its phase has run or its results exist)."
-    if record_path(c.unit.dir, "cell").is_file() or c.results is not None: return None
-    if (c.dir / "run" / "steps.jsonl").is_file(): return f"cell (step {len(c.steps())}/{c.train.steps})"
+    if record_path(c.unit.dir, "cell").is_file() or c.results is not None:
+        return None
+    if (c.dir / "run" / "steps.jsonl").is_file():
+        return f"cell (step {len(c.steps())}/{c.train.steps})"
     return "not started"
+
 
 register_checks("staleness", lambda u, item: CellCheck(u), cell_missing, lambda c: ["cell"])
 contract("staleness", "phases")(lambda c: unit_phase_problems(c.unit))
@@ -154,115 +224,197 @@ contract("staleness", "phases")(lambda c: unit_phase_problems(c.unit))
 @contract("staleness", "identity")
 def identity_contract(c: CellCheck) -> list[str]:
     r, u = c.results, c.unit.config
-    if r is None: return ["cell/results.json missing or unreadable"]
-    probs = [] if r.get("identity") == cell_identity(c.cell, c.train) else ["results.json was computed for another cell config (identity differs)"]
+    if r is None:
+        return ["cell/results.json missing or unreadable"]
+    probs = (
+        []
+        if r.get("identity") == cell_identity(c.cell, c.train)
+        else ["results.json was computed for another cell config (identity differs)"]
+    )
     want = dict(S=u.S, lr=u.lr, optimizer=u.optimizer, seed=u.seed, mode=c.train.async_training.mode)
     probs += [f"results.json has {k} = {r.get(k)!r}, the unit's is {v!r}" for k, v in want.items() if r.get(k) != v]
     f = c.dir / "run" / "config.yaml"
-    if not f.is_file(): probs.append("cell/run/config.yaml missing")
-    elif run_identity(load_config(TrainConfig, f)) != run_identity(c.train): probs.append("the training run's config is not the cell's registered run")
+    if not f.is_file():
+        probs.append("cell/run/config.yaml missing")
+    elif run_identity(load_config(TrainConfig, f)) != run_identity(c.train):
+        probs.append("the training run's config is not the cell's registered run")
     return probs
+
 
 @contract("staleness", "lag")
 def lag_contract(c: CellCheck) -> list[str]:
     r = c.results
-    if r is None: return ["cell/results.json missing or unreadable"]
+    if r is None:
+        return ["cell/results.json missing or unreadable"]
     a, n = c.train.async_training, r["steps_done"]
     rule = "sync" if a.mode == "sync-every" else "fixed"
     want = [t - int(behaviour_source(t, a.staleness, rule)) for t in range(n)]
     got = r["series"]["lag"][:n]
     bad = [t for t in range(n) if got[t] != want[t]]
-    return [f"step {bad[0]}: lag {got[bad[0]]}, {a.mode} with S = {a.staleness} gives {want[bad[0]]} ({len(bad)} steps differ)"] if bad else []
+    return (
+        [
+            f"step {bad[0]}: lag {got[bad[0]]}, {a.mode} with S = {a.staleness} gives {want[bad[0]]} ({len(bad)} steps differ)"
+        ]
+        if bad
+        else []
+    )
 
 # %% ../nbs/36_staleness_study.ipynb #36a00016
-def _arr(xs) -> np.ndarray: return np.array([np.nan if x is None else x for x in xs], float)
+def _arr(xs) -> np.ndarray:
+    return np.array([np.nan if x is None else x for x in xs], float)
+
 
 @contract("staleness", "criterion")
 def criterion_contract(c: CellCheck) -> list[str]:
     r = c.results
-    if r is None: return ["cell/results.json missing or unreadable"]
+    if r is None:
+        return ["cell/results.json missing or unreadable"]
     n, T, crit = r["steps_done"], r["steps"], c.cell.criterion
-    keep = T if r["diverged_at"] is not None else n              # a diverged trace is padded with non-finite values to T
+    keep = T if r["diverged_at"] is not None else n  # a diverged trace is padded with non-finite values to T
     J, kl = _arr(r["series"]["reward_mean"][:keep]), _arr(r["series"]["kl_behav_k3"][:keep])
     tc, probs = collapse_step(J, kl, crit), []
-    if tc != r["t_collapse"]: probs.append(f"t_collapse {r['t_collapse']} recorded, the criterion on the recorded series gives {tc}")
+    if tc != r["t_collapse"]:
+        probs.append(f"t_collapse {r['t_collapse']} recorded, the criterion on the recorded series gives {tc}")
     if n < T and r["diverged_at"] is None and not (tc >= 0 and tc + max(crit.hold, crit.window) < n):
         probs.append(f"the run stopped at step {n} of {T} without a decided collapse")
     return probs
 
+
 @contract("staleness", "lineage")
 def lineage_contract(c: CellCheck) -> list[str]:
     r = c.results
-    if r is None: return ["cell/results.json missing or unreadable"]
+    if r is None:
+        return ["cell/results.json missing or unreadable"]
     probs = [p.replace(f"{c.unit.dir}/", "") for p in check_lineage(c.dir / "run")]
     log = [s["reward_mean"] for s in c.steps()]
-    if log != r["series"]["reward_mean"][:r["steps_done"]] or len(log) != r["steps_done"]:
-        probs.append(f"results.json's series are not the run's step log ({len(log)} steps logged, {r['steps_done']} in the results)")
+    if log != r["series"]["reward_mean"][: r["steps_done"]] or len(log) != r["steps_done"]:
+        probs.append(
+            f"results.json's series are not the run's step log ({len(log)} steps logged, {r['steps_done']} in the results)"
+        )
     return probs
 
 # %% ../nbs/36_staleness_study.ipynb #36a00018
 def jsonable(x):
     "A JSON-able copy of numpy-laden results (nan/inf -> None)."
-    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (np.ndarray, list, tuple)): return [jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)): return float(x) if np.isfinite(x) else None
-    if isinstance(x, (np.integer, np.bool_)): return x.item()
-    if isinstance(x, np.str_): return str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, (np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, np.str_):
+        return str(x)
     return x
 
-def _mean(x): return float(np.nanmean(x)) if len(x) else None
+
+def _mean(x):
+    return float(np.nanmean(x)) if len(x) else None
+
 
 def sweep_summary(sw: dict, rep: dict, results: list) -> dict:
     "The study's numbers for one optimizer's complete grid (study_sweep arrays, study_report, the cells' results)."
-    with warnings.catch_warnings():                   # a grid without stable or without collapsed runs gives NaN, by design
+    with warnings.catch_warnings():  # a grid without stable or without collapsed runs gives NaN, by design
         warnings.simplefilter("ignore", RuntimeWarning)
         return _sweep_summary(sw, rep, results)
 
+
 def _sweep_summary(sw, rep, results):
     an, rc = rep["analysis"], rep["rule"]
-    ev = np.array([[r["eval"].get("start", np.nan), r["eval"].get("end", np.nan), r["t_collapse"] >= 0] for r in results], float)
+    ev = np.array(
+        [[r["eval"].get("start", np.nan), r["eval"].get("end", np.nan), r["t_collapse"] >= 0] for r in results], float
+    )
     smax = int(sw["S"].max())
     pred = np.asarray(rc["eta"], float)
-    return jsonable(dict(
-        S=sw["S"], eta=sw["eta"], seeds=sw["seeds"], steps=sw["steps"], collapsed_frac=rep["collapsed_frac"], t_collapse=sw["t_c"],
-        tc_median=rep["tc_median"], eta_max=an["eta_max"], eta_max_median=an["eta_max_median"], censored=an["censored"],
-        slope_reps=an["slope_reps"], slope_boot_ci=an["slope_boot_ci"], S_eta_max=an["S_eta_max"], cv_S_eta_max=an["cv_S_eta_max"],
-        tc_coef_a_b_logeta_c_logS=an["tc_coef"], tc_coef_ci=an["tc_coef_ci"], n_collapsed=an["n_collapsed"],
-        MSeta_mean=an["MSeta_mean"], MSeta_cv=an["MSeta_cv"], learner_time=rep["learner_time"],
-        grad_cos_collapsed=_mean(an["cos_collapsed"]), grad_cos_stable=_mean(an["cos_stable"]),
-        grad_cos_stable_abs=_mean(np.abs(an["cos_stable"])), update_cos_collapsed=_mean(rep["ucos_collapsed"]),
-        update_cos_stable=_mean(rep["ucos_stable"]),
-        rule={k: rc[k] for k in ("G_upd", "R_batch", "R_crit", "local", "horizon", "eta", "binding")},
-        rule_vs_measured=dict(predicted_eta=pred, measured_eta_max=an["eta_max_median"], ratio_measured_over_predicted=an["eta_max_median"] / pred,
-                              safe=bool(np.all(~np.isfinite(an["eta_max_median"]) | (pred <= an["eta_max_median"])))),
-        heldout=dict(start_mean=float(np.nanmean(ev[:, 0])), end_stable=_mean(ev[ev[:, 2] == 0, 1]), end_collapsed=_mean(ev[ev[:, 2] == 1, 1])),
-        max_lag_after_warmup=np.nanmax(sw["lag"][:, :, :, smax:], axis=(1, 2, 3)) if sw["steps"] > smax else None))
+    return jsonable(
+        dict(
+            S=sw["S"],
+            eta=sw["eta"],
+            seeds=sw["seeds"],
+            steps=sw["steps"],
+            collapsed_frac=rep["collapsed_frac"],
+            t_collapse=sw["t_c"],
+            tc_median=rep["tc_median"],
+            eta_max=an["eta_max"],
+            eta_max_median=an["eta_max_median"],
+            censored=an["censored"],
+            slope_reps=an["slope_reps"],
+            slope_boot_ci=an["slope_boot_ci"],
+            S_eta_max=an["S_eta_max"],
+            cv_S_eta_max=an["cv_S_eta_max"],
+            tc_coef_a_b_logeta_c_logS=an["tc_coef"],
+            tc_coef_ci=an["tc_coef_ci"],
+            n_collapsed=an["n_collapsed"],
+            MSeta_mean=an["MSeta_mean"],
+            MSeta_cv=an["MSeta_cv"],
+            learner_time=rep["learner_time"],
+            grad_cos_collapsed=_mean(an["cos_collapsed"]),
+            grad_cos_stable=_mean(an["cos_stable"]),
+            grad_cos_stable_abs=_mean(np.abs(an["cos_stable"])),
+            update_cos_collapsed=_mean(rep["ucos_collapsed"]),
+            update_cos_stable=_mean(rep["ucos_stable"]),
+            rule={k: rc[k] for k in ("G_upd", "R_batch", "R_crit", "local", "horizon", "eta", "binding")},
+            rule_vs_measured=dict(
+                predicted_eta=pred,
+                measured_eta_max=an["eta_max_median"],
+                ratio_measured_over_predicted=an["eta_max_median"] / pred,
+                safe=bool(np.all(~np.isfinite(an["eta_max_median"]) | (pred <= an["eta_max_median"]))),
+            ),
+            heldout=dict(
+                start_mean=float(np.nanmean(ev[:, 0])),
+                end_stable=_mean(ev[ev[:, 2] == 0, 1]),
+                end_collapsed=_mean(ev[ev[:, 2] == 1, 1]),
+            ),
+            max_lag_after_warmup=np.nanmax(sw["lag"][:, :, :, smax:], axis=(1, 2, 3)) if sw["steps"] > smax else None,
+        )
+    )
 
 # %% ../nbs/36_staleness_study.ipynb #36a00019
 TITLE = "Staleness x learning rate on the embedded model: exact-lag GRPO (sync-every), collapse boundary per S"
-COLUMNS = ("optimizer", "S", "cells", "collapsed_per_eta", "eta_max", "eta_max_seeds", "S_eta_max", "rule_eta", "max_lag")
+COLUMNS = (
+    "optimizer",
+    "S",
+    "cells",
+    "collapsed_per_eta",
+    "eta_max",
+    "eta_max_seeds",
+    "S_eta_max",
+    "rule_eta",
+    "max_lag",
+)
+
 
 def cell_results(reg: Registry, root: Path, ok=None) -> dict:
     "{optimizer: [results of its cells]} of the units in `ok` (default: all), in registry order."
     out = {}
     for uid, u in reg.units().items():
         f = unit_dir(root, uid) / "cell" / "results.json"
-        if (ok is None or uid in ok) and f.is_file(): out.setdefault(u.optimizer, []).append(json.loads(f.read_text()))
+        if (ok is None or uid in ok) and f.is_file():
+            out.setdefault(u.optimizer, []).append(json.loads(f.read_text()))
     return out
+
 
 def optimizer_analyses(reg: Registry, root: Path, ok=None) -> dict:
     "{optimizer: (sweep arrays, study_report, results)} for every optimizer whose whole grid is in `ok`."
     n = {}
-    for u in reg.units().values(): n[u.optimizer] = n.get(u.optimizer, 0) + 1
+    for u in reg.units().values():
+        n[u.optimizer] = n.get(u.optimizer, 0) + 1
     out = {}
     for opt, rs in cell_results(reg, root, ok).items():
         if len(rs) == n[opt]:
-            sw = study_sweep(rs); out[opt] = (sw, study_report(sw), rs)
+            sw = study_sweep(rs)
+            out[opt] = (sw, study_report(sw), rs)
     return out
 
 # %% ../nbs/36_staleness_study.ipynb #36a00020
-def _frac(ts) -> str: return f"{sum(t >= 0 for t in ts)}/{len(ts)}"
-def _g6(x): return None if x is None else float(f"{x:.6g}")     # a table entry: 6 significant digits (the summary keeps all)
+def _frac(ts) -> str:
+    return f"{sum(t >= 0 for t in ts)}/{len(ts)}"
+
+
+def _g6(x):
+    return None if x is None else float(f"{x:.6g}")  # a table entry: 6 significant digits (the summary keeps all)
+
 
 @aggregator("staleness")
 def staleness_table(reg: Registry, root: Path, status: dict) -> dict:
@@ -273,13 +425,27 @@ def staleness_table(reg: Registry, root: Path, status: dict) -> dict:
         o = summary[opt] = sweep_summary(sw, rep, rs)
         lag = o["max_lag_after_warmup"] or [None] * len(o["S"])
         for i, S in enumerate(o["S"]):
-            rows.append(dict(optimizer=opt, S=S, cells=len(o["eta"]) * len(o["seeds"]),
-                             collapsed_per_eta=" ".join(_frac(ts) for ts in o["t_collapse"][i]), eta_max=_g6(o["eta_max_median"][i]),
-                             eta_max_seeds=" ".join("-" if v is None else f"{v:g}" for v in o["eta_max"][i]), S_eta_max=_g6(o["S_eta_max"][i]),
-                             rule_eta=_g6(o["rule"]["eta"][i]), max_lag=None if lag[i] is None else int(lag[i])))
+            rows.append(
+                dict(
+                    optimizer=opt,
+                    S=S,
+                    cells=len(o["eta"]) * len(o["seeds"]),
+                    collapsed_per_eta=" ".join(_frac(ts) for ts in o["t_collapse"][i]),
+                    eta_max=_g6(o["eta_max_median"][i]),
+                    eta_max_seeds=" ".join("-" if v is None else f"{v:g}" for v in o["eta_max"][i]),
+                    S_eta_max=_g6(o["S_eta_max"][i]),
+                    rule_eta=_g6(o["rule"]["eta"][i]),
+                    max_lag=None if lag[i] is None else int(lag[i]),
+                )
+            )
     used = [uid for uid, u in reg.units().items() if uid in ok and u.optimizer in summary]
-    return dict(title=TITLE, columns=list(COLUMNS), rows=rows, summary=summary,
-                sources={uid: hash_file(unit_dir(root, uid) / "cell" / "results.json") for uid in sorted(used)})
+    return dict(
+        title=TITLE,
+        columns=list(COLUMNS),
+        rows=rows,
+        summary=summary,
+        sources={uid: hash_file(unit_dir(root, uid) / "cell" / "results.json") for uid in sorted(used)},
+    )
 
 # %% ../nbs/36_staleness_study.ipynb #36a00031
 def rule_rows(summary: dict) -> list[Check]:
@@ -287,16 +453,26 @@ def rule_rows(summary: dict) -> list[Check]:
     rows = []
     for opt, o in summary.items():
         r = o["rule"]
-        pred = stability_bound(r["G_upd"], r["R_batch"], np.inf if r["R_crit"] is None else r["R_crit"], np.array(o["S"]), o["steps"])["eta"]
+        pred = stability_bound(
+            r["G_upd"], r["R_batch"], np.inf if r["R_crit"] is None else r["R_crit"], np.array(o["S"]), o["steps"]
+        )["eta"]
         meas = _arr(o["eta_max_median"])
         ok = np.isfinite(meas)
-        rows.append(Check(f"staleness_study.rule.{opt}", "max over S of rule bound / measured eta_max (<= 1: the rule is safe)",
-                          float(np.max(pred[ok] / meas[ok])) if ok.any() else float("nan"), 1.0))
+        rows.append(
+            Check(
+                f"staleness_study.rule.{opt}",
+                "max over S of rule bound / measured eta_max (<= 1: the rule is safe)",
+                float(np.max(pred[ok] / meas[ok])) if ok.any() else float("nan"),
+                1.0,
+            )
+        )
     return rows
+
 
 @verify_check
 def check_rule_against_boundary() -> list[Check]:
     "The two-constraint rule against the committed study's measured boundary (benchmarks/results/study_staleness.json)."
     f = (project_root() or Path.cwd()) / "benchmarks" / "results" / "study_staleness.json"
-    if not f.is_file(): raise StalebookError(f"{f}: the committed study results are not here (run benchmarks/study_staleness.py)")
+    if not f.is_file():
+        raise StalebookError(f"{f}: the committed study results are not here (run benchmarks/study_staleness.py)")
     return rule_rows(json.loads(f.read_text())["optimizers"])

@@ -22,12 +22,12 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields, asdict
+from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
 
-from .core import Domain, StalebookError
 from . import sandbox
+from .core import Domain, StalebookError
 
 # %% auto #0
 __all__ = ['SCHEMA_VERSION', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'Task', 'synthetic_tasks', 'parse_number',
@@ -37,31 +37,43 @@ __all__ = ['SCHEMA_VERSION', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'Task', '
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
 
+
 @dataclass(frozen=True)
 class Task:
     id: str
-    domain: str                 # "math" | "code"
-    prompt: str                 # text given to the model; the completion follows it directly
-    answer: str                 # math: reference answer; code: reference solution (may be "")
-    tests: tuple = ()           # code: assert snippets; math: ()
+    domain: str  # "math" | "code"
+    prompt: str  # text given to the model; the completion follows it directly
+    answer: str  # math: reference answer; code: reference solution (may be "")
+    tests: tuple = ()  # code: assert snippets; math: ()
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.domain not in ("math", "code"): raise StalebookError(f"task {self.id!r}: domain must be 'math' or 'code', got {self.domain!r}")
+        if self.domain not in ("math", "code"):
+            raise StalebookError(f"task {self.id!r}: domain must be 'math' or 'code', got {self.domain!r}")
         for k in ("id", "prompt", "answer"):
-            if not isinstance(getattr(self, k), str): raise StalebookError(f"task {self.id!r}: {k} must be a string")
+            if not isinstance(getattr(self, k), str):
+                raise StalebookError(f"task {self.id!r}: {k} must be a string")
         object.__setattr__(self, "tests", tuple(self.tests))
-        if not all(isinstance(t, str) for t in self.tests): raise StalebookError(f"task {self.id!r}: tests must be strings")
-        if self.domain == "code" and not self.tests: raise StalebookError(f"task {self.id!r}: a code task needs tests")
-        if self.domain == "math" and self.tests: raise StalebookError(f"task {self.id!r}: a math task has no tests")
+        if not all(isinstance(t, str) for t in self.tests):
+            raise StalebookError(f"task {self.id!r}: tests must be strings")
+        if self.domain == "code" and not self.tests:
+            raise StalebookError(f"task {self.id!r}: a code task needs tests")
+        if self.domain == "math" and self.tests:
+            raise StalebookError(f"task {self.id!r}: a math task has no tests")
 
-    def __hash__(self): return hash((self.id, self.domain, self.prompt, self.answer, self.tests))
+    def __hash__(self):
+        return hash((self.id, self.domain, self.prompt, self.answer, self.tests))
 
-    def to_dict(self) -> dict: return {**asdict(self), "tests": list(self.tests)}
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tests": list(self.tests)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Task:
-        if not isinstance(d, dict) or set(d) - {"id", "domain", "prompt", "answer", "tests", "meta"} or not {"id", "domain", "prompt", "answer"} <= set(d):
+        if (
+            not isinstance(d, dict)
+            or set(d) - {"id", "domain", "prompt", "answer", "tests", "meta"}
+            or not {"id", "domain", "prompt", "answer"} <= set(d)
+        ):
             raise StalebookError(f"not a task record: keys {sorted(d) if isinstance(d, dict) else type(d).__name__}")
         return cls(d["id"], d["domain"], d["prompt"], d["answer"], tuple(d.get("tests", ())), dict(d.get("meta", {})))
 
@@ -70,17 +82,23 @@ ALPHABET = "0123456789+-*%=();: abdflmx"
 
 MATH_LEVELS, CODE_LEVELS = (0, 1, 2, 3), (0, 1, 2)
 
-def _int(g, lo, hi) -> int: return int(g.integers(lo, hi + 1))
+
+def _int(g, lo, hi) -> int:
+    return int(g.integers(lo, hi + 1))
+
 
 def _math_item(g, level: int) -> tuple[str, int]:
     if level == 0:
-        a, b = _int(g, 0, 30), _int(g, 0, 30); return f"{a}+{b}=", a + b
+        a, b = _int(g, 0, 30), _int(g, 0, 30)
+        return f"{a}+{b}=", a + b
     if level == 1:
         a, b = _int(g, 0, 99), _int(g, 0, 99)
         return (f"{a}+{b}=", a + b) if g.random() < 0.5 else (f"{a}-{b}=", a - b)
     if level == 2:
         op = ["+", "-", "*"][_int(g, 0, 2)]
-        if op == "*": a, b = _int(g, 0, 30), _int(g, 0, 30); return f"{a}*{b}=", a * b
+        if op == "*":
+            a, b = _int(g, 0, 30), _int(g, 0, 30)
+            return f"{a}*{b}=", a * b
         a, b = _int(g, 0, 99), _int(g, 0, 99)
         return f"{a}{op}{b}=", a + b if op == "+" else a - b
     if level == 3:
@@ -92,19 +110,25 @@ def _math_item(g, level: int) -> tuple[str, int]:
 def _code_item(g, level: int) -> tuple[str, list[int], list[int]]:
     "(expression in x, shown inputs, held-out inputs)"
     if level == 0:
-        a, b = _int(g, 1, 3), _int(g, 0, 9); expr, k, h = f"{a}*x+{b}", 2, 3
+        a, b = _int(g, 1, 3), _int(g, 0, 9)
+        expr, k, h = f"{a}*x+{b}", 2, 3
     elif level == 1:
-        if g.random() < 0.7: a, b = _int(g, 1, 9), _int(g, 0, 20); expr = f"{a}*x+{b}"
-        else: expr = f"x*x+{_int(g, 0, 20)}"
+        if g.random() < 0.7:
+            a, b = _int(g, 1, 9), _int(g, 0, 20)
+            expr = f"{a}*x+{b}"
+        else:
+            expr = f"x*x+{_int(g, 0, 20)}"
         k, h = 3, 3
     elif level == 2:
         fam = _int(g, 0, 3)
         a, b = _int(g, 1, 9), _int(g, 0, 20)
         expr = [f"{a}*x-{b}", f"x*x+{a}*x+{b}", f"{min(a, 3)}*x*x+{b}", f"x%{_int(g, 2, 5)}+{b}"][fam]
         k, h = 3, 4
-    else: raise StalebookError(f"code level must be one of {CODE_LEVELS}, got {level}")
+    else:
+        raise StalebookError(f"code level must be one of {CODE_LEVELS}, got {level}")
     xs = [int(x) for x in g.permutation(10)[: k + h]]
     return expr, sorted(xs[:k]), xs[k:]
+
 
 def _eval_expr(expr: str, x: int) -> int:
     "Evaluate one of OUR generated expressions (trusted, integer arithmetic only)."
@@ -113,21 +137,34 @@ def _eval_expr(expr: str, x: int) -> int:
 # %% ../nbs/21_tasks.ipynb #7a4c2b5a
 def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> list[Task]:
     "`n` synthetic tasks of `domain` at `level`, drawn from the RNG domain `domain_rng` (deterministic)."
-    if not isinstance(domain_rng, Domain): raise TypeError("domain_rng must be a stalebook.core.Domain")
-    if n < 0: raise StalebookError("n must be >= 0")
+    if not isinstance(domain_rng, Domain):
+        raise TypeError("domain_rng must be a stalebook.core.Domain")
+    if n < 0:
+        raise StalebookError("n must be >= 0")
     g, tag = domain_rng.numpy(), domain_rng.hex[:10]
     out = []
     for i in range(n):
         if domain == "math":
             prompt, val = _math_item(g, level)
-            out.append(Task(f"math-l{level}-{tag}-{i}", "math", prompt, str(val), (), {"source": "synthetic", "level": level}))
+            out.append(
+                Task(f"math-l{level}-{tag}-{i}", "math", prompt, str(val), (), {"source": "synthetic", "level": level})
+            )
         elif domain == "code":
             expr, shown, held = _code_item(g, level)
             prompt = ";".join(f"f({x})={_eval_expr(expr, x)}" for x in shown) + ";f=lambda x:"
             tests = tuple(f"assert f({x})=={_eval_expr(expr, x)}" for x in held)
-            out.append(Task(f"code-l{level}-{tag}-{i}", "code", prompt, expr, tests,
-                            {"source": "synthetic", "level": level, "header": "f=lambda x:", "entry": "f"}))
-        else: raise StalebookError(f"domain must be 'math' or 'code', got {domain!r}")
+            out.append(
+                Task(
+                    f"code-l{level}-{tag}-{i}",
+                    "code",
+                    prompt,
+                    expr,
+                    tests,
+                    {"source": "synthetic", "level": level, "header": "f=lambda x:", "entry": "f"},
+                )
+            )
+        else:
+            raise StalebookError(f"domain must be 'math' or 'code', got {domain!r}")
     return out
 
 # %% ../nbs/21_tasks.ipynb #f465ce1d
@@ -136,51 +173,67 @@ _NUM_RE = re.compile(rf"(?<![\w.]){_NUM}")
 _HASH_RE = re.compile(rf"####\s*\$?\s*({_NUM})")
 _BOX_RE = re.compile(r"\\boxed\{\s*\$?\s*(" + _NUM + r")\s*\}")
 
+
 def parse_number(s: str) -> Fraction | None:
     "Exact value of one number string (`-1,234.50`, `3/4`), or None."
     s = s.strip().replace(",", "")
-    if not re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s): return None
+    if not re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s):
+        return None
     try:
         if "/" in s:
             num, den = s.split("/")
             return Fraction(num) / Fraction(den) if Fraction(den) != 0 else None
         return Fraction(s)
-    except (ValueError, ZeroDivisionError): return None
+    except (ValueError, ZeroDivisionError):
+        return None
+
 
 def extract_answer(text: str) -> tuple[str | None, str]:
     "(answer string, method) with method in {'####', 'boxed', 'last', 'none'}."
     for rx, how in ((_HASH_RE, "####"), (_BOX_RE, "boxed")):
         m = rx.findall(text)
-        if m: return m[-1], how
+        if m:
+            return m[-1], how
     m = _NUM_RE.findall(text)
     return (m[-1], "last") if m else (None, "none")
 
 # %% ../nbs/21_tasks.ipynb #165ff750
 def _mv_worker(conn, gold, pred):
     try:
-        import math_verify   # optional dependency; imported only in this forked worker
+        import math_verify  # optional dependency; imported only in this forked worker
+
         conn.send(bool(math_verify.verify(math_verify.parse(gold), math_verify.parse(pred))))
-    except Exception as e: conn.send(None)
+    except Exception:
+        conn.send(None)
+
 
 def call_with_timeout(fn, args, timeout: float = 5.0):
     "Run `fn(conn, *args)` in a forked process; its `conn.send` value, or None on timeout/crash (the process is killed)."
     ctx = mp.get_context("fork")
     a, b = ctx.Pipe(duplex=False)
     p = ctx.Process(target=fn, args=(b, *args), daemon=True)
-    p.start(); b.close()
+    p.start()
+    b.close()
     try:
-        if a.poll(timeout): return a.recv()
+        if a.poll(timeout):
+            return a.recv()
         return None
-    except (EOFError, OSError): return None
+    except (EOFError, OSError):
+        return None
     finally:
-        if p.is_alive(): p.kill()
-        p.join(); a.close()
+        if p.is_alive():
+            p.kill()
+        p.join()
+        a.close()
+
 
 def _math_verify_available() -> bool:
     return importlib.util.find_spec("math_verify") is not None
 
 # %% ../nbs/21_tasks.ipynb #9c6e4d7c
-def math_reward(reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0) -> tuple[float, dict]:
+def math_reward(
+    reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0
+) -> tuple[float, dict]:
     ext, how = extract_answer(completion)
     ref, got = parse_number(reference), parse_number(ext) if ext is not None else None
     ok = ref is not None and got is not None and got == ref
@@ -194,172 +247,286 @@ def math_reward(reference: str, completion: str, use_math_verify: bool | None = 
 # %% ../nbs/21_tasks.ipynb #33ee2c64
 def code_program(task: Task, completion: str) -> str:
     mode = task.meta.get("program", "header")
-    if mode == "header": return task.meta.get("header", "") + completion.split("\n", 1)[0]
-    if mode == "prompt+completion": return task.prompt + completion
-    if mode == "completion": return completion
+    if mode == "header":
+        return task.meta.get("header", "") + completion.split("\n", 1)[0]
+    if mode == "prompt+completion":
+        return task.prompt + completion
+    if mode == "completion":
+        return completion
     raise StalebookError(f"task {task.id}: unknown program mode {mode!r}")
+
 
 def _code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
     "(program, None) if it must run in the sandbox, else (None, detail) of a 0 decided without spawning."
     prog = code_program(task, completion)
-    if not completion.strip(): return None, {"reason": "empty completion"}
-    if len(prog) > 20_000: return None, {"reason": "program too long"}
-    try: ast.parse(prog)
+    if not completion.strip():
+        return None, {"reason": "empty completion"}
+    if len(prog) > 20_000:
+        return None, {"reason": "program too long"}
+    try:
+        ast.parse(prog)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         return None, {"reason": f"syntax error: {type(e).__name__}"}
     return prog, None
 
+
 _NO_RUN = {"wall_s": 0.0, "server": "", "reused": False}
 
-def code_reward(task: Task, completion: str, limits: sandbox.Limits | None = None, pool: sandbox.Pool | None = None,
-                timing: dict | None = None) -> tuple[float, dict]:
+
+def code_reward(
+    task: Task,
+    completion: str,
+    limits: sandbox.Limits | None = None,
+    pool: sandbox.Pool | None = None,
+    timing: dict | None = None,
+) -> tuple[float, dict]:
     prog, early = _code_precheck(task, completion)
     if early is not None:
-        if timing is not None: timing.update(_NO_RUN)
+        if timing is not None:
+            timing.update(_NO_RUN)
         return 0.0, early
     res = sandbox.run_tests(prog, task.tests, limits, pool=pool)
-    if timing is not None: timing.update(res.timing(), reused=False)
+    if timing is not None:
+        timing.update(res.timing(), reused=False)
     return float(res.ok), res.detail()
 
 # %% ../nbs/21_tasks.ipynb #53c6f438
-def reward(task: Task, completion: str, *, pool: sandbox.Pool | None = None, timing: dict | None = None) -> tuple[float, dict]:
+def reward(
+    task: Task, completion: str, *, pool: sandbox.Pool | None = None, timing: dict | None = None
+) -> tuple[float, dict]:
     "Verifier reward in {0., 1.} and a JSON-able detail dict (a function of task and completion only)."
-    if not isinstance(completion, str): raise TypeError("completion must be a str")
+    if not isinstance(completion, str):
+        raise TypeError("completion must be a str")
     if task.domain == "math":
         t0 = time.monotonic()
         r, d = math_reward(task.answer, completion)
-        if timing is not None: timing.update(_NO_RUN, wall_s=round(time.monotonic() - t0, 6))
-    else: r, d = code_reward(task, completion, pool=pool, timing=timing)
+        if timing is not None:
+            timing.update(_NO_RUN, wall_s=round(time.monotonic() - t0, 6))
+    else:
+        r, d = code_reward(task, completion, pool=pool, timing=timing)
     return r, {"domain": task.domain, "task": task.id, **d}
 
 # %% ../nbs/21_tasks.ipynb #04052bbb
-def rewards(tasks, completions, workers: int | None = None, timings: list | None = None,
-            pool: sandbox.Pool | None = None) -> list[tuple[float, dict]]:
+def rewards(
+    tasks, completions, workers: int | None = None, timings: list | None = None, pool: sandbox.Pool | None = None
+) -> list[tuple[float, dict]]:
     "`reward` of each (task, completion), in order; each distinct pair and each distinct program verified once."
     tasks, completions = list(tasks), list(completions)
-    if len(tasks) != len(completions): raise ValueError("tasks and completions differ in length")
-    if not all(isinstance(c, str) for c in completions): raise TypeError("completion must be a str")
+    if len(tasks) != len(completions):
+        raise ValueError("tasks and completions differ in length")
+    if not all(isinstance(c, str) for c in completions):
+        raise TypeError("completion must be a str")
     n = workers or sandbox.cores()
     first = {}
-    for i, key in enumerate(zip(tasks, completions)): first.setdefault(key, i)
+    for i, key in enumerate(zip(tasks, completions)):
+        first.setdefault(key, i)
     out, side, progs = {}, {}, {}
     for t, c in first:
-        if t.domain != "code": side[t, c] = {}; out[t, c] = reward(t, c, timing=side[t, c]); continue
+        if t.domain != "code":
+            side[t, c] = {}
+            out[t, c] = reward(t, c, timing=side[t, c])
+            continue
         prog, early = _code_precheck(t, c)
-        if early is None: progs.setdefault((prog, t.tests), []).append((t, c))
-        else: out[t, c], side[t, c] = (0.0, {"domain": "code", "task": t.id, **early}), dict(_NO_RUN)
+        if early is None:
+            progs.setdefault((prog, t.tests), []).append((t, c))
+        else:
+            out[t, c], side[t, c] = (0.0, {"domain": "code", "task": t.id, **early}), dict(_NO_RUN)
     if progs:
         pool = pool or sandbox.pool_for(workers=n)
         run = lambda pt: pool.run(*pt)
-        if n <= 1 or len(progs) == 1: results = [run(pt) for pt in progs]
+        if n <= 1 or len(progs) == 1:
+            results = [run(pt) for pt in progs]
         else:
-            with ThreadPoolExecutor(min(n, len(progs))) as ex: results = list(ex.map(run, progs))
+            with ThreadPoolExecutor(min(n, len(progs))) as ex:
+                results = list(ex.map(run, progs))
         for keys, res in zip(progs.values(), results):
             for j, (t, c) in enumerate(keys):
                 out[t, c] = (float(res.ok), {"domain": "code", "task": t.id, **res.detail()})
-                side[t, c] = {**res.timing(), "reused": False} if j == 0 else {**res.timing(), "wall_s": 0.0, "reused": True}
+                side[t, c] = (
+                    {**res.timing(), "reused": False} if j == 0 else {**res.timing(), "wall_s": 0.0, "reused": True}
+                )
     rows = list(zip(tasks, completions))
     if timings is not None:
-        timings.extend(side[k] if first[k] == i else {**side[k], "wall_s": 0.0, "reused": True} for i, k in enumerate(rows))
+        timings.extend(
+            side[k] if first[k] == i else {**side[k], "wall_s": 0.0, "reused": True} for i, k in enumerate(rows)
+        )
     return [(out[k][0], dict(out[k][1])) for k in rows]
 
 # %% ../nbs/21_tasks.ipynb #59abfbe0
 def _frame_send(f, obj) -> None:
     b = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(len(b).to_bytes(8, "little") + b); f.flush()
+    f.write(len(b).to_bytes(8, "little") + b)
+    f.flush()
+
 
 def _frame_recv(f):
     "The next pickled frame from `f`, or None at end of file."
     head = f.read(8)
-    if len(head) < 8: return None
-    n = int.from_bytes(head, "little"); b = f.read(n)
+    if len(head) < 8:
+        return None
+    n = int.from_bytes(head, "little")
+    b = f.read(n)
     return pickle.loads(b) if len(b) == n else None
+
 
 def _serve_rewards(workers: int) -> None:
     "The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin, (ok, rewards or message) frames out."
-    out = os.fdopen(os.dup(1), "wb"); os.dup2(2, 1)             # whatever else prints goes to stderr, not the channel
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever else prints goes to stderr, not the channel
     pool = sandbox.Pool(workers=workers)
     try:
         while (msg := _frame_recv(sys.stdin.buffer)) is not None:
-            try: ans = (True, rewards([Task(**t) for t in msg[0]], msg[1], workers=workers, pool=pool))
-            except Exception as e: ans = (False, f"{type(e).__name__}: {e}")
-            try: _frame_send(out, ans)
-            except BrokenPipeError: break                          # the caller is gone: nobody left to answer
+            try:
+                ans = (True, rewards([Task(**t) for t in msg[0]], msg[1], workers=workers, pool=pool))
+            except Exception as e:
+                ans = (False, f"{type(e).__name__}: {e}")
+            try:
+                _frame_send(out, ans)
+            except BrokenPipeError:
+                break  # the caller is gone: nobody left to answer
     finally:
         pool.close()
-        try: out.close()
-        except BrokenPipeError: pass
+        try:
+            out.close()
+        except BrokenPipeError:
+            pass
+
 
 class VerifierProcess:
     "`rewards` (code programs on `workers` fork servers) in an interpreter of its own; thread-safe, one request at a time."
+
     def __init__(self, workers: int | None = None):
         self.workers = workers or sandbox.cores()
-        root = str(Path(sandbox.__file__).resolve().parent.parent)     # this package, importable there as here
+        root = str(Path(sandbox.__file__).resolve().parent.parent)  # this package, importable there as here
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-        self.p = subprocess.Popen([sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; "
-                                   "_serve_rewards(int(sys.argv[1]))", str(self.workers)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.p = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from stalebook.tasks import _serve_rewards; _serve_rewards(int(sys.argv[1]))",
+                str(self.workers),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self._lock = threading.Lock()
         self._finalize = weakref.finalize(self, VerifierProcess._stop, self.p)
 
     def rewards(self, tasks, completions) -> list[tuple[float, dict]]:
         with self._lock:
             try:
-                _frame_send(self.p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)} for t in tasks], list(completions)))
+                _frame_send(
+                    self.p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)} for t in tasks], list(completions))
+                )
                 ans = _frame_recv(self.p.stdout)
-            except (BrokenPipeError, OSError): ans = None
-        if ans is None: raise StalebookError(f"verifier process exited (status {self.p.wait()})")
-        if not ans[0]: raise StalebookError(f"verifier process: {ans[1]}")
+            except (BrokenPipeError, OSError):
+                ans = None
+        if ans is None:
+            raise StalebookError(f"verifier process exited (status {self.p.wait()})")
+        if not ans[0]:
+            raise StalebookError(f"verifier process: {ans[1]}")
         return ans[1]
 
     @staticmethod
     def _stop(p):
-        try: p.stdin.close()
-        except OSError: pass
-        try: p.wait(timeout=30)
-        except subprocess.TimeoutExpired: p.kill(); p.wait()
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
         p.stdout.close()
 
-    def close(self) -> None: self._finalize()
+    def close(self) -> None:
+        self._finalize()
 
 # %% ../nbs/21_tasks.ipynb #9415a87e
 def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
     "Known-correct (1.0) and known-wrong (0.0) completions for `domain`."
     if domain == "math":
         t1 = Task("selftest-math-1", "math", "17+25=", "42", (), {"source": "selftest"})
-        t2 = Task("selftest-math-2", "math", "Tom has 3 bags of 4 apples and eats 2. How many are left?", "10", (), {"source": "selftest"})
+        t2 = Task(
+            "selftest-math-2",
+            "math",
+            "Tom has 3 bags of 4 apples and eats 2. How many are left?",
+            "10",
+            (),
+            {"source": "selftest"},
+        )
         t3 = Task("selftest-math-3", "math", "3-8=", "-5", (), {"source": "selftest"})
-        return [(t1, "42", 1.0), (t1, "41", 0.0), (t1, "", 0.0), (t2, "3*4=12, 12-2=10\n#### 10", 1.0),
-                (t2, r"\boxed{10}", 1.0), (t2, "#### 12", 0.0), (t2, "10.0", 1.0), (t3, "-5", 1.0), (t3, "5", 0.0)]
+        return [
+            (t1, "42", 1.0),
+            (t1, "41", 0.0),
+            (t1, "", 0.0),
+            (t2, "3*4=12, 12-2=10\n#### 10", 1.0),
+            (t2, r"\boxed{10}", 1.0),
+            (t2, "#### 12", 0.0),
+            (t2, "10.0", 1.0),
+            (t3, "-5", 1.0),
+            (t3, "5", 0.0),
+        ]
     if domain == "code":
-        t1 = Task("selftest-code-1", "code", "f(1)=3;f(2)=5;f=lambda x:", "2*x+1",
-                  ("assert f(0)==1", "assert f(7)==15", "assert f(9)==19"), {"source": "selftest", "header": "f=lambda x:", "entry": "f"})
-        t2 = Task("selftest-code-2", "code", 'def add(a, b):\n    """Return a + b."""\n', "    return a + b\n",
-                  ("assert add(2, 3) == 5", "assert add(-1, 1) == 0"), {"source": "selftest", "program": "prompt+completion", "entry": "add"})
-        return [(t1, "2*x+1", 1.0), (t1, "x+x+1", 1.0), (t1, "2*x", 0.0), (t1, "", 0.0), (t1, "2*x+", 0.0),
-                (t1, "__import__('os')._exit(0)", 0.0), (t2, "    return a + b\n", 1.0), (t2, "    return a - b\n", 0.0),
-                (t2, "    import sys; sys.exit(0)\n", 0.0)]
+        t1 = Task(
+            "selftest-code-1",
+            "code",
+            "f(1)=3;f(2)=5;f=lambda x:",
+            "2*x+1",
+            ("assert f(0)==1", "assert f(7)==15", "assert f(9)==19"),
+            {"source": "selftest", "header": "f=lambda x:", "entry": "f"},
+        )
+        t2 = Task(
+            "selftest-code-2",
+            "code",
+            'def add(a, b):\n    """Return a + b."""\n',
+            "    return a + b\n",
+            ("assert add(2, 3) == 5", "assert add(-1, 1) == 0"),
+            {"source": "selftest", "program": "prompt+completion", "entry": "add"},
+        )
+        return [
+            (t1, "2*x+1", 1.0),
+            (t1, "x+x+1", 1.0),
+            (t1, "2*x", 0.0),
+            (t1, "", 0.0),
+            (t1, "2*x+", 0.0),
+            (t1, "__import__('os')._exit(0)", 0.0),
+            (t2, "    return a + b\n", 1.0),
+            (t2, "    return a - b\n", 0.0),
+            (t2, "    import sys; sys.exit(0)\n", 0.0),
+        ]
     raise StalebookError(f"domain must be 'math' or 'code', got {domain!r}")
+
 
 def run_self_test(domain: str) -> list[str]:
     "Failures of the verifier self-test (empty list = pass)."
     bad = []
     for t, c, want in self_test_cases(domain):
         got, det = reward(t, c)
-        if got != want: bad.append(f"{t.id}: completion {c!r} got reward {got}, expected {want} ({det.get('reason', det.get('method'))})")
+        if got != want:
+            bad.append(
+                f"{t.id}: completion {c!r} got reward {got}, expected {want} ({det.get('reason', det.get('method'))})"
+            )
     return bad
 
 # %% ../nbs/21_tasks.ipynb #c56bb21f
 class _Rename(ast.NodeTransformer):
-    def __init__(self, old, new): self.old, self.new = old, new
+    def __init__(self, old, new):
+        self.old, self.new = old, new
+
     def visit_Name(self, n):
-        if n.id == self.old: n.id = self.new
+        if n.id == self.old:
+            n.id = self.new
         return n
+
 
 def _humaneval_tests(test: str, entry: str) -> tuple[str, ...]:
     mod = ast.parse(test)
     checks = [s for s in mod.body if isinstance(s, ast.FunctionDef) and s.name == "check"]
-    if len(checks) != 1 or len(checks[0].args.args) != 1: raise ValueError("test must define check(candidate)")
+    if len(checks) != 1 or len(checks[0].args.args) != 1:
+        raise ValueError("test must define check(candidate)")
     fn = checks[0]
     arg = fn.args.args[0].arg
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -369,16 +536,21 @@ def _humaneval_tests(test: str, entry: str) -> tuple[str, ...]:
 
 # %% ../nbs/21_tasks.ipynb #d4e1c2a3
 def _req(rec, key, typ):
-    if key not in rec: raise ValueError(f"missing field {key!r}")
-    if not isinstance(rec[key], typ): raise ValueError(f"field {key!r} must be {typ.__name__}")
+    if key not in rec:
+        raise ValueError(f"missing field {key!r}")
+    if not isinstance(rec[key], typ):
+        raise ValueError(f"field {key!r} must be {typ.__name__}")
     return rec[key]
+
 
 def _gsm8k(rec, idx: int, src: str) -> Task:
     q, a = _req(rec, "question", str), _req(rec, "answer", str)
     m = _HASH_RE.findall(a)
-    if not m: raise ValueError("answer has no '#### N' final answer")
+    if not m:
+        raise ValueError("answer has no '#### N' final answer")
     ref = m[-1].replace(",", "")
-    if parse_number(ref) is None: raise ValueError(f"final answer {m[-1]!r} is not a number")
+    if parse_number(ref) is None:
+        raise ValueError(f"final answer {m[-1]!r} is not a number")
     tid = str(rec.get("id", f"gsm8k-{idx}"))
     return Task(tid, "math", f"Question: {q}\nAnswer:", ref, (), {"source": src, "format": "gsm8k", "solution": a})
 
@@ -386,47 +558,76 @@ def _gsm8k(rec, idx: int, src: str) -> Task:
 def _humaneval(rec, idx: int, src: str) -> Task:
     tid, p, sol = _req(rec, "task_id", str), _req(rec, "prompt", str), _req(rec, "canonical_solution", str)
     test, entry = _req(rec, "test", str), _req(rec, "entry_point", str)
-    if not entry.isidentifier(): raise ValueError("entry_point is not an identifier")
-    try: ast.parse(p + sol)
-    except SyntaxError as e: raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})")
-    try: tests = _humaneval_tests(test, entry)
-    except SyntaxError as e: raise ValueError(f"test is not Python ({e.msg})")
-    for t in tests: sandbox.compile_test(t)   # raises on a snippet that is not Python
-    return Task(tid, "code", p, sol, tests, {"source": src, "format": "humaneval", "entry": entry, "program": "prompt+completion"})
+    if not entry.isidentifier():
+        raise ValueError("entry_point is not an identifier")
+    try:
+        ast.parse(p + sol)
+    except SyntaxError as e:
+        raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})")
+    try:
+        tests = _humaneval_tests(test, entry)
+    except SyntaxError as e:
+        raise ValueError(f"test is not Python ({e.msg})")
+    for t in tests:
+        sandbox.compile_test(t)  # raises on a snippet that is not Python
+    return Task(
+        tid,
+        "code",
+        p,
+        sol,
+        tests,
+        {"source": src, "format": "humaneval", "entry": entry, "program": "prompt+completion"},
+    )
 
 # %% ../nbs/21_tasks.ipynb #b8c9d0e1
 def _mbpp(rec, idx: int, src: str) -> Task:
     tid, text, code = str(_req(rec, "task_id", (int, str))), _req(rec, "text", str), _req(rec, "code", str)
     tl = _req(rec, "test_list", list)
-    if not tl or not all(isinstance(t, str) for t in tl): raise ValueError("test_list must be a non-empty list of strings")
-    if rec.get("test_setup_code"): raise ValueError("test_setup_code is not supported")
+    if not tl or not all(isinstance(t, str) for t in tl):
+        raise ValueError("test_list must be a non-empty list of strings")
+    if rec.get("test_setup_code"):
+        raise ValueError("test_setup_code is not supported")
     for t in tl:
-        try: ast.parse(t)
-        except SyntaxError as e: raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})")
-    try: ast.parse(code)
-    except SyntaxError as e: raise ValueError(f"code is not Python ({e.msg})")
+        try:
+            ast.parse(t)
+        except SyntaxError as e:
+            raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})")
+    try:
+        ast.parse(code)
+    except SyntaxError as e:
+        raise ValueError(f"code is not Python ({e.msg})")
     prompt = f'"""{text}\nExample: {tl[0]}\n"""\n'
-    return Task(f"mbpp-{tid}", "code", prompt, code, tuple(tl), {"source": src, "format": "mbpp", "program": "completion"})
+    return Task(
+        f"mbpp-{tid}", "code", prompt, code, tuple(tl), {"source": src, "format": "mbpp", "program": "completion"}
+    )
+
 
 _PARSERS = {"gsm8k": _gsm8k, "humaneval": _humaneval, "mbpp": _mbpp}
 
 # %% ../nbs/21_tasks.ipynb #e5f2d3b4
 def load_tasks_jsonl(path, fmt: str) -> list[Task]:
     "All tasks of a GSM8K/HumanEval/MBPP-style JSONL file; any malformed line → StalebookError('file:line: ...')."
-    if fmt not in _PARSERS: raise StalebookError(f"unknown task format {fmt!r} (use gsm8k, humaneval or mbpp)")
+    if fmt not in _PARSERS:
+        raise StalebookError(f"unknown task format {fmt!r} (use gsm8k, humaneval or mbpp)")
     path = Path(path)
-    try: raw = path.read_bytes()
-    except OSError as e: raise StalebookError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise StalebookError(f"{path}: cannot read ({e.strerror})") from None
     out, seen = [], set()
     for i, line in enumerate(raw.split(b"\n"), 1):
-        if not line.strip(): continue
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line.decode("utf-8"))
-            if not isinstance(rec, dict): raise ValueError("line is not a JSON object")
+            if not isinstance(rec, dict):
+                raise ValueError("line is not a JSON object")
             t = _PARSERS[fmt](rec, len(out), path.name)
-            if t.id in seen: raise ValueError(f"duplicate task id {t.id!r}")
+            if t.id in seen:
+                raise ValueError(f"duplicate task id {t.id!r}")
         except (ValueError, UnicodeDecodeError, StalebookError, RecursionError) as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise StalebookError(f"{path}:{i}: {fmt} record malformed: {msg}") from None
-        seen.add(t.id); out.append(t)
+        seen.add(t.id)
+        out.append(t)
     return out

@@ -30,15 +30,42 @@ import yaml
 from fastcore.basics import patch
 from safetensors.torch import load_file, save_file
 
-from .core import (CommandParser, Domain, JsonlLog, Progress, StalebookError, added_field, atomic_dir, atomic_write,
-                            atomic_write_json, canonical_json, config_dict, config_hash, fault_point, group_advantages,
-                            hash_dir, hash_json, homogeneous_groups, load_config, read_jsonl)
-from .model import LoraSpec, compute_setup, load_adapter_state, policy_hash, save_adapter
-from .snapshot import LOCKFILE, read_lock
 from . import sandbox
+from stalebook.core import (
+    CommandParser,
+    Domain,
+    JsonlLog,
+    Progress,
+    StalebookError,
+    added_field,
+    atomic_dir,
+    atomic_write,
+    atomic_write_json,
+    canonical_json,
+    config_dict,
+    config_hash,
+    fault_point,
+    group_advantages,
+    hash_dir,
+    hash_json,
+    homogeneous_groups,
+    load_config,
+    read_jsonl,
+)
+from .model import LoraSpec, compute_setup, load_adapter_state, policy_hash, save_adapter
+from stalebook.rollouts import (
+    SamplingConfig,
+    batch_rewards,
+    completion_logprobs,
+    group_uniforms,
+    hf_sample,
+    load_run_policy,
+    micro_batches,
+    rollout_domain,
+    task_pool,
+)
+from .snapshot import LOCKFILE, read_lock
 from .tasks import VerifierProcess
-from .rollouts import (SamplingConfig, batch_rewards, completion_logprobs, group_uniforms, hf_sample, micro_batches,
-                                load_run_policy, rollout_domain, task_pool)
 from .theory.async_sim import behaviour_source
 
 # %% auto #0
@@ -55,13 +82,16 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor 
     """token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean. `norm`: the
     whole batch's denominator (`batch_norm`) when x is one micro-batch of it, so that the micro-batches' terms add up."""
     m = mask.to(x.dtype)
-    if how == "token-mean": return (x * m).sum() / (m.sum().clamp(min=1) if norm is None else norm)
+    if how == "token-mean":
+        return (x * m).sum() / (m.sum().clamp(min=1) if norm is None else norm)
     if how == "seq-mean":
         n = m.sum(-1)
         per = (x * m).sum(-1) / n.clamp(min=1)
-        if norm is not None: return per[n > 0].sum() / norm
+        if norm is not None:
+            return per[n > 0].sum() / norm
         return per[n > 0].mean() if (n > 0).any() else per.sum() * 0
     raise ValueError(f"unknown aggregation {how!r}")
+
 
 def batch_norm(mask: torch.Tensor, how: str, dtype=torch.float32) -> torch.Tensor:
     "The denominator of `aggregate` over a whole batch: its tokens (token-mean) or its non-empty rows (seq-mean), at least 1."
@@ -71,12 +101,16 @@ def batch_norm(mask: torch.Tensor, how: str, dtype=torch.float32) -> torch.Tenso
 # %% ../nbs/26_trainer.ipynb #3b7e0a12
 def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
     "Log-ratios [B, L] at an importance-sampling level (token | sequence: sum | geometric: mean over the response), [B, L]."
-    if level == "token": return log_ratio
+    if level == "token":
+        return log_ratio
     m = mask.to(log_ratio.dtype)
     s = (log_ratio * m).sum(-1, keepdim=True)
-    if level == "geometric": s = s / m.sum(-1, keepdim=True).clamp(min=1)
-    elif level != "sequence": raise ValueError(f"unknown importance-sampling level {level!r}")
+    if level == "geometric":
+        s = s / m.sum(-1, keepdim=True).clamp(min=1)
+    elif level != "sequence":
+        raise ValueError(f"unknown importance-sampling level {level!r}")
     return s.expand_as(log_ratio)
+
 
 def clipped_objective(log_ratio: torch.Tensor, A: torch.Tensor, clip_low: float = 0.2, clip_high: float | None = None):
     """PPO's clipped surrogate per token: (min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r, where the clip binds),
@@ -87,13 +121,26 @@ def clipped_objective(log_ratio: torch.Tensor, A: torch.Tensor, clip_low: float 
     return torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
 
 # %% ../nbs/26_trainer.ipynb #602967d9
-def grpo_loss(logp, old_logp, adv, mask, clip_epsilon=0.2, agg="token-mean", ref_logp=None, kl_beta=0.0,
-              clip_epsilon_high=None, level="token", is_weights=None, norm=None):
+def grpo_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    clip_epsilon=0.2,
+    agg="token-mean",
+    ref_logp=None,
+    kl_beta=0.0,
+    clip_epsilon_high=None,
+    level="token",
+    is_weights=None,
+    norm=None,
+):
     """PPO-form clipped GRPO loss; returns (loss, stats). adv is per row [B]; the ratio pi/pi_old is taken at
     `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term; `norm`: `aggregate`'s."""
     lr = level_log_ratio(logp - old_logp, mask, level)
     obj, ratio, _ = clipped_objective(lr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
-    if is_weights is not None: obj = obj * is_weights
+    if is_weights is not None:
+        obj = obj * is_weights
     loss = -aggregate(obj, mask, agg, norm)
     stats = {"ratio_max_dev": float(((ratio.detach() - 1).abs() * mask).max()) if mask.any() else 0.0}
     if ref_logp is not None and kl_beta > 0:
@@ -103,10 +150,12 @@ def grpo_loss(logp, old_logp, adv, mask, clip_epsilon=0.2, agg="token-mean", ref
         stats["kl"] = float(kl.detach())
     return loss, stats
 
+
 def sft_loss(logp, rewards, mask, agg="token-mean"):
     "Positive-only response cross-entropy: -agg(log-probs of reward-1 responses)."
     pos = (rewards > 0.5)[:, None] & mask
-    if not pos.any(): return (logp * 0).sum(), {"n_positive": 0}
+    if not pos.any():
+        return (logp * 0).sum(), {"n_positive": 0}
     return -aggregate(logp, pos, agg), {"n_positive": int((rewards > 0.5).sum())}
 
 # %% ../nbs/26_trainer.ipynb #b3f1a7c2
@@ -116,25 +165,34 @@ def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
     response token whatever its weight, so the batch objective is sum_i w_i log pi(y_i) up to a constant."""
     w = weights.to(logp.device, logp.dtype)[:, None]
     loss = -aggregate(logp * w, mask, agg)
-    return loss, {"sft/weight_mean": float(weights.mean()), "sft/weight_max": float(weights.max()),
-                  "sft/n_weighted": int((weights > 0).sum())}
+    return loss, {
+        "sft/weight_mean": float(weights.mean()),
+        "sft/weight_max": float(weights.max()),
+        "sft/n_weighted": int((weights > 0).sum()),
+    }
 
 # %% ../nbs/26_trainer.ipynb #5c1d2e02
 def is_weights(log_ratio, mask, correction: str = "truncate", level: str = "token", threshold: float = 2.0):
     """Detached importance weights [B, L] of rho = pi_theta/pi_phi (log_ratio = log pi_theta - log pi_phi per token)
     at `level`: truncated min(rho, C) (`truncate`) or masked rho 1[rho <= C] (`mask`); zero on padding."""
     rho = torch.exp(level_log_ratio(log_ratio.detach(), mask, level))
-    if correction == "truncate": w = rho.clamp(max=threshold)
-    elif correction == "mask": w = rho.masked_fill(rho > threshold, 0.0)
-    else: raise ValueError(f"unknown off-policy correction {correction!r}")
+    if correction == "truncate":
+        w = rho.clamp(max=threshold)
+    elif correction == "mask":
+        w = rho.masked_fill(rho > threshold, 0.0)
+    else:
+        raise ValueError(f"unknown off-policy correction {correction!r}")
     return w * mask
 
-def offpolicy_grpo_loss(logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token",
-                        threshold: float = 2.0, **kw):
+
+def offpolicy_grpo_loss(
+    logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token", threshold: float = 2.0, **kw
+):
     """GRPO on groups sampled by a behaviour policy phi; returns (loss, stats). `none`: PPO-clip with ratio
     pi_theta/pi_phi at `level`; `truncate` / `mask`: `is_weights` of pi_theta/pi_phi times the clipped surrogate
     against the learner itself (ratio 1). `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta, norm."""
-    if correction == "none": return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
+    if correction == "none":
+        return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
     w = is_weights(logp - behaviour_logp, mask, correction, level, threshold)
     return grpo_loss(logp, logp.detach(), adv, mask, is_weights=w, **kw)
 
@@ -144,64 +202,95 @@ def _num(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
 
+
 @torch.no_grad()
-def offpolicy_stats(logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token",
-                    threshold: float = 2.0, clip_epsilon: float = 0.2, clip_epsilon_high: float | None = None) -> dict:
+def offpolicy_stats(
+    logp,
+    behaviour_logp,
+    adv,
+    mask,
+    correction: str = "none",
+    level: str = "token",
+    threshold: float = 2.0,
+    clip_epsilon: float = 0.2,
+    clip_epsilon_high: float | None = None,
+) -> dict:
     """Off-policy diagnostics of a batch sampled by phi (log-probs [B, L], adv [B], mask [B, L]): |log r| max/mean,
     k3 KL(pi_phi || pi_theta), clip fraction of the loss, and ESS fraction, log max and fraction > C of the raw weights."""
     m = mask
-    lr = ((logp - behaviour_logp) * m).detach().double()           # float64: k3 = r - 1 - log r cancels near r = 1
+    lr = ((logp - behaviour_logp) * m).detach().double()  # float64: k3 = r - 1 - log r cancels near r = 1
     n = m.sum().clamp(min=1)
     lw = level_log_ratio(lr, m, level)
     lw = lw[m] if level == "token" else lw[:, 0][m.any(-1)]
     if correction == "none":
-        clip = (clipped_objective(level_log_ratio(lr, m, level), adv[:, None].to(lr.dtype), clip_epsilon, clip_epsilon_high)[2] & m).sum() / n
-    else: clip = 0.0                                 # the decoupled loss's ratio is 1: its clip never binds
+        clip = (
+            clipped_objective(
+                level_log_ratio(lr, m, level), adv[:, None].to(lr.dtype), clip_epsilon, clip_epsilon_high
+            )[2]
+            & m
+        ).sum() / n
+    else:
+        clip = 0.0  # the decoupled loss's ratio is 1: its clip never binds
     ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / max(lw.numel(), 1)
-    return dict(logr_max_abs=_num(lr.abs().max()), logr_mean_abs=_num(lr.abs().sum() / n),
-                kl_behav_k3=_num(((torch.expm1(lr) - lr) * m).sum() / n), clip_frac=_num(clip),
-                is_ess_frac=_num(ess), is_log_max=_num(lw.max()) if lw.numel() else None,
-                is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None)
+    return dict(
+        logr_max_abs=_num(lr.abs().max()),
+        logr_mean_abs=_num(lr.abs().sum() / n),
+        kl_behav_k3=_num(((torch.expm1(lr) - lr) * m).sum() / n),
+        clip_frac=_num(clip),
+        is_ess_frac=_num(ess),
+        is_log_max=_num(lw.max()) if lw.numel() else None,
+        is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None,
+    )
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c01
 @dataclass
 class AsyncConfig:
     "The behaviour policy of a GRPO run: how far it lags the learner, and how the stale groups are corrected."
-    staleness: int = 0                           # S; 0 = synchronous (the behaviour policy is the learner)
+
+    staleness: int = 0  # S; 0 = synchronous (the behaviour policy is the learner)
     mode: Literal["sync-every", "fixed-lag", "pipelined"] = "sync-every"
-    max_staleness: int = 2                       # pipelined: refuse groups more than this many versions old
-    on_stale: Literal["block", "drop"] = "block" # pipelined: the generator waits, or the learner drops stale groups
-    queue_size: int = 2                          # pipelined: bounded generator -> learner queue (batches)
+    max_staleness: int = 2  # pipelined: refuse groups more than this many versions old
+    on_stale: Literal["block", "drop"] = "block"  # pipelined: the generator waits, or the learner drops stale groups
+    queue_size: int = 2  # pipelined: bounded generator -> learner queue (batches)
     correction: Literal["none", "truncate", "mask"] = "none"
     level: Literal["token", "sequence", "geometric"] = "token"
-    is_threshold: float = 2.0                    # C of truncate / mask
-    clip_epsilon_high: float | None = None       # DAPO clip-higher; None = clip_epsilon
+    is_threshold: float = 2.0  # C of truncate / mask
+    clip_epsilon_high: float | None = None  # DAPO clip-higher; None = clip_epsilon
 
     @property
-    def enabled(self) -> bool: return self.staleness > 0 or self.mode == "pipelined"
+    def enabled(self) -> bool:
+        return self.staleness > 0 or self.mode == "pipelined"
 
     def __post_init__(self):
-        if self.staleness < 0: raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.mode == "pipelined" and self.staleness:
-            raise ValueError("staleness is the controlled lag of sync-every / fixed-lag; a pipelined run records its lag (bound it with max_staleness)")
-        if self.max_staleness < 0 or self.queue_size < 1: raise ValueError("max_staleness must be >= 0 and queue_size >= 1")
-        if not self.is_threshold > 0: raise ValueError(f"is_threshold must be > 0, got {self.is_threshold}")
-        if self.clip_epsilon_high is not None and not self.clip_epsilon_high >= 0: raise ValueError("clip_epsilon_high must be >= 0")
+            raise ValueError(
+                "staleness is the controlled lag of sync-every / fixed-lag; a pipelined run records its lag (bound it with max_staleness)"
+            )
+        if self.max_staleness < 0 or self.queue_size < 1:
+            raise ValueError("max_staleness must be >= 0 and queue_size >= 1")
+        if not self.is_threshold > 0:
+            raise ValueError(f"is_threshold must be > 0, got {self.is_threshold}")
+        if self.clip_epsilon_high is not None and not self.clip_epsilon_high >= 0:
+            raise ValueError("clip_epsilon_high must be >= 0")
         if not self.enabled:
             d = AsyncConfig.__dataclass_fields__
             bad = [k for k in d if k not in ("staleness", "mode") and getattr(self, k) != d[k].default]
-            if bad: raise ValueError(f"staleness 0 is the synchronous trainer: {', '.join(bad)} must stay at the default")
+            if bad:
+                raise ValueError(f"staleness 0 is the synchronous trainer: {', '.join(bad)} must stay at the default")
 
 # %% ../nbs/26_trainer.ipynb #118d3cc7
 @dataclass
 class TrainConfig:
     "One family's training run. Every field is recorded; the hash binds checkpoints and resume."
-    out: str                                     # run directory
-    snapshot: str = ""                           # model snapshot dir; "" = the embedded tiny snapshot
+
+    out: str  # run directory
+    snapshot: str = ""  # model snapshot dir; "" = the embedded tiny snapshot
     domain: Literal["math", "code"] = "math"
     task_level: int = 0
-    n_tasks: int = 256                           # synthetic training pool size
-    tasks_jsonl: str = ""                        # optional JSONL task file instead of the synthetic pool
+    n_tasks: int = 256  # synthetic training pool size
+    tasks_jsonl: str = ""  # optional JSONL task file instead of the synthetic pool
     tasks_format: Literal["gsm8k", "humaneval", "mbpp"] = "gsm8k"
     seed: int = 0
     steps: int = 400
@@ -212,55 +301,70 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0                   # 0 = no clipping
-    warmup_steps: int = 0                        # linear warmup, then constant
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    warmup_steps: int = 0  # linear warmup, then constant
     std_normalize: bool = True
-    std_ddof: Literal[0, 1] = 0                  # 0: population std; 1: Bessel-corrected (TRL, verl)
+    std_ddof: Literal[0, 1] = 0  # 0: population std; 1: Bessel-corrected (TRL, verl)
     adv_eps: float = 1e-6
     loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
-    clip_epsilon: float = 0.2                    # recorded; inactive (ratio = 1 at the only loss evaluation)
+    clip_epsilon: float = 0.2  # recorded; inactive (ratio = 1 at the only loss evaluation)
     kl_beta: float = 0.0
     async_training: AsyncConfig = field(default_factory=AsyncConfig)
     lora: LoraSpec = field(default_factory=LoraSpec)
     checkpoint_every: int = 5
     lineage_steps: tuple[int, ...] = (0, 25, 100, 400)
-    keep_checkpoints: int = 2                    # rolling 5-step checkpoints kept besides the lineage ones
+    keep_checkpoints: int = 2  # rolling 5-step checkpoints kept besides the lineage ones
     device: str = "cpu"
     dtype: str = "float32"
-    threads: int = 1                             # torch CPU threads (0 = torch's default); part of the run identity:
-                                                 # float reductions, hence bit-identical resume, depend on it
+    threads: int = 1  # torch CPU threads (0 = torch's default); part of the run identity:
+    # float reductions, hence bit-identical resume, depend on it
     micro_batch: int = 64
-    shared_prefix: bool = added_field(False)     # each prompt's tokens run once per group, not once per completion
-                                                 # (generation and teacher-forced passes; same numbers up to float order)
+    shared_prefix: bool = added_field(False)  # each prompt's tokens run once per group, not once per completion
+    # (generation and teacher-forced passes; same numbers up to float order)
     ratio_tol: float = 1e-5
 
     def __post_init__(self):
-        if self.steps < 0: raise ValueError("steps must be >= 0")
-        if self.checkpoint_every < 1: raise ValueError("checkpoint_every must be >= 1")
+        if self.steps < 0:
+            raise ValueError("steps must be >= 0")
+        if self.checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be >= 1")
         if any(s < 0 or s > self.steps for s in self.lineage_steps):
             raise ValueError(f"lineage_steps {list(self.lineage_steps)} must lie in 0..steps={self.steps}")
-        if self.prompts_per_step < 1: raise ValueError("prompts_per_step must be >= 1")
-        if not self.kl_beta >= 0: raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
+        if self.prompts_per_step < 1:
+            raise ValueError("prompts_per_step must be >= 1")
+        if not self.kl_beta >= 0:
+            raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.objective == "grpo" and self.lora.dropout > 0:
-            raise ValueError("lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation")
-        if self.async_training.enabled and self.objective != "grpo": raise ValueError("async_training needs objective 'grpo'")
+            raise ValueError(
+                "lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation"
+            )
+        if self.async_training.enabled and self.objective != "grpo":
+            raise ValueError("async_training needs objective 'grpo'")
+
 
 def identity_dict(cfg: TrainConfig) -> dict:
     "The fields that determine the run's numbers: all but `out`; `async_training` / `optimizer` only when not synchronous / AdamW."
-    d = config_dict(cfg); d.pop("out")
-    if not cfg.async_training.enabled: d.pop("async_training")
-    if cfg.optimizer == "adamw": d.pop("optimizer")
+    d = config_dict(cfg)
+    d.pop("out")
+    if not cfg.async_training.enabled:
+        d.pop("async_training")
+    if cfg.optimizer == "adamw":
+        d.pop("optimizer")
     return d
+
 
 def snapshot_key(snapshot: str) -> str:
     "How a run's identity names its model: the snapshot's lockfile revision (the same weights in any folder), else the folder."
-    if snapshot and (Path(snapshot) / LOCKFILE).is_file(): return "revision:" + read_lock(snapshot)["revision"]
+    if snapshot and (Path(snapshot) / LOCKFILE).is_file():
+        return "revision:" + read_lock(snapshot)["revision"]
     return snapshot
+
 
 def run_identity(cfg: TrainConfig) -> str:
     """Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored, and not
     the snapshot's folder but its revision — the same run on another machine, its snapshot elsewhere, has the same identity."""
     return hash_json(identity_dict(cfg) | {"snapshot": snapshot_key(cfg.snapshot)})
+
 
 def save_run_config(cfg: TrainConfig, path) -> Path:
     "The run's `config.yaml`: `out` and the identity fields, sorted (loadable by `load_config`)."
@@ -269,6 +373,7 @@ def save_run_config(cfg: TrainConfig, path) -> Path:
 # %% ../nbs/26_trainer.ipynb #6a0b1c03
 class Behaviour:
     "Snapshots of the learner's trainable tensors, the rule choosing step t's behaviour weights, and their swap into the model."
+
     def __init__(self, acfg: AsyncConfig, model):
         self.S, self.mode = acfg.staleness, acfg.mode
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -284,22 +389,28 @@ class Behaviour:
 
     def record(self, step: int) -> None:
         "theta_step now exists: snapshot it if a later step needs it; drop snapshots older than step's own source."
-        if self.needed(step): self.snaps[step] = [p.detach().clone() for _, p in self.named]
-        for s in [s for s in self.snaps if s < self.source(step)]: del self.snaps[s]
+        if self.needed(step):
+            self.snaps[step] = [p.detach().clone() for _, p in self.named]
+        for s in [s for s in self.snaps if s < self.source(step)]:
+            del self.snaps[s]
 
     @contextlib.contextmanager
     def acting(self, t: int):
         "Within the block the model holds phi_t = theta_{source(t)} (yields source(t)); theta is copied back after."
         s = self.source(t)
         if s == t:
-            yield s; return
+            yield s
+            return
         keep = [p.detach().clone() for _, p in self.named]
         with torch.no_grad():
-            for (_, p), v in zip(self.named, self.snaps[s]): p.copy_(v)
-        try: yield s
+            for (_, p), v in zip(self.named, self.snaps[s]):
+                p.copy_(v)
+        try:
+            yield s
         finally:
             with torch.no_grad():
-                for (_, p), v in zip(self.named, keep): p.copy_(v)
+                for (_, p), v in zip(self.named, keep):
+                    p.copy_(v)
 
     def state(self) -> dict:
         return {f"snap.{s}.{n}": v for s, vs in self.snaps.items() for (n, _), v in zip(self.named, vs)}
@@ -314,9 +425,11 @@ def checkpoint_name(step: int) -> str:
     "The folder name of a step's checkpoint (rolling `ckpt/` and permanent `lineage/` alike)."
     return f"step-{step:06d}"
 
+
 def lineage_checkpoint(run_dir, step: int) -> Path:
     "The permanent checkpoint of lineage step `step` of a run."
     return Path(run_dir) / "lineage" / checkpoint_name(step)
+
 
 def save_train_state(d, opt, sched) -> None:
     """Optimizer + scheduler + torch RNG state as `state.safetensors` (tensors) and `state.json` (the rest).
@@ -324,10 +437,18 @@ def save_train_state(d, opt, sched) -> None:
     sd = opt.state_dict()
     tensors = {"torch_rng": torch.get_rng_state()}
     for i, st in sd["state"].items():
-        for k, v in st.items(): tensors[f"state.{i}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
+        for k, v in st.items():
+            tensors[f"state.{i}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
     save_file(tensors, str(Path(d) / "state.safetensors"))
-    atomic_write_json(Path(d) / "state.json", dict(param_groups=sd["param_groups"], sched=sched.state_dict(),
-                                                    state_keys={str(i): sorted(st) for i, st in sd["state"].items()}))
+    atomic_write_json(
+        Path(d) / "state.json",
+        dict(
+            param_groups=sd["param_groups"],
+            sched=sched.state_dict(),
+            state_keys={str(i): sorted(st) for i, st in sd["state"].items()},
+        ),
+    )
+
 
 def load_train_state(d, opt, sched) -> None:
     "Inverse of `save_train_state`."
@@ -339,34 +460,53 @@ def load_train_state(d, opt, sched) -> None:
     torch.set_rng_state(t["torch_rng"])
 
 # %% ../nbs/26_trainer.ipynb #1025375d
-ASYNC_STATE = "async.safetensors"          # an asynchronous run's extra state in each checkpoint
+ASYNC_STATE = "async.safetensors"  # an asynchronous run's extra state in each checkpoint
+
 
 class Lineage:
     "The checkpoints of one run: rolling `ckpt/`, permanent `lineage/`, and the hash chain in `lineage.json`."
+
     def __init__(self, run_dir, objective: str, lineage_steps, keep: int, identity: str):
-        self.dir, self.objective, self.steps, self.keep, self.identity = Path(run_dir), objective, tuple(lineage_steps), keep, identity
+        self.dir, self.objective, self.steps, self.keep, self.identity = (
+            Path(run_dir),
+            objective,
+            tuple(lineage_steps),
+            keep,
+            identity,
+        )
         self.chain, self.parent, self.restored = [], None, None
 
     def commit(self, step: int, model, opt, sched, cursor, extra: dict | None = None) -> str:
         "Write the checkpoint of `step` atomically (with `extra` tensors as async.safetensors) and chain it; returns its hash."
         path = self.dir / "ckpt" / checkpoint_name(step)
-        meta = dict(step=step, cursor=cursor, parent=self.parent, objective=self.objective, config_hash=self.identity,
-                    policy_hash=policy_hash(model))
+        meta = dict(
+            step=step,
+            cursor=cursor,
+            parent=self.parent,
+            objective=self.objective,
+            config_hash=self.identity,
+            policy_hash=policy_hash(model),
+        )
         with atomic_dir(path, overwrite=True) as d:
             save_adapter(model, d / "adapter")
             fault_point("ckpt", step)
             save_train_state(d, opt, sched)
-            if extra: save_file(extra, str(d / ASYNC_STATE))
+            if extra:
+                save_file(extra, str(d / ASYNC_STATE))
             atomic_write_json(d / "meta.json", meta)
         h = hash_dir(path)
         self.chain.append(dict(step=step, hash=h, parent=self.parent, objective=self.objective))
         self.parent = h
         if step in self.steps:
-            with atomic_dir(lineage_checkpoint(self.dir, step), overwrite=True) as d: shutil.copytree(path, d, dirs_exist_ok=True)
-        atomic_write_json(self.dir / "lineage.json", dict(chain=self.chain, lineage_steps=list(self.steps), last_step=step,
-                                                           objective=self.objective))
+            with atomic_dir(lineage_checkpoint(self.dir, step), overwrite=True) as d:
+                shutil.copytree(path, d, dirs_exist_ok=True)
+        atomic_write_json(
+            self.dir / "lineage.json",
+            dict(chain=self.chain, lineage_steps=list(self.steps), last_step=step, objective=self.objective),
+        )
         rolling = sorted((self.dir / "ckpt").glob("step-*"))
-        for old in rolling[: max(0, len(rolling) - self.keep)]: shutil.rmtree(old, ignore_errors=True)
+        for old in rolling[: max(0, len(rolling) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
         return h
 
 # %% ../nbs/26_trainer.ipynb #c2a1b169
@@ -375,21 +515,26 @@ def restore(self: Lineage, model, opt, sched) -> dict | None:
     "Load the newest checkpoint recorded in lineage.json into model/opt/sched; its meta, or None for a fresh run."
     ckdir = self.dir / "ckpt"
     for tmp in [*self.dir.glob("ckpt/.step-*"), *self.dir.glob("lineage/.step-*")]:
-        shutil.rmtree(tmp, ignore_errors=True)                # debris of a commit killed mid-write
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of a commit killed mid-write
     ck = sorted(p for p in ckdir.glob("step-*") if (p / "meta.json").exists()) if ckdir.exists() else []
-    if not ck: return None
+    if not ck:
+        return None
     lf = self.dir / "lineage.json"
     chain = json.loads(lf.read_text())["chain"] if lf.exists() else []
     hashes = {c["step"]: c["hash"] for c in chain}
     path = next((p for p in reversed(ck) if hashes.get(int(p.name[5:])) == hash_dir(p)), None)
     if path is None:
-        if chain: raise StalebookError(f"{lf}: no checkpoint under {ckdir} matches the recorded lineage")
-        shutil.rmtree(ckdir); return None                     # crashed before the root was recorded
+        if chain:
+            raise StalebookError(f"{lf}: no checkpoint under {ckdir} matches the recorded lineage")
+        shutil.rmtree(ckdir)
+        return None  # crashed before the root was recorded
     meta = json.loads((path / "meta.json").read_text())
     self.restored = path
     if meta["objective"] != self.objective:
-        raise StalebookError(f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{self.objective}'; "
-                             "an SFT run never resumes from a GRPO checkpoint (or the reverse)")
+        raise StalebookError(
+            f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{self.objective}'; "
+            "an SFT run never resumes from a GRPO checkpoint (or the reverse)"
+        )
     self.chain = [c for c in chain if c["step"] <= meta["step"]]
     self.parent = self.chain[-1]["hash"]
     load_adapter_state(model, path / "adapter")
@@ -403,44 +548,62 @@ def check_lineage(run_dir) -> list[str]:
     "Problems with a run's lineage (empty list = one continuous chain whose permanent checkpoints verify)."
     run_dir = Path(run_dir)
     f = run_dir / "lineage.json"
-    if not f.exists(): return [f"{f}: missing"]
+    if not f.exists():
+        return [f"{f}: missing"]
     lin = json.loads(f.read_text())
     chain, probs = lin.get("chain", []), []
     if not chain or chain[0]["step"] != 0 or chain[0]["parent"] is not None:
         probs.append("chain does not start at a root checkpoint (step 0, no parent)")
     for a, b in zip(chain, chain[1:]):
-        if b["parent"] != a["hash"]: probs.append(f"step {b['step']}: parent {str(b['parent'])[:12]} != hash of step {a['step']} {a['hash'][:12]}")
-        if b["step"] <= a["step"]: probs.append(f"step {b['step']} does not follow step {a['step']}")
-        if b.get("objective") != a.get("objective"): probs.append(f"step {b['step']}: objective changed")
+        if b["parent"] != a["hash"]:
+            probs.append(
+                f"step {b['step']}: parent {str(b['parent'])[:12]} != hash of step {a['step']} {a['hash'][:12]}"
+            )
+        if b["step"] <= a["step"]:
+            probs.append(f"step {b['step']} does not follow step {a['step']}")
+        if b.get("objective") != a.get("objective"):
+            probs.append(f"step {b['step']}: objective changed")
     have = {c["step"]: c for c in chain}
     for s in lin.get("lineage_steps", []):
-        if s > lin.get("last_step", -1): continue
+        if s > lin.get("last_step", -1):
+            continue
         d = lineage_checkpoint(run_dir, s)
-        if s not in have: probs.append(f"lineage step {s} not in the chain")
-        elif not d.is_dir(): probs.append(f"{d}: missing")
-        elif hash_dir(d) != have[s]["hash"]: probs.append(f"{d}: content hash does not match the chain")
+        if s not in have:
+            probs.append(f"lineage step {s} not in the chain")
+        elif not d.is_dir():
+            probs.append(f"{d}: missing")
+        elif hash_dir(d) != have[s]["hash"]:
+            probs.append(f"{d}: content hash does not match the chain")
     return probs
 
 # %% ../nbs/26_trainer.ipynb #fee86301
 def check_resume_config(cfg: TrainConfig, saved: Path) -> None:
     "Refuse to resume a run directory under a config that changes its numbers (moving or extending it is fine)."
-    if not saved.exists(): return
+    if not saved.exists():
+        return
     old = load_config(TrainConfig, saved)
-    if config_hash(old) == config_hash(cfg): return
+    if config_hash(old) == config_hash(cfg):
+        return
     diff = [k for k in config_dict(cfg) if config_dict(cfg)[k] != config_dict(old).get(k)]
     if set(diff) - {"steps", "lineage_steps", "out"}:
-        raise StalebookError(f"{saved}: run was started with another config (fields differ: {', '.join(diff)}); use a new --out")
+        raise StalebookError(
+            f"{saved}: run was started with another config (fields differ: {', '.join(diff)}); use a new --out"
+        )
 
 # %% ../nbs/26_trainer.ipynb #d4817c44
 def make_optimizer(cfg: TrainConfig, params):
     "AdamW (default) or plain SGD (no momentum), with a linear warmup of `warmup_steps`, then a constant rate."
-    if cfg.optimizer == "sgd": opt = torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else: opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     w = cfg.warmup_steps
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
 
+
 class Trainer:
     "GRPO/SFT on LoRA parameters: the step, the data order and the loop; checkpoints go through a `Lineage`."
+
     def __init__(self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None):
         self.cfg, self.dir = cfg, Path(cfg.out)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -452,11 +615,15 @@ class Trainer:
         compute_setup(cfg.threads)
         if model is None:
             model, tokenizer = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
-        self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn   # reward_fn None = the package verifier
-        self.tasks = tasks if tasks is not None else task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level,
-                                                                 cfg.tasks_jsonl, cfg.tasks_format)
+        self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn  # reward_fn None = the package verifier
+        self.tasks = (
+            tasks
+            if tasks is not None
+            else task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params: raise StalebookError("model has no trainable (LoRA) parameters")
+        if not self.params:
+            raise StalebookError("model has no trainable (LoRA) parameters")
         self.opt, self.sched = make_optimizer(cfg, self.params)
         self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
         a = cfg.async_training
@@ -464,11 +631,13 @@ class Trainer:
         self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
         self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
         meta = self.lineage.restore(self.model, self.opt, self.sched)
-        if meta is not None: self._resume_log(meta)
+        if meta is not None:
+            self._resume_log(meta)
         self._async_start(meta)
         save_run_config(cfg, self.dir / "config.yaml")
         self.log = JsonlLog(self.dir / "steps.jsonl")
-        if meta is None: self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self._async_state())   # the root
+        if meta is None:
+            self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self._async_state())  # the root
 
 # %% ../nbs/26_trainer.ipynb #0d4e503b
 @patch
@@ -479,16 +648,19 @@ def _resume_log(self: Trainer, meta: dict) -> None:
     keep = [r for r in read_jsonl(logf, warn=False).records if r["step"] < self.step]
     atomic_write(logf, "".join(canonical_json(r) + "\n" for r in keep))
 
+
 def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
     "(n prompts, next cursor): consecutive slices of one permutation per data epoch, from (seed, 'data', domain, epoch)."
     out, (epoch, pos) = [], cursor
     while len(out) < n:
         perm = Domain(seed, ("data", domain, epoch)).numpy().permutation(len(tasks))
-        take = perm[pos: pos + n - len(out)]
+        take = perm[pos : pos + n - len(out)]
         out += [tasks[i] for i in take]
         pos += len(take)
-        if pos >= len(tasks): epoch, pos = epoch + 1, 0
+        if pos >= len(tasks):
+            epoch, pos = epoch + 1, 0
     return out, [epoch, pos]
+
 
 @patch
 def _next_tasks(self: Trainer) -> list:
@@ -502,25 +674,32 @@ def _flat(self: Trainer) -> torch.Tensor:
     "The trainable (LoRA) tensors as one float64 vector."
     return torch.cat([p.detach().reshape(-1) for p in self.params]).double()
 
+
 @patch
 def _async_state(self: Trainer) -> dict | None:
     "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
-    if not self.async_on: return None
+    if not self.async_on:
+        return None
     st = {f"trace.{k}": v for k, v in self.trace.items()}
-    if self.behaviour is not None: st.update(self.behaviour.state())
+    if self.behaviour is not None:
+        st.update(self.behaviour.state())
     return st
+
 
 @patch
 def _async_start(self: Trainer, meta) -> None:
     "Fresh run: snapshot theta_0; resumed run: reload the state its checkpoint saved."
-    if not self.async_on: return
+    if not self.async_on:
+        return
     if meta is None:
         self.trace = {"theta0": self._flat()}
-        if self.behaviour is not None: self.behaviour.record(0)
+        if self.behaviour is not None:
+            self.behaviour.record(0)
         return
     t = load_file(str(self.lineage.restored / ASYNC_STATE))
     self.trace = {k[6:]: v for k, v in t.items() if k.startswith("trace.")}
-    if self.behaviour is not None: self.behaviour.load_state(t)
+    if self.behaviour is not None:
+        self.behaviour.load_state(t)
 
 # %% ../nbs/26_trainer.ipynb #b8175436
 def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str, shared_prefix: bool = False):
@@ -531,39 +710,52 @@ def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpo
     pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc, shared_prefix)
     return pids, comps
 
+
 def step_rewards(tok, batch, comps, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
     "Verifier rewards of the completions, [P, K] float64 (`reward_fn`, `verify`, `memo`: `batch_rewards`')."
     texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
-    return torch.tensor([r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
-                        dtype=torch.float64).view(-1, K)
+    return torch.tensor(
+        [r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
+        dtype=torch.float64,
+    ).view(-1, K)
+
 
 @patch
 def _generate(self: Trainer, batch, ph: str):
     "Sample K responses per prompt of `batch` with the policy on the model: (prompt ids, completions)."
-    return sample_step(self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}", self.cfg.shared_prefix)
+    return sample_step(
+        self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}", self.cfg.shared_prefix
+    )
+
 
 @patch
 def _behaviour_logprobs(self: Trainer, pids, comps):
     "Teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
-    with torch.no_grad(): return completion_logprobs(self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id,
-                                                  shared_prefix=self.cfg.shared_prefix)
+    with torch.no_grad():
+        return completion_logprobs(
+            self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id, shared_prefix=self.cfg.shared_prefix
+        )
 
 # %% ../nbs/26_trainer.ipynb #84d3d0e0
 def groups_of(rows: slice, K: int) -> range:
     "The groups (K consecutive rows each) that a slice of rows touches."
     return range(rows.start // K, (rows.stop - 1) // K + 1)
 
+
 def reward_chunks(B: int, K: int, micro_batch: int) -> list[list[int]]:
     "A step's groups in the learner's order: those of its last micro-batch first, each group in one chunk."
     chunks, seen = [], set()
     for rows in micro_batches(B, micro_batch)[::-1]:
         gs = [g for g in groups_of(rows, K) if g not in seen]
-        if gs: chunks.append(gs); seen.update(gs)
+        if gs:
+            chunks.append(gs)
+            seen.update(gs)
     return chunks
 
 # %% ../nbs/26_trainer.ipynb #4b970ac2
 class GroupRewards:
     "A step's rewards [P, K] while they are verified: `verify(groups)` -> [len(groups), K], chunk by chunk on `executor`."
+
     def __init__(self, verify, chunks, P: int, K: int, executor: concurrent.futures.Executor):
         self.P, self.K = P, K
         at = {g: (c, j) for c, gs in enumerate(chunks) for j, g in enumerate(gs)}
@@ -576,25 +768,33 @@ class GroupRewards:
         "[P, K]: the rows of `groups` (waiting for their chunks alone), every other row 0."
         R = torch.zeros(self.P, self.K, dtype=torch.float64)
         try:
-            for g in groups: f, j = self._of[g]; R[g] = f.result()[j]
+            for g in groups:
+                f, j = self._of[g]
+                R[g] = f.result()[j]
         except BaseException:
-            for f in self._futs: f.cancel()                  # a failed step: the chunks not started never run
+            for f in self._futs:
+                f.cancel()  # a failed step: the chunks not started never run
             raise
         return R
 
-    def result(self) -> torch.Tensor: return self.partial(range(self.P))
+    def result(self) -> torch.Tensor:
+        return self.partial(range(self.P))
+
 
 def partial_rewards(R, groups) -> torch.Tensor:
     "[P, K] rewards with at least the rows of `groups` known: `R` itself when it is a tensor."
     return R.partial(groups) if isinstance(R, GroupRewards) else R
 
+
 def resolved(R) -> torch.Tensor:
     "Rewards [P, K]: `R` itself, or every group of a `GroupRewards` (waiting for them)."
     return R.result() if isinstance(R, GroupRewards) else R
 
+
 def verifier_workers(threads: int) -> int:
     "Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core): the cores it leaves, at least 1."
     return max(1, sandbox.cores() - (threads if threads > 0 else sandbox.cores()))
+
 
 @patch
 def _reward_soon(self: Trainer, batch, comps) -> GroupRewards:
@@ -602,10 +802,18 @@ def _reward_soon(self: Trainer, batch, comps) -> GroupRewards:
     programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` runs here)."""
     if self._verifier is None:
         self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
-        if self.reward_fn is None and self.cfg.domain == "code": self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
+        if self.reward_fn is None and self.cfg.domain == "code":
+            self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
     K, memo, vp = self.cfg.sampling.group_size, {}, self._verifier_proc
-    verify = lambda gs: step_rewards(self.tok, [batch[g] for g in gs], [comps[g * K + j] for g in gs for j in range(K)],
-                                     K, self.reward_fn, memo, vp.rewards if vp is not None else None)
+    verify = lambda gs: step_rewards(
+        self.tok,
+        [batch[g] for g in gs],
+        [comps[g * K + j] for g in gs for j in range(K)],
+        K,
+        self.reward_fn,
+        memo,
+        vp.rewards if vp is not None else None,
+    )
     return GroupRewards(verify, reward_chunks(len(comps), K, self.cfg.micro_batch), len(batch), K, self._verifier)
 
 # %% ../nbs/26_trainer.ipynb #a8e927f7
@@ -617,7 +825,8 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
     cfg, pad, a, sp = self.cfg, self.tok.pad_token_id, self.cfg.async_training, self.cfg.shared_prefix
     ref = None
     if cfg.objective == "grpo" and cfg.kl_beta > 0:
-        with torch.no_grad(), self.model.disable_adapter(): ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
+        with torch.no_grad(), self.model.disable_adapter():
+            ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
     if cfg.objective == "sft":
@@ -625,26 +834,46 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
         loss, st = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
         loss.backward()
         return loss.detach(), st
-    adv_of = lambda R: group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(old.device)
-    kw = dict(clip_epsilon=cfg.clip_epsilon, clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, kl_beta=cfg.kl_beta)
+    adv_of = lambda R: (
+        group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(old.device)
+    )
+    kw = dict(
+        clip_epsilon=cfg.clip_epsilon, clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, kl_beta=cfg.kl_beta
+    )
     norm, parts = batch_norm(mask, cfg.loss_agg, old.dtype), {}
     for rows in micro_batches(len(comps), cfg.micro_batch)[::-1]:
         lp, _ = completion_logprobs(self.model, pids[rows], comps[rows], cfg.micro_batch, pad, sp)
-        lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))          # the batch's width
+        lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))  # the batch's width
         adv = adv_of(partial_rewards(R, groups_of(rows, cfg.sampling.group_size)))[rows]
-        part, _ = offpolicy_grpo_loss(lp, old[rows], adv, mask[rows], a.correction, a.level, a.is_threshold,
-                                      ref_logp=None if ref is None else ref[rows], norm=norm, **kw)
+        part, _ = offpolicy_grpo_loss(
+            lp,
+            old[rows],
+            adv,
+            mask[rows],
+            a.correction,
+            a.level,
+            a.is_threshold,
+            ref_logp=None if ref is None else ref[rows],
+            norm=norm,
+            **kw,
+        )
         part.backward()
         parts[rows.start] = lp.detach()
     logp, adv = torch.cat([parts[s] for s in sorted(parts)]), adv_of(resolved(R))
     loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **kw)
-    if self.async_on: st.update(offpolicy_stats(logp, old, adv, mask, a.correction, a.level, a.is_threshold,
-                                                cfg.clip_epsilon, a.clip_epsilon_high))
-    dev = (st["logr_max_abs"] if self.async_on else st["ratio_max_dev"])
+    if self.async_on:
+        st.update(
+            offpolicy_stats(
+                logp, old, adv, mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high
+            )
+        )
+    dev = st["logr_max_abs"] if self.async_on else st["ratio_max_dev"]
     dev = float("inf") if dev is None else dev
     if lag == 0 and not dev < cfg.ratio_tol:
-        raise StalebookError(f"step {self.step}: PPO ratio deviates from 1 by {dev:.2e} (> {cfg.ratio_tol}); "
-                             "the policy that sampled is not the policy being updated")
+        raise StalebookError(
+            f"step {self.step}: PPO ratio deviates from 1 by {dev:.2e} (> {cfg.ratio_tol}); "
+            "the policy that sampled is not the policy being updated"
+        )
     return loss, st
 
 # %% ../nbs/26_trainer.ipynb #968ca564
@@ -655,15 +884,16 @@ def train_step(self: Trainer) -> dict:
     t0 = time.perf_counter()
     batch = self._next_tasks()
     with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
-        ph = policy_hash(self.model)                       # the weights that sample: phi_t (theta when synchronous)
+        ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
         pids, comps = self._generate(batch, ph)
         t_gen = time.perf_counter() - t0
-        R = self._reward_soon(batch, comps)                # GroupRewards: verified on a thread
+        R = self._reward_soon(batch, comps)  # GroupRewards: verified on a thread
         old, mask = self._behaviour_logprobs(pids, comps)
         phi = self._flat() if self.async_on else None
     rec = self._learn(pids, comps, R, old, mask, ph, src, phi)
     rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
     return rec
+
 
 @patch
 def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
@@ -672,45 +902,75 @@ def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None
     calls it too."""
     cfg = self.cfg
     theta = self._flat() if self.async_on else None
-    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)       # the gradient is in place
+    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)  # the gradient is in place
     R = resolved(R)
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
     if not (torch.isfinite(loss) and torch.isfinite(gn)):
-        raise StalebookError(f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); the run diverged")
-    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]).double() if self.async_on else None
-    self.opt.step(); self.sched.step()
+        raise StalebookError(
+            f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); the run diverged"
+        )
+    grad = (
+        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]).double()
+        if self.async_on
+        else None
+    )
+    self.opt.step()
+    self.sched.step()
     r = R.numpy()
-    rec = dict(step=self.step, policy_hash=ph, objective=cfg.objective, reward_mean=float(r.mean()),
-               reward_se=float(r.mean(-1).std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else 0.0,
-               zero_adv_groups=int(homogeneous_groups(r).sum()), n_groups=len(r), loss=float(loss.detach()),
-               grad_norm=float(gn), n_tokens=int(mask.sum()), lr=float(self.sched.get_last_lr()[0]),
-               clip_epsilon=cfg.clip_epsilon, loss_agg=cfg.loss_agg, **st)
-    if self.async_on: rec.update(self._async_record(theta, grad, src, phi))
+    rec = dict(
+        step=self.step,
+        policy_hash=ph,
+        objective=cfg.objective,
+        reward_mean=float(r.mean()),
+        reward_se=float(r.mean(-1).std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else 0.0,
+        zero_adv_groups=int(homogeneous_groups(r).sum()),
+        n_groups=len(r),
+        loss=float(loss.detach()),
+        grad_norm=float(gn),
+        n_tokens=int(mask.sum()),
+        lr=float(self.sched.get_last_lr()[0]),
+        clip_epsilon=cfg.clip_epsilon,
+        loss_agg=cfg.loss_agg,
+        **st,
+    )
+    if self.async_on:
+        rec.update(self._async_record(theta, grad, src, phi))
     self.step += 1
-    if self.behaviour is not None: self.behaviour.record(self.step)
+    if self.behaviour is not None:
+        self.behaviour.record(self.step)
     return rec
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c07
 def _cos(a, b) -> float | None:
     "Cosine of two vectors; None when either is missing or zero."
-    if a is None or b is None: return None
+    if a is None or b is None:
+        return None
     d = float(a.norm() * b.norm())
     return float(a @ b) / d if d > 0 else None
+
 
 @patch
 def _async_record(self: Trainer, theta, grad, src: int, phi=None) -> dict:
     "Lag, distances, and the update's norm and direction (theta: the flat weights before the step)."
     upd = self._flat() - theta
-    rec = dict(lag=self.step - src, behaviour_step=src, lag_dist=_num((theta - phi).norm()) if phi is not None else None,
-               drift=_num((theta - self.trace["theta0"]).norm()), update_norm=_num(upd.norm()),
-               update_cos=_cos(upd, self.trace.get("prev_update")), grad_cos=_cos(grad, self.trace.get("prev_grad")))
+    rec = dict(
+        lag=self.step - src,
+        behaviour_step=src,
+        lag_dist=_num((theta - phi).norm()) if phi is not None else None,
+        drift=_num((theta - self.trace["theta0"]).norm()),
+        update_norm=_num(upd.norm()),
+        update_cos=_cos(upd, self.trace.get("prev_update")),
+        grad_cos=_cos(grad, self.trace.get("prev_grad")),
+    )
     self.trace.update(prev_update=upd, prev_grad=grad)
     return rec
+
 
 def lag_histogram(records) -> dict:
     "Realised lag -> number of steps, from a run's step records."
     out = {}
-    for r in records: out[r["lag"]] = out.get(r["lag"], 0) + 1
+    for r in records:
+        out[r["lag"]] = out.get(r["lag"], 0) + 1
     return dict(sorted(out.items()))
 
 # %% ../nbs/26_trainer.ipynb #c3407379
@@ -718,15 +978,21 @@ def lag_histogram(records) -> dict:
 def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Trainer:
     "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
     if self.cfg.async_training.mode == "pipelined":
-        raise StalebookError(f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
-                             "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)")
+        raise StalebookError(
+            f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
+            "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)"
+        )
     end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
     bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
     while self.step < end:
         rec = self.train_step()
         fault_point("step", rec["step"])
         self.log.append(rec)
-        if self.step % self.cfg.checkpoint_every == 0 or self.step in self.cfg.lineage_steps or self.step == self.cfg.steps:
+        if (
+            self.step % self.cfg.checkpoint_every == 0
+            or self.step in self.cfg.lineage_steps
+            or self.step == self.cfg.steps
+        ):
             self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self._async_state())
         bar.update(1, reward=f"{rec['reward_mean']:.2f}")
     bar.close()
@@ -746,11 +1012,16 @@ def cmd_train(argv) -> int:
     recs = t.log.records
     if recs:
         first, last = recs[0], recs[-1]
-        print(f"{cfg.out}: step {t.step}/{cfg.steps}  reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
-              f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}")
+        print(
+            f"{cfg.out}: step {t.step}/{cfg.steps}  reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
+            f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}"
+        )
         if cfg.async_training.enabled:
-            print(f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, lags {lag_histogram(recs)}, "
-                  f"max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, correction {cfg.async_training.correction}")
+            print(
+                f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, lags {lag_histogram(recs)}, "
+                f"max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, correction {cfg.async_training.correction}"
+            )
     probs = check_lineage(cfg.out)
-    for pr in probs: print(f"lineage: {pr}")
+    for pr in probs:
+        print(f"lineage: {pr}")
     return 1 if probs else 0

@@ -26,13 +26,32 @@ from typing import Callable, Iterable, Literal
 
 from filelock import FileLock, Timeout
 
-from .core import (CommandParser, ConfigError, JsonlLog, StalebookError, atomic_write, atomic_write_json, config_dict,
-                            fault_point, from_dict, hash_dir, hash_file, hash_json)
+from stalebook.core import (
+    CommandParser,
+    ConfigError,
+    JsonlLog,
+    StalebookError,
+    atomic_write,
+    atomic_write_json,
+    config_dict,
+    fault_point,
+    from_dict,
+    hash_dir,
+    hash_file,
+    hash_json,
+)
 from .point import PointConfig, execute_point, resolve_point, run_stale
-from .rollouts import SamplingConfig
-from .trainer import Trainer, TrainConfig, check_lineage, checkpoint_name
-from .registry import (Registry, UnitKind, deep_merge, load_registry, register_kind, registry_hash, registry_problems,
-                                registry_root)
+from stalebook.registry import (
+    Registry,
+    UnitKind,
+    deep_merge,
+    load_registry,
+    register_kind,
+    registry_hash,
+    registry_problems,
+    registry_root,
+)
+from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 
 # %% auto #0
 __all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'Phase',
@@ -47,17 +66,22 @@ __all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STOR
 @dataclass(frozen=True)
 class Phase:
     "One idempotent step of a unit: `run()` does (or finishes) it and may return outputs that add to `outputs`."
+
     name: str
     run: Callable[[], Iterable[str] | None]
-    outputs: tuple[str, ...] = ()                    # paths under the unit folder (files or folders)
-    after: tuple[str, ...] | None = None             # phases whose records it depends on (None: all earlier ones)
-    check: Callable[[], list[str]] | None = None     # extra verification of its outputs: problems ([] = fine)
+    outputs: tuple[str, ...] = ()  # paths under the unit folder (files or folders)
+    after: tuple[str, ...] | None = None  # phases whose records it depends on (None: all earlier ones)
+    check: Callable[[], list[str]] | None = None  # extra verification of its outputs: problems ([] = fine)
+
 
 def output_hash(p: Path) -> str | None:
     "Content hash of an output: a file's sha256, a folder's `hash_dir`, None if absent."
     return hash_dir(p) if p.is_dir() else hash_file(p) if p.is_file() else None
 
-def record_path(udir: Path, name: str) -> Path: return Path(udir) / "phases" / f"{name}.json"
+
+def record_path(udir: Path, name: str) -> Path:
+    return Path(udir) / "phases" / f"{name}.json"
+
 
 def record_digest(udir: Path, name: str) -> str | None:
     "sha256 of a phase's record (None if it has none)."
@@ -68,21 +92,27 @@ def record_digest(udir: Path, name: str) -> str | None:
 def phase_problems(udir: Path, ph: Phase, deps: dict) -> list[str]:
     "Why phase `ph` is not done (`deps`: the current digests of the records it depends on); [] = done."
     f = record_path(udir, ph.name)
-    if not f.is_file(): return ["not run"]
+    if not f.is_file():
+        return ["not run"]
     rec = json.loads(f.read_text())
-    if rec.get("after") != deps: return ["an earlier phase it depends on changed"]
+    if rec.get("after") != deps:
+        return ["an earlier phase it depends on changed"]
     probs = []
     for rel, h in rec["outputs"].items():
         got = output_hash(Path(udir) / rel)
-        if got is None: probs.append(f"{rel}: missing")
-        elif got != h: probs.append(f"{rel}: changed (sha256 {got[:12]}, recorded {h[:12]})")
+        if got is None:
+            probs.append(f"{rel}: missing")
+        elif got != h:
+            probs.append(f"{rel}: changed (sha256 {got[:12]}, recorded {h[:12]})")
     return probs or (ph.check() if ph.check else [])
+
 
 def write_record(udir: Path, unit_id: str, ph: Phase, deps: dict, extra) -> dict:
     "Hash the phase's outputs and write its record atomically; a declared output that is absent is an error."
     outs = {rel: output_hash(Path(udir) / rel) for rel in (*ph.outputs, *(extra or ()))}
     missing = [rel for rel, h in outs.items() if h is None]
-    if missing: raise StalebookError(f"unit {unit_id}: phase {ph.name} finished without its output {missing[0]}")
+    if missing:
+        raise StalebookError(f"unit {unit_id}: phase {ph.name} finished without its output {missing[0]}")
     rec = dict(unit=unit_id, phase=ph.name, after=deps, outputs=outs)
     atomic_write_json(record_path(udir, ph.name), rec)
     return rec
@@ -94,27 +124,39 @@ def bind(path: Path, content: dict, what: str) -> None:
         have = json.loads(path.read_text())
         if have != content:
             diff = sorted(k for k in set(have) | set(content) if have.get(k) != content.get(k))
-            raise StalebookError(f"{path}: holds {what} of another configuration (fields differ: {', '.join(diff)}); "
-                                 "use another --root or remove it")
-    else: atomic_write_json(path, content)
+            raise StalebookError(
+                f"{path}: holds {what} of another configuration (fields differ: {', '.join(diff)}); "
+                "use another --root or remove it"
+            )
+    else:
+        atomic_write_json(path, content)
+
 
 def bind_root(reg: Registry, root: Path) -> None:
     "root/registry.json: the registry this root belongs to."
-    bind(Path(root) / "registry.json", dict(registry=reg.name, kind=reg.kind, hash=registry_hash(reg)), f"registry '{reg.name}'")
+    bind(
+        Path(root) / "registry.json",
+        dict(registry=reg.name, kind=reg.kind, hash=registry_hash(reg)),
+        f"registry '{reg.name}'",
+    )
+
 
 def bind_unit(udir: Path, reg: Registry, unit_id: str, cfg) -> None:
     "units/<id>/unit.json: the unit's kind and config."
     bind(Path(udir) / "unit.json", dict(unit=unit_id, kind=reg.kind, config=config_dict(cfg)), f"unit '{unit_id}'")
 
+
 def attempt(udir: Path, phase: str, event: str, **kw) -> None:
     "Append one line to the unit's attempts sidecar."
-    JsonlLog(Path(udir) / "attempts.jsonl").append(dict(phase=phase, event=event, host=socket.gethostname(), pid=os.getpid(),
-                                                        time=round(time.time(), 3), **kw))
+    JsonlLog(Path(udir) / "attempts.jsonl").append(
+        dict(phase=phase, event=event, host=socket.gethostname(), pid=os.getpid(), time=round(time.time(), 3), **kw)
+    )
 
 # %% ../nbs/32_units.ipynb #d73d6b3a
 @dataclass
 class Unit:
     "One unit as its kind's `phases` sees it: registry, id, config and folder, and how it reports."
+
     registry: Registry
     id: str
     config: object
@@ -122,27 +164,36 @@ class Unit:
     progress: bool = True
     log: Callable = print
 
-def unit_dir(root: Path, unit_id: str) -> Path: return Path(root) / "units" / unit_id
+
+def unit_dir(root: Path, unit_id: str) -> Path:
+    return Path(root) / "units" / unit_id
+
 
 class UnitBusy(StalebookError):
     "Another process holds the unit's lock."
+
 
 def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
     "Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any process sharing the root."
     reg = load_registry(registry)
     root = registry_root(reg, root)
     probs = registry_problems(reg)
-    if probs: raise StalebookError(f"{probs[0]}; nothing was started")
+    if probs:
+        raise StalebookError(f"{probs[0]}; nothing was started")
     units = reg.units()
-    if unit_id not in units: raise StalebookError(f"registry {reg.name}: no unit '{unit_id}' (units: {', '.join(units)})")
+    if unit_id not in units:
+        raise StalebookError(f"registry {reg.name}: no unit '{unit_id}' (units: {', '.join(units)})")
     udir = unit_dir(root, unit_id)
     udir.mkdir(parents=True, exist_ok=True)
     bind_root(reg, root)
-    try: lock = FileLock(str(udir / ".lock"), timeout=0).acquire()
-    except Timeout: raise UnitBusy(f"unit {unit_id}: another process is running it ({udir / '.lock'} is held)") from None
+    try:
+        lock = FileLock(str(udir / ".lock"), timeout=0).acquire()
+    except Timeout:
+        raise UnitBusy(f"unit {unit_id}: another process is running it ({udir / '.lock'} is held)") from None
     with lock:
         bind_unit(udir, reg, unit_id, units[unit_id])
         return run_phases(Unit(reg, unit_id, units[unit_id], udir, progress, log))
+
 
 def run_phases(u: Unit) -> dict:
     "The phases of unit `u` in order: skipped when done, else run and recorded (see above)."
@@ -151,8 +202,10 @@ def run_phases(u: Unit) -> dict:
         deps = {n: record_digest(udir, n) for n in (ph.after if ph.after is not None else done)}
         probs = phase_problems(udir, ph, deps)
         if not probs:
-            done[ph.name] = "skipped"; continue
-        if probs != ["not run"]: log(f"[{unit_id}] {ph.name}: {probs[0]}; running it again")
+            done[ph.name] = "skipped"
+            continue
+        if probs != ["not run"]:
+            log(f"[{unit_id}] {ph.name}: {probs[0]}; running it again")
         t0 = time.perf_counter()
         attempt(udir, ph.name, "start")
         extra = ph.run()
@@ -167,22 +220,27 @@ def run_phases(u: Unit) -> dict:
 @dataclass
 class SyntheticStudy:
     "Study section of a `synthetic` registry: how many units and phases, how long each phase works."
+
     units: int = 3
     phases: int = 2
     work_s: float = 0.0
     seed: int = 0
 
+
 @dataclass
 class SyntheticUnit:
     "One synthetic unit's config."
+
     index: int
     phases: int
     work_s: float
     seed: int
 
+
 def synthetic_units(reg: Registry) -> dict:
     s = reg.spec
     return {f"u{i:03d}": SyntheticUnit(i, s.phases, s.work_s, s.seed) for i in range(s.units)}
+
 
 def _synthetic_phase(udir: Path, u: SyntheticUnit, j: int) -> None:
     prev = (udir / "out" / f"{j - 1}.txt").read_text() if j else hash_json([u.seed, u.index])
@@ -190,28 +248,43 @@ def _synthetic_phase(udir: Path, u: SyntheticUnit, j: int) -> None:
     fault_point("synthetic", f"{u.index}/{j}")
     atomic_write(udir / "out" / f"{j}.txt", hash_json([prev, j]))
 
-def synthetic_phases(u: Unit) -> list[Phase]:
-    return [Phase(f"p{j}", functools.partial(_synthetic_phase, u.dir, u.config, j), outputs=(f"out/{j}.txt",))
-            for j in range(u.config.phases)]
 
-register_kind(UnitKind("synthetic", SyntheticStudy, synthetic_units, synthetic_phases,
-                       doc="a cheap stand-in: units of phases that each write a hash of the previous phase's file"))
+def synthetic_phases(u: Unit) -> list[Phase]:
+    return [
+        Phase(f"p{j}", functools.partial(_synthetic_phase, u.dir, u.config, j), outputs=(f"out/{j}.txt",))
+        for j in range(u.config.phases)
+    ]
+
+
+register_kind(
+    UnitKind(
+        "synthetic",
+        SyntheticStudy,
+        synthetic_units,
+        synthetic_phases,
+        doc="a cheap stand-in: units of phases that each write a hash of the previous phase's file",
+    )
+)
 
 # %% ../nbs/32_units.ipynb #a0cd4487
 def select_units(reg: Registry, only: str | None = None) -> list[str]:
     "The registry's unit ids, or those matching the comma-separated ids/patterns of `only`."
     ids = list(reg.units())
-    if not only: return ids
+    if not only:
+        return ids
     pats = [p.strip() for p in only.split(",") if p.strip()]
     got = [u for u in ids if any(fnmatch.fnmatchcase(u, p) for p in pats)]
-    if not got: raise StalebookError(f"registry {reg.name}: --only {only} matches no unit (units: {', '.join(ids)})")
+    if not got:
+        raise StalebookError(f"registry {reg.name}: --only {only} matches no unit (units: {', '.join(ids)})")
     return got
+
 
 def run_registry(registry, root=None, only: str | None = None, progress: bool = True, log=print) -> dict:
     "Run (or resume) the units of a registry one after another on this machine: {unit id: phase states}."
     reg = load_registry(registry)
     probs = registry_problems(reg)
-    if probs: raise StalebookError(f"{probs[0]}; nothing was started")
+    if probs:
+        raise StalebookError(f"{probs[0]}; nothing was started")
     ids, root, out = select_units(reg, only), registry_root(reg, root), {}
     log(f"[run] registry {reg.name}: {len(ids)} of {len(reg.units())} units under {root}")
     for i, u in enumerate(ids):
@@ -231,35 +304,48 @@ def cmd_run(argv) -> int:
     t0 = time.perf_counter()
     res = run_registry(a.registry, a.root, a.only, progress=not a.quiet)
     ran = sum(s == "ran" for r in res.values() for s in r.values())
-    print(f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     return 0
 
 # %% ../nbs/32_units.ipynb #a180d59c
-QUEUE = "queue"                     # the executors' sidecar folder under a registry's root: leases, done markers, worker logs
+QUEUE = "queue"  # the executors' sidecar folder under a registry's root: leases, done markers, worker logs
+
 
 def queue_dir(root, unit_id: str | None = None) -> Path:
     "`<root>/queue`, or `<root>/queue/<unit>` (the unit's leases and markers)."
     return Path(root) / QUEUE / unit_id if unit_id else Path(root) / QUEUE
 
-def lease_path(root, unit_id: str, gen: int) -> Path: return queue_dir(root, unit_id) / f"lease-{gen:06d}.json"
+
+def lease_path(root, unit_id: str, gen: int) -> Path:
+    return queue_dir(root, unit_id) / f"lease-{gen:06d}.json"
+
 
 def lease_gens(root, unit_id: str) -> list[int]:
     "The generations of the unit's lease files that exist, ascending."
     d = queue_dir(root, unit_id)
     return sorted(int(f.name[6:12]) for f in d.glob("lease-[0-9][0-9][0-9][0-9][0-9][0-9].json")) if d.is_dir() else []
 
+
 def read_lease(root, unit_id: str, now: float | None = None) -> dict | None:
     "The unit's current lease (its highest generation) with `age_s`, seconds since its heartbeat; None if it has none."
     gens = lease_gens(root, unit_id)
-    if not gens: return None
+    if not gens:
+        return None
     f = lease_path(root, unit_id, gens[-1])
-    try: rec, mtime = f.read_text(), f.stat().st_mtime
-    except FileNotFoundError: return None                     # released while we looked
-    try: rec = json.loads(rec)
-    except ValueError: rec = {}                               # created, its content not yet written: its age is the file's
+    try:
+        rec, mtime = f.read_text(), f.stat().st_mtime
+    except FileNotFoundError:
+        return None  # released while we looked
+    try:
+        rec = json.loads(rec)
+    except ValueError:
+        rec = {}  # created, its content not yet written: its age is the file's
     beat = rec.get("heartbeat", mtime)
     return rec | dict(gen=gens[-1], age_s=round((time.time() if now is None else now) - beat, 1))
+
 
 def queue_state(root, unit_id: str, now: float | None = None) -> dict:
     "Where a unit stands in the queue: state (done, failed, running, queued), owner and heartbeat age of a running one."
@@ -269,54 +355,65 @@ def queue_state(root, unit_id: str, now: float | None = None) -> dict:
             rec = json.loads((d / f"{state}.json").read_text())
             return dict(state=state, owner=rec.get("owner"), gen=rec.get("gen"), age_s=None, error=rec.get("error"))
     ls = read_lease(root, unit_id, now)
-    if ls is None: return dict(state="queued", owner=None, gen=None, age_s=None)
+    if ls is None:
+        return dict(state="queued", owner=None, gen=None, age_s=None)
     stale = ls["age_s"] > ls.get("ttl_s", float("inf"))
     return dict(state="stale" if stale else "running", owner=ls.get("owner"), gen=ls["gen"], age_s=ls["age_s"])
-
 
 # %% ../nbs/32_units.ipynb #2e9b75cf
 @dataclass
 class Block:
     "One product of a ranking registry: every model × domain × seed, with its overrides."
+
     models: list[str]
     domains: list[Literal["math", "code"]]
     seeds: list[int]
-    tag: str = ""                                     # appended to the unit ids (an arm of a sweep)
-    train: dict = field(default_factory=dict)         # overrides of the study's `train` section
-    point: dict = field(default_factory=dict)         # overrides of the study's `point` section
+    tag: str = ""  # appended to the unit ids (an arm of a sweep)
+    train: dict = field(default_factory=dict)  # overrides of the study's `train` section
+    point: dict = field(default_factory=dict)  # overrides of the study's `point` section
     note: str = ""
 
+
 TABLES = ("main", "extension", "demo", "appendix")
-SET_BY_STUDY = dict(train=("out", "snapshot", "domain", "seed", "objective", "steps", "lineage_steps"),
-                    point=("run", "out", "checkpoint", "behaviour", "seed", "task_level"))
+SET_BY_STUDY = dict(
+    train=("out", "snapshot", "domain", "seed", "objective", "steps", "lineage_steps"),
+    point=("run", "out", "checkpoint", "behaviour", "seed", "task_level"),
+)
 REPLICATES = 10_000
+
 
 @dataclass
 class RankingStudy:
     "The `study:` section of a ranking registry: the table it fills, the objective, the lineage checkpoints, the blocks."
+
     table: Literal["main", "extension", "demo", "appendix"]
     blocks: list[Block]
     objective: Literal["grpo", "sft"] = "grpo"
     checkpoints: tuple[int, ...] = (0, 25, 100, 400)
-    behaviour: int = 0                                # lineage step of beta
-    train: dict = field(default_factory=dict)         # a TrainConfig section (nested fields override its defaults)
-    point: dict = field(default_factory=dict)         # a PointConfig section
+    behaviour: int = 0  # lineage step of beta
+    train: dict = field(default_factory=dict)  # a TrainConfig section (nested fields override its defaults)
+    point: dict = field(default_factory=dict)  # a PointConfig section
     note: str = ""
 
     def __post_init__(self):
         if self.objective == "sft" and self.table != "appendix":
-            raise ValueError(f"objective 'sft' cannot fill the {self.table} table: positive-only SFT is a supervised "
-                             "policy-shift ablation, not RLVR, and goes to table: appendix")
+            raise ValueError(
+                f"objective 'sft' cannot fill the {self.table} table: positive-only SFT is a supervised "
+                "policy-shift ablation, not RLVR, and goes to table: appendix"
+            )
         if self.table == "appendix" and self.objective != "sft":
             raise ValueError("table 'appendix' holds only the positive-only SFT ablation (objective: sft)")
         c = list(self.checkpoints)
-        if not c or c != sorted(set(c)) or c[0] < 0: raise ValueError(f"checkpoints must be increasing and >= 0, got {c}")
-        if not 0 <= self.behaviour <= c[-1]: raise ValueError(f"behaviour {self.behaviour} must lie in 0..{c[-1]}")
+        if not c or c != sorted(set(c)) or c[0] < 0:
+            raise ValueError(f"checkpoints must be increasing and >= 0, got {c}")
+        if not 0 <= self.behaviour <= c[-1]:
+            raise ValueError(f"behaviour {self.behaviour} must lie in 0..{c[-1]}")
 
 # %% ../nbs/32_units.ipynb #c54a434b
 @dataclass
 class FamilyConfig:
     "One family (model, domain, seed) of a ranking registry: its training run and the template of its points."
+
     model: str
     domain: str
     seed: int
@@ -324,31 +421,52 @@ class FamilyConfig:
     objective: str
     checkpoints: tuple[int, ...]
     behaviour: int
-    train: TrainConfig                # `out` and `snapshot` are filled in where the unit runs
-    point: PointConfig                # `out` and `checkpoint` are filled in per point
+    train: TrainConfig  # `out` and `snapshot` are filled in where the unit runs
+    point: PointConfig  # `out` and `checkpoint` are filled in per point
     tag: str = ""
+
 
 def _section(cls, base: dict, over: dict, set_by: dict, src: str, where: str):
     "`cls` from the study's section `base` with a block's `over` laid on it and the study's own fields `set_by`."
     for k in set(base) | set(over):
-        if k in set_by: raise ConfigError(f"{src}: field '{where}.{k}': set by the study ({set_by[k]!r}), not in a section")
+        if k in set_by:
+            raise ConfigError(f"{src}: field '{where}.{k}': set by the study ({set_by[k]!r}), not in a section")
     return from_dict(cls, deep_merge(deep_merge(base, over), set_by), src=src, prefix=f"{where}.")
 
 # %% ../nbs/32_units.ipynb #f7af4dff
 def family_config(reg: Registry, b: Block, i: int, model: str, domain: str, seed: int) -> FamilyConfig:
     "The config of one family of block `i` of a ranking registry."
     s, src = reg.spec, reg.source
-    if model not in reg.models: raise ConfigError(f"{src}: field 'study.blocks[{i}].models': unknown model '{model}' "
-                                                   f"(models: {', '.join(reg.models)})")
+    if model not in reg.models:
+        raise ConfigError(
+            f"{src}: field 'study.blocks[{i}].models': unknown model '{model}' (models: {', '.join(reg.models)})"
+        )
     steps = sorted({0, s.behaviour, *s.checkpoints})
-    tc = _section(TrainConfig, s.train, b.train, dict(out="", snapshot="", domain=domain, seed=seed, objective=s.objective,
-                                                     steps=steps[-1], lineage_steps=steps), src, f"study.blocks[{i}].train")
-    pc = _section(PointConfig, s.point, b.point, dict(run="train", out="", checkpoint=s.behaviour, behaviour=s.behaviour,
-                                                     seed=seed, task_level=tc.task_level), src, f"study.blocks[{i}].point")
+    tc = _section(
+        TrainConfig,
+        s.train,
+        b.train,
+        dict(
+            out="", snapshot="", domain=domain, seed=seed, objective=s.objective, steps=steps[-1], lineage_steps=steps
+        ),
+        src,
+        f"study.blocks[{i}].train",
+    )
+    pc = _section(
+        PointConfig,
+        s.point,
+        b.point,
+        dict(run="train", out="", checkpoint=s.behaviour, behaviour=s.behaviour, seed=seed, task_level=tc.task_level),
+        src,
+        f"study.blocks[{i}].point",
+    )
     if pc.n_boot != REPLICATES:
-        raise ConfigError(f"{src}: field 'study.blocks[{i}].point.n_boot': {pc.n_boot:,} bootstrap replicates; "
-                          f"the analysis contract needs exactly {REPLICATES:,}")
+        raise ConfigError(
+            f"{src}: field 'study.blocks[{i}].point.n_boot': {pc.n_boot:,} bootstrap replicates; "
+            f"the analysis contract needs exactly {REPLICATES:,}"
+        )
     return FamilyConfig(model, domain, seed, s.table, s.objective, tuple(s.checkpoints), s.behaviour, tc, pc, b.tag)
+
 
 def ranking_units(reg: Registry) -> dict:
     "{`<model>-<domain>-s<seed>[-<tag>]`: FamilyConfig} of every block, in registry order."
@@ -358,7 +476,8 @@ def ranking_units(reg: Registry) -> dict:
             for d in b.domains:
                 for sd in b.seeds:
                     uid = f"{m}-{d}-s{sd}" + (f"-{b.tag}" if b.tag else "")
-                    if uid in out: raise ConfigError(f"{reg.source}: unit '{uid}' is registered twice (block {i})")
+                    if uid in out:
+                        raise ConfigError(f"{reg.source}: unit '{uid}' is registered twice (block {i})")
                     out[uid] = family_config(reg, b, i, m, d, sd)
     return out
 
@@ -367,17 +486,26 @@ POINT_FILES = ("result.json", "result.md", "boot.npz", "point.ipynb")
 STORE_FILES = ("manifest.json", "groups.jsonl", "complete.json")
 POINT_MANIFEST = "stalebook.point-manifest"
 
-def point_name(c: int) -> str: return f"c-{c:06d}"
-def point_phase(c: int) -> str: return f"point-{point_name(c)}"
+
+def point_name(c: int) -> str:
+    return f"c-{c:06d}"
+
+
+def point_phase(c: int) -> str:
+    return f"point-{point_name(c)}"
+
 
 def train_family(tcfg: TrainConfig, progress: bool) -> None:
     "Phase train: run (or resume) the family's lineage; a lineage of the other objective is refused."
     lf = Path(tcfg.out) / "lineage.json"
     have = json.loads(lf.read_text()).get("objective") if lf.is_file() else None
     if have not in (None, tcfg.objective):
-        raise StalebookError(f"{tcfg.out}: holds a '{have}' lineage and this family trains '{tcfg.objective}': "
-                             "an SFT run never resumes from a GRPO checkpoint (nor the reverse)")
+        raise StalebookError(
+            f"{tcfg.out}: holds a '{have}' lineage and this family trains '{tcfg.objective}': "
+            "an SFT run never resumes from a GRPO checkpoint (nor the reverse)"
+        )
     Trainer(tcfg).run(progress=progress)
+
 
 def stale_phase(pcfg: PointConfig, udir: Path, progress: bool) -> list[str]:
     "Phase stale: the behaviour checkpoint's stale store; returns its files."
@@ -389,19 +517,37 @@ def point_manifest(udir: Path, unit_id: str, fam: FamilyConfig, c: int) -> dict:
     "The manifest of point c of a family: what it is and the content hash of every file its numbers come from."
     pd = f"points/{point_name(c)}"
     res = json.loads((Path(udir) / pd / "result.json").read_text())
-    files = [f"{pd}/{f}" for f in POINT_FILES] + [f"train/lineage/{checkpoint_name(s)}" for s in sorted({c, fam.behaviour})]
-    files += [f"train/rollouts/{n}/{f}" for n in sorted(set(res["manifest"]["rollout_stores"].values())) for f in STORE_FILES]
-    return dict(kind=POINT_MANIFEST, version=1, unit=unit_id, model=fam.model, domain=fam.domain, seed=fam.seed, tag=fam.tag,
-                checkpoint=c, behaviour=fam.behaviour, objective=fam.objective, table=fam.table,
-                files={f: output_hash(Path(udir) / f) for f in files})
+    files = [f"{pd}/{f}" for f in POINT_FILES] + [
+        f"train/lineage/{checkpoint_name(s)}" for s in sorted({c, fam.behaviour})
+    ]
+    files += [
+        f"train/rollouts/{n}/{f}" for n in sorted(set(res["manifest"]["rollout_stores"].values())) for f in STORE_FILES
+    ]
+    return dict(
+        kind=POINT_MANIFEST,
+        version=1,
+        unit=unit_id,
+        model=fam.model,
+        domain=fam.domain,
+        seed=fam.seed,
+        tag=fam.tag,
+        checkpoint=c,
+        behaviour=fam.behaviour,
+        objective=fam.objective,
+        table=fam.table,
+        files={f: output_hash(Path(udir) / f) for f in files},
+    )
+
 
 def point_run(unit_id: str, fam: FamilyConfig, c: int, udir: Path, log) -> None:
     "Phase point-c: the point notebook in the unit's folder, then the point's manifest."
     pcfg = dataclasses.replace(fam.point, out=f"points/{point_name(c)}", checkpoint=c)
     r = execute_point(pcfg, cwd=udir)["result"]
     atomic_write_json(Path(udir) / pcfg.out / "manifest.json", point_manifest(udir, unit_id, fam, c))
-    log(f"[{unit_id}] point c={c}: Rel_k {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}), fresh gain {r['gain_fresh']:+.4f}, "
-        f"admissible {'yes' if r['admissible'] else 'no'}")
+    log(
+        f"[{unit_id}] point c={c}: Rel_k {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}), fresh gain {r['gain_fresh']:+.4f}, "
+        f"admissible {'yes' if r['admissible'] else 'no'}"
+    )
 
 # %% ../nbs/32_units.ipynb #45775b54
 def family_phases(u: Unit) -> list[Phase]:
@@ -409,17 +555,39 @@ def family_phases(u: Unit) -> list[Phase]:
     reg, unit_id, fam, udir, progress, log = u.registry, u.id, u.config, Path(u.dir), u.progress, u.log
     tcfg = dataclasses.replace(fam.train, out=str(udir / "train"), snapshot=reg.models[fam.model].folder())
     steps = tcfg.lineage_steps
-    ph = [Phase("train", functools.partial(train_family, tcfg, progress), ("train/lineage.json",
-                *(f"train/lineage/{checkpoint_name(s)}" for s in steps)), check=functools.partial(check_lineage, Path(udir) / "train")),
-          Phase("stale", functools.partial(stale_phase, fam.point, Path(udir), progress))]
+    ph = [
+        Phase(
+            "train",
+            functools.partial(train_family, tcfg, progress),
+            ("train/lineage.json", *(f"train/lineage/{checkpoint_name(s)}" for s in steps)),
+            check=functools.partial(check_lineage, Path(udir) / "train"),
+        ),
+        Phase("stale", functools.partial(stale_phase, fam.point, Path(udir), progress)),
+    ]
     for c in fam.checkpoints:
-        ph.append(Phase(point_phase(c), functools.partial(point_run, unit_id, fam, c, Path(udir), log),
-                        tuple(f"points/{point_name(c)}/{f}" for f in (*POINT_FILES, "manifest.json")), after=("train", "stale")))
+        ph.append(
+            Phase(
+                point_phase(c),
+                functools.partial(point_run, unit_id, fam, c, Path(udir), log),
+                tuple(f"points/{point_name(c)}/{f}" for f in (*POINT_FILES, "manifest.json")),
+                after=("train", "stale"),
+            )
+        )
     return ph
+
 
 def family_points(reg: Registry, unit_id: str, fam: FamilyConfig) -> list[str]:
     "The items a family contributes to its registry's status: one per checkpoint, `<unit>/c<checkpoint>`."
     return [f"{unit_id}/c{c}" for c in fam.checkpoints]
 
-register_kind(UnitKind("ranking", RankingStudy, ranking_units, family_phases, family_points,
-                       doc="the ranking study: one family (model, domain, seed) per unit, one point per checkpoint"))
+
+register_kind(
+    UnitKind(
+        "ranking",
+        RankingStudy,
+        ranking_units,
+        family_phases,
+        family_points,
+        doc="the ranking study: one family (model, domain, seed) per unit, one point per checkpoint",
+    )
+)

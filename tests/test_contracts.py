@@ -1,7 +1,11 @@
 """Contracts under fault injection: one finished one-family registry, copied once per fault; each fault is refused by
 `status` (naming the point and the contract) and by `freeze` (nothing frozen is written). Plus: the PARTIAL watermark,
 `--json`, the frozen table's content hash and overwrite refusal, and the SFT ablation's appendix rules."""
-import json, shutil, subprocess, sys
+
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +17,7 @@ from stalebook.units import output_hash, run_registry
 
 EXE = str(Path(sys.executable).parent / "stalebook")
 sys.path.insert(0, str(Path(__file__).parent))
-from test_units import ranking_registry   # noqa: E402  (the reduced registry the unit tests use)
+from test_units import ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
 
 U, C = "tiny-math-s0", "c-000002"
 
@@ -39,7 +43,8 @@ def refused(reg, root, contract) -> list[str]:
     assert row["state"] == "fail" and row["contracts"][contract], row
     lines = [l for l in problem_lines(st) if l.startswith(f"{U}/c2 {contract}: ")]
     assert lines
-    with pytest.raises(FreezeRefused) as e: freeze(reg, root)
+    with pytest.raises(FreezeRefused) as e:
+        freeze(reg, root)
     assert "nothing was written" in str(e.value) and any(l.startswith(f"{U}/c2 {contract}: ") for l in e.value.lines)
     assert not (root / "frozen").exists()
     return lines
@@ -59,43 +64,67 @@ def test_finished_registry_passes_and_freezes(finished, tmp_path):
     assert st["state"] == "complete" and st["rows"][0]["contracts"] == {k: [] for k in st["contracts"]}
     assert st["contracts"] == ["objective", "lineage", "generation", "analysis", "manifest"]
     a = freeze(reg, root)
-    assert a["written"] and sorted(p.name for p in (root / "frozen").iterdir()) == ["table.csv", "table.json", "table.md"]
+    assert a["written"] and sorted(p.name for p in (root / "frozen").iterdir()) == [
+        "table.csv",
+        "table.json",
+        "table.md",
+    ]
     t = json.loads((root / "frozen/table.json").read_text())
     assert t["content_hash"] == a["content_hash"] and "not a result about 7B models" in t["title"] and t["rlvr"] is True
     assert a["content_hash"] in (root / "frozen/table.md").read_text()
-    assert freeze(reg, root)["written"] is False                                   # identical: nothing to do
-    t["rows"][0]["verdict"] = "Effective"; t["content_hash"] = "0" * 64
+    assert freeze(reg, root)["written"] is False  # identical: nothing to do
+    t["rows"][0]["verdict"] = "Effective"
+    t["content_hash"] = "0" * 64
     (root / "frozen/table.json").write_text(json.dumps(t))
-    with pytest.raises(Exception, match="a different table is frozen there"): freeze(reg, root)
+    with pytest.raises(Exception, match="a different table is frozen there"):
+        freeze(reg, root)
     assert registry_status(reg, root)["state"] == "frozen"
 
 
 def test_status_partial_watermark_and_json(finished, tmp_path, capsys):
     reg = finished[0]
     r = subprocess.run([EXE, "status", str(reg), "--root", str(tmp_path / "empty")], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.startswith("PARTIAL - registry c: 0 of 1 points pass every contract (0 failing, 1 missing)")
+    assert r.returncode == 0 and r.stdout.startswith(
+        "PARTIAL - registry c: 0 of 1 points pass every contract (0 failing, 1 missing)"
+    )
     assert "train (step 0/2)" in r.stdout and not (tmp_path / "empty").exists()
     root = copy(finished, tmp_path)
-    assert cmd_status([str(reg), "--root", str(root), "--json"]) == 0            # what `stalebook status --json` runs
+    assert cmd_status([str(reg), "--root", str(root), "--json"]) == 0  # what `stalebook status --json` runs
     st = json.loads(capsys.readouterr().out)
     assert st["state"] == "complete" and st["totals"] == {"pass": 1, "fail": 0, "missing": 0, "items": 1}
     r = subprocess.run([EXE, "freeze", str(reg), "--root", str(tmp_path / "empty")], capture_output=True, text=True)
-    assert r.returncode == 1 and f"{U}/c2: missing (train (step 0/2))" in r.stderr and "freeze refused: 1 of 1" in r.stderr
+    assert (
+        r.returncode == 1 and f"{U}/c2: missing (train (step 0/2))" in r.stderr and "freeze refused: 1 of 1" in r.stderr
+    )
 
 
 def test_fault_sft_checkpoint_spliced_into_grpo_lineage(finished, tmp_path, tiny_snapshot):
     "An SFT run's step-2 checkpoint in place of the GRPO lineage's: objective and lineage contracts refuse it."
     from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import TrainConfig, Trainer
+
     reg, root = finished[0], copy(finished, tmp_path)
-    sft = Trainer(TrainConfig(out=str(tmp_path / "sft"), snapshot=str(tiny_snapshot), objective="sft", steps=2, lineage_steps=(0, 2),
-                              prompts_per_step=4, lr=0.05, sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
+    sft = Trainer(
+        TrainConfig(
+            out=str(tmp_path / "sft"),
+            snapshot=str(tiny_snapshot),
+            objective="sft",
+            steps=2,
+            lineage_steps=(0, 2),
+            prompts_per_step=4,
+            lr=0.05,
+            sampling=SamplingConfig(group_size=4, max_new_tokens=6),
+        )
+    ).run(progress=False)
     dst = root / "units" / U / "train/lineage/step-000002"
-    shutil.rmtree(dst); shutil.copytree(sft.dir / "lineage/step-000002", dst)
+    shutil.rmtree(dst)
+    shutil.copytree(sft.dir / "lineage/step-000002", dst)
     obj = refused(reg, root, "objective")
     assert any("checkpoint step 2 (meta.json) is 'sft'; the demo table takes GRPO runs only" in l for l in obj)
     lin = [l for l in problem_lines(registry_status(reg, root)) if " lineage: " in l]
-    assert any("content hash does not match the chain" in l for l in lin) and any("a foreign checkpoint" in l for l in lin)
+    assert any("content hash does not match the chain" in l for l in lin) and any(
+        "a foreign checkpoint" in l for l in lin
+    )
 
 
 def test_fault_store_copied_from_another_policy(finished, tmp_path):
@@ -103,10 +132,14 @@ def test_fault_store_copied_from_another_policy(finished, tmp_path):
     reg, root = finished[0], copy(finished, tmp_path)
     res = json.loads((root / "units" / U / "points" / C / "result.json").read_text())["manifest"]["rollout_stores"]
     ro = root / "units" / U / "train/rollouts"
-    shutil.rmtree(ro / res["candidates/R"]); shutil.copytree(ro / res["stale"], ro / res["candidates/R"])
+    shutil.rmtree(ro / res["candidates/R"])
+    shutil.copytree(ro / res["stale"], ro / res["candidates/R"])
     reseal(root)
     lines = refused(reg, root, "generation")
-    assert any(l.startswith(f"{U}/c2 generation: store candidates/R is bound to policy ") and "the point's π is" in l for l in lines), lines
+    assert any(
+        l.startswith(f"{U}/c2 generation: store candidates/R is bound to policy ") and "the point's π is" in l
+        for l in lines
+    ), lines
     assert registry_status(reg, root)["rows"][0]["contracts"]["manifest"] == []
 
 
@@ -123,12 +156,14 @@ def test_fault_one_missing_prompt_group(finished, tmp_path):
 def test_fault_result_with_9999_replicates(finished, tmp_path):
     "A consistent result (manifest resealed) with scipy's default 9,999 replicates: only the analysis contract refuses it."
     from stalebook.point import npz_bytes
+
     reg, root = finished[0], copy(finished, tmp_path)
     pd = root / "units" / U / "points" / C
     r = json.loads((pd / "result.json").read_text())
     r["result"]["n_boot"] = r["manifest"]["replicates"] = 9_999
     (pd / "result.json").write_text(json.dumps(r))
-    with np.load(pd / "boot.npz") as z: arrays = {k: z[k][:9_999] for k in z.files}
+    with np.load(pd / "boot.npz") as z:
+        arrays = {k: z[k][:9_999] for k in z.files}
     (pd / "boot.npz").write_bytes(npz_bytes(arrays))
     reseal(root)
     lines = refused(reg, root, "analysis")
@@ -139,19 +174,27 @@ def test_fault_result_with_9999_replicates(finished, tmp_path):
 def test_fault_byte_flipped_in_a_referenced_file(finished, tmp_path):
     reg, root = finished[0], copy(finished, tmp_path)
     f = root / "units" / U / "points" / C / "result.md"
-    b = bytearray(f.read_bytes()); b[len(b) // 2] ^= 1; f.write_bytes(bytes(b))
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 1
+    f.write_bytes(bytes(b))
     lines = refused(reg, root, "manifest")
-    assert any(l.startswith(f"{U}/c2 manifest: points/{C}/result.md: sha256 ") and "does not match the manifest's" in l for l in lines)
+    assert any(
+        l.startswith(f"{U}/c2 manifest: points/{C}/result.md: sha256 ") and "does not match the manifest's" in l
+        for l in lines
+    )
 
 
 def test_fault_deleted_executed_notebook(finished, tmp_path, capsys):
     reg, root = finished[0], copy(finished, tmp_path)
     (root / "units" / U / "points" / C / "point.ipynb").unlink()
     assert f"{U}/c2 manifest: points/{C}/point.ipynb: missing" in refused(reg, root, "manifest")
-    assert cmd_status([str(reg), "--root", str(root)]) == 1                        # the functions the CLI commands run
+    assert cmd_status([str(reg), "--root", str(root)]) == 1  # the functions the CLI commands run
     assert f"{U}/c2 manifest: points/{C}/point.ipynb: missing" in capsys.readouterr().out
     assert cmd_freeze([str(reg), "--root", str(root)]) == 1
-    assert f"{U}/c2 manifest: points/{C}/point.ipynb: missing" in capsys.readouterr().err and not (root / "frozen").exists()
+    assert (
+        f"{U}/c2 manifest: points/{C}/point.ipynb: missing" in capsys.readouterr().err
+        and not (root / "frozen").exists()
+    )
 
 
 def test_sft_ablation_fills_only_its_appendix_never_labelled_rlvr(tmp_path, tiny_snapshot):
@@ -164,4 +207,5 @@ def test_sft_ablation_fills_only_its_appendix_never_labelled_rlvr(tmp_path, tiny
     assert "supervised policy-shift ablation" in md and md.count("RLVR") == md.count("not RLVR") == 1
     # the same runs registered for a main-style table: refused when the registry is loaded, before anything runs
     main = ranking_registry(tmp_path, tiny_snapshot, name="sftmain", checkpoints=(2,), objective="sft", table="main")
-    with pytest.raises(Exception, match="objective 'sft' cannot fill the main table"): load_registry(main)
+    with pytest.raises(Exception, match="objective 'sft' cannot fill the main table"):
+        load_registry(main)

@@ -4,7 +4,12 @@ Every page must load, every <img> must have loaded (naturalWidth > 0) and every 
 point at an existing page and, with a fragment, an existing id there. Needs Debian's `chromium` and
 `chromium-driver` (installed by .ci/run) and selenium (dev extra); without them the browser test skips
 and says why. The site build takes ~15 s of CPU, the browser pass a few seconds."""
-import importlib.util, json, shutil, sys, warnings
+
+import importlib.util
+import json
+import shutil
+import sys
+import warnings
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -12,30 +17,48 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("docs_under_test", ROOT / "tools" / "docs.py")
-docs = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # registered: page workers unpickle by module name
+docs = sys.modules[spec.name] = importlib.util.module_from_spec(
+    spec
+)  # registered: page workers unpickle by module name
 spec.loader.exec_module(docs)
 
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1280,1000"]
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,1000",
+]
 
 
 def _skip(reason):
     "Skip, and say so in pytest's warnings summary too (shown without -rs)."
-    warnings.warn(reason); pytest.skip(reason)
+    warnings.warn(reason)
+    pytest.skip(reason)
 
 
 def browser(tmp):
     "A headless Chromium driven by selenium, or pytest.skip with the reason."
-    try: from selenium import webdriver
-    except ImportError: _skip("selenium is not installed (pip install -e '.[dev]'): browser check of the docs site skipped")
+    try:
+        from selenium import webdriver
+    except ImportError:
+        _skip("selenium is not installed (pip install -e '.[dev]'): browser check of the docs site skipped")
     exe, drv = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
     if not exe or not drv:
-        _skip("chromium / chromium-driver not installed (apt-get install chromium chromium-driver): browser check of the docs site skipped")
+        _skip(
+            "chromium / chromium-driver not installed (apt-get install chromium chromium-driver): browser check of the docs site skipped"
+        )
     from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = exe
-    for f in CHROME_FLAGS + [f"--user-data-dir={tmp / 'chrome-profile'}"]: opts.add_argument(f)
+    for f in CHROME_FLAGS + [f"--user-data-dir={tmp / 'chrome-profile'}"]:
+        opts.add_argument(f)
     return webdriver.Chrome(options=opts, service=Service(executable_path=drv))
 
 
@@ -69,18 +92,27 @@ def check_site(site: Path, pages: dict) -> list[str]:
     bad = []
     for f, info in pages.items():
         name = f.relative_to(site.resolve())
-        if info["ready"] != "complete" or not info["title"] or info["text"] < 50: bad.append(f"{name}: page did not load ({info['ready']}, {info['text']} chars)")
-        if info["nav"] < 3: bad.append(f"{name}: no sidebar")
+        if info["ready"] != "complete" or not info["title"] or info["text"] < 50:
+            bad.append(f"{name}: page did not load ({info['ready']}, {info['text']} chars)")
+        if info["nav"] < 3:
+            bad.append(f"{name}: no sidebar")
         bad += [f"{name}: image {src} did not load" for src, done, w in info["imgs"] if not (done and w > 0)]
         for href in info["links"]:
             u = urlparse(href)
-            if u.scheme != "file": continue                          # external links are not checked
+            if u.scheme != "file":
+                continue  # external links are not checked
             target = Path(unquote(u.path)).resolve()
-            if not target.is_relative_to(site.resolve()): bad.append(f"{name}: link {href} leaves the site"); continue
+            if not target.is_relative_to(site.resolve()):
+                bad.append(f"{name}: link {href} leaves the site")
+                continue
             if target.suffix == ".html":
-                if target not in pages: bad.append(f"{name}: link {href}: no such page"); continue
-                if u.fragment and unquote(u.fragment) not in pages[target]["ids"]: bad.append(f"{name}: link {href}: no such anchor")
-            elif not target.is_file(): bad.append(f"{name}: link {href}: no such file")
+                if target not in pages:
+                    bad.append(f"{name}: link {href}: no such page")
+                    continue
+                if u.fragment and unquote(u.fragment) not in pages[target]["ids"]:
+                    bad.append(f"{name}: link {href}: no such anchor")
+            elif not target.is_file():
+                bad.append(f"{name}: link {href}: no such file")
     return bad
 
 
@@ -94,7 +126,9 @@ def site(tmp_path_factory):
 
 def test_reading_order_lists_every_notebook(site):
     "The sidebar of _quarto.yml (the site's order) names every notebook in nbs/, index first, then by number."
-    want = sorted(p for p in docs.NBS.rglob("*.ipynb") if not any(x.startswith((".", "_")) for x in p.relative_to(docs.NBS).parts))
+    want = sorted(
+        p for p in docs.NBS.rglob("*.ipynb") if not any(x.startswith((".", "_")) for x in p.relative_to(docs.NBS).parts)
+    )
     assert sorted(site.pages) == want
     assert site.pages[0].name == "index.ipynb"
     top = [p.name for p in site.pages if p.parent == docs.NBS][1:]
@@ -103,10 +137,14 @@ def test_reading_order_lists_every_notebook(site):
 
 def test_links_and_figures_are_rewritten(site):
     html = (site.out / "12_margin.html").read_text()
-    assert 'src="figures/margin_certificate.png"' in html and (site.out / "figures" / "margin_certificate.png").is_file()
+    assert (
+        'src="figures/margin_certificate.png"' in html and (site.out / "figures" / "margin_certificate.png").is_file()
+    )
     assert 'href="index.html#the-three-papers"' in html
     assert 'id="the-three-papers"' in (site.out / "index.html").read_text()
-    assert "#| export" not in html and "default_exp" not in html and "from fastcore.test import" not in html   # directives, hidden cells
+    assert (
+        "#| export" not in html and "default_exp" not in html and "from fastcore.test import" not in html
+    )  # directives, hidden cells
     assert "In&nbsp;[" not in html and "In [" not in html
     assert not site.warnings, site.warnings
 
@@ -124,32 +162,81 @@ def test_every_page_loads_with_images_and_links(driver, site):
     bad = check_site(site.out, pages)
     assert not bad, "\n".join(bad)
     n_img = sum(len(i["imgs"]) for i in pages.values())
-    assert n_img >= 10                                       # the figures of the theory notebooks
+    assert n_img >= 10  # the figures of the theory notebooks
 
 
 def test_committed_outputs_render(driver, tmp_path):
     "A notebook's committed outputs (text, Markdown, an embedded PNG) appear on its page; the browser sees the image."
-    import base64, struct, zlib
+    import base64
+    import struct
+    import zlib
+
     def png(w, h):
         raw = b"".join(b"\x00" + b"\x80\x20\x20" * w for _ in range(h))
-        chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
-        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-    nbs = tmp_path / "nbs"; (nbs).mkdir(); (tmp_path / "figures").mkdir()
+        chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+        return (
+            b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b"")
+        )
+
+    nbs = tmp_path / "nbs"
+    (nbs).mkdir()
+    (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "f.png").write_bytes(png(8, 6))
-    (nbs / "_quarto.yml").write_text("website:\n  sidebar:\n    contents:\n      - index.ipynb\n      - section: Theory\n        contents: '/1*.ipynb'\n")
+    (nbs / "_quarto.yml").write_text(
+        "website:\n  sidebar:\n    contents:\n      - index.ipynb\n      - section: Theory\n        contents: '/1*.ipynb'\n"
+    )
     md = lambda i, s: {"cell_type": "markdown", "id": i, "metadata": {}, "source": s}
-    code = lambda i, s, outs: {"cell_type": "code", "execution_count": None, "id": i, "metadata": {}, "outputs": outs, "source": s}
+    code = lambda i, s, outs: {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": i,
+        "metadata": {},
+        "outputs": outs,
+        "source": s,
+    }
     nb = lambda cells: {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    (nbs / "index.ipynb").write_text(json.dumps(nb([md("i0", "# Home\n\nRead [the theorem](10_thm.ipynb#a-claim) first.")])))
-    (nbs / "10_thm.ipynb").write_text(json.dumps(nb([
-        md("t0", "# A theorem\n\n## A claim\n\n![figure](../figures/f.png) and [back](index.ipynb)."),
-        code("t1", "#| hide\nimport secret_helper", []),
-        code("t2", "print(7 * 6)", [{"name": "stdout", "output_type": "stream", "text": ["forty-two: 42\n"]}]),
-        code("t3", "show()", [{"output_type": "display_data", "metadata": {}, "data": {
-            "image/png": base64.b64encode(png(20, 10)).decode(), "text/plain": ["<Figure>"]}},
-            {"output_type": "execute_result", "execution_count": None, "metadata": {}, "data": {
-             "text/markdown": ["| check | value |\n|---|---|\n| margin | 0.49 |"], "text/plain": ["<Markdown>"]}}]),
-    ])))
+    (nbs / "index.ipynb").write_text(
+        json.dumps(nb([md("i0", "# Home\n\nRead [the theorem](10_thm.ipynb#a-claim) first.")]))
+    )
+    (nbs / "10_thm.ipynb").write_text(
+        json.dumps(
+            nb(
+                [
+                    md("t0", "# A theorem\n\n## A claim\n\n![figure](../figures/f.png) and [back](index.ipynb)."),
+                    code("t1", "#| hide\nimport secret_helper", []),
+                    code(
+                        "t2", "print(7 * 6)", [{"name": "stdout", "output_type": "stream", "text": ["forty-two: 42\n"]}]
+                    ),
+                    code(
+                        "t3",
+                        "show()",
+                        [
+                            {
+                                "output_type": "display_data",
+                                "metadata": {},
+                                "data": {
+                                    "image/png": base64.b64encode(png(20, 10)).decode(),
+                                    "text/plain": ["<Figure>"],
+                                },
+                            },
+                            {
+                                "output_type": "execute_result",
+                                "execution_count": None,
+                                "metadata": {},
+                                "data": {
+                                    "text/markdown": ["| check | value |\n|---|---|\n| margin | 0.49 |"],
+                                    "text/plain": ["<Markdown>"],
+                                },
+                            },
+                        ],
+                    ),
+                ]
+            )
+        )
+    )
     s = docs.Site(tmp_path / "_docs", nbs=nbs, root=tmp_path)
     s.build()
     assert not s.warnings, s.warnings

@@ -1,11 +1,12 @@
 """The package's import graph: every module imports in a fresh interpreter, imports only point down the layer
 order below, there is no cycle, and a function-local import is only of an optional or heavy dependency, with a
 comment saying why. A new module must be placed in LAYERS (the test fails on an unplaced module)."""
-import ast, subprocess, sys
+
+import ast
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "stalebook"
@@ -13,8 +14,18 @@ PKG = ROOT / "stalebook"
 # Lower layers first. A module may import modules of lower layers, and of its own layer when that makes no cycle.
 LAYERS = [
     ["core"],
-    ["theory.tree", "theory.estimators", "theory.margin", "theory.nonident", "theory.reliability", "theory.staleness",
-     "theory.async_sim", "theory.boltzmann", "protocol", "sandbox"],
+    [
+        "theory.tree",
+        "theory.estimators",
+        "theory.margin",
+        "theory.nonident",
+        "theory.reliability",
+        "theory.staleness",
+        "theory.async_sim",
+        "theory.boltzmann",
+        "protocol",
+        "sandbox",
+    ],
     ["tasks"],
     ["snapshot"],
     ["model"],
@@ -36,7 +47,8 @@ def modules() -> list[str]:
     out = []
     for f in sorted(PKG.rglob("*.py")):
         rel = f.relative_to(PKG).with_suffix("")
-        if rel.name in ("__init__", "_modidx"): continue
+        if rel.name in ("__init__", "_modidx"):
+            continue
         out.append(".".join(rel.parts))
     return out
 
@@ -46,13 +58,16 @@ def _resolve(mod: str, node: ast.ImportFrom) -> list[str]:
     if node.level:
         base = ["stalebook", *mod.split(".")[:-1]][: len(mod.split(".")) + 1 - node.level]
         full = ".".join(base + ([node.module] if node.module else []))
-    else: full = node.module or ""
-    if not (full == "stalebook" or full.startswith("stalebook.")): return []
+    else:
+        full = node.module or ""
+    if not (full == "stalebook" or full.startswith("stalebook.")):
+        return []
     names = [full] if full != "stalebook" else [f"stalebook.{a.name}" for a in node.names]
     out = []
     for n in names:
         m = n.removeprefix("stalebook.")
-        if m in ("", "__init__") or n == "stalebook": continue
+        if m in ("", "__init__") or n == "stalebook":
+            continue
         out.append(m if m in LAYER or m in modules() else m.rsplit(".", 1)[0] if "." in m else m)
     return out
 
@@ -64,13 +79,19 @@ def import_edges(mod: str):
     edges, local = set(), []
     top_level = {id(n) for n in tree.body}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom): targets = _resolve(mod, node)
+        if isinstance(node, ast.ImportFrom):
+            targets = _resolve(mod, node)
         elif isinstance(node, ast.Import):
             targets = [a.name.removeprefix("stalebook.") for a in node.names if a.name.startswith("stalebook.")]
-        else: continue
+        else:
+            continue
         edges |= {t for t in targets if t != mod}
         if id(node) not in top_level and not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
-            pkg = (node.module if isinstance(node, ast.ImportFrom) and not node.level else (node.names[0].name if isinstance(node, ast.Import) else "stalebook")) or ""
+            pkg = (
+                node.module
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else (node.names[0].name if isinstance(node, ast.Import) else "stalebook")
+            ) or ""
             local.append((node.lineno, pkg.split(".")[0], lines[node.lineno - 1].strip(), bool(targets)))
     return edges, local
 
@@ -83,21 +104,29 @@ def layer_violations(g: dict) -> list[str]:
     bad = [f"{m}: not placed in LAYERS" for m in g if m not in LAYER]
     for m, deps in sorted(g.items()):
         for d in sorted(deps):
-            if m in LAYER and d in LAYER and LAYER[d] > LAYER[m]: bad.append(f"{m} imports {d} (layer {LAYER[d]} above {LAYER[m]})")
+            if m in LAYER and d in LAYER and LAYER[d] > LAYER[m]:
+                bad.append(f"{m} imports {d} (layer {LAYER[d]} above {LAYER[m]})")
     return bad
 
 
 def cycles(g: dict) -> list[list[str]]:
     "Every cycle found by depth-first search (as the list of modules on it)."
     found, state = [], {}
+
     def dfs(u, stack):
-        state[u] = 1; stack.append(u)
+        state[u] = 1
+        stack.append(u)
         for v in sorted(g.get(u, ())):
-            if state.get(v) == 1: found.append(stack[stack.index(v):] + [v])
-            elif v not in state: dfs(v, stack)
-        stack.pop(); state[u] = 2
+            if state.get(v) == 1:
+                found.append(stack[stack.index(v) :] + [v])
+            elif v not in state:
+                dfs(v, stack)
+        stack.pop()
+        state[u] = 2
+
     for u in sorted(g):
-        if u not in state: dfs(u, [])
+        if u not in state:
+            dfs(u, [])
     return found
 
 
@@ -113,34 +142,45 @@ def test_function_local_imports_are_only_lazy_heavy_dependencies():
     bad = []
     for m in modules():
         for lineno, pkg, line, is_stalebook in import_edges(m)[1]:
-            if is_stalebook: bad.append(f"stalebook/{m.replace('.', '/')}.py:{lineno}: function-local stalebook import: {line}")
-            elif pkg not in LAZY_OK: bad.append(f"stalebook/{m.replace('.', '/')}.py:{lineno}: function-local import of {pkg}: {line}")
-            elif "#" not in line: bad.append(f"stalebook/{m.replace('.', '/')}.py:{lineno}: lazy import without a comment saying why: {line}")
+            if is_stalebook:
+                bad.append(f"stalebook/{m.replace('.', '/')}.py:{lineno}: function-local stalebook import: {line}")
+            elif pkg not in LAZY_OK:
+                bad.append(f"stalebook/{m.replace('.', '/')}.py:{lineno}: function-local import of {pkg}: {line}")
+            elif "#" not in line:
+                bad.append(
+                    f"stalebook/{m.replace('.', '/')}.py:{lineno}: lazy import without a comment saying why: {line}"
+                )
     assert bad == []
 
 
 def test_checks_catch_a_back_edge_and_a_cycle():
     "The checks above are not vacuous: an upward import and a cycle added to the real graph are both reported."
     g = {m: set(d) for m, d in graph().items()}
-    g["model"].add("trainer")                                  # a back-edge: model (layer 4) importing trainer (layer 7)
+    g["model"].add("trainer")  # a back-edge: model (layer 4) importing trainer (layer 7)
     assert "model imports trainer (layer 7 above 4)" in layer_violations(g)
     assert any(c[0] in ("model", "rollouts", "trainer") for c in cycles(g))
 
 
 def _fresh_import(m: str):
-    code = (f"import sys, stalebook.{m}\n"
-            "print(' '.join(sorted(k.removeprefix('stalebook.') for k in sys.modules if k.startswith('stalebook.'))))")
+    code = (
+        f"import sys, stalebook.{m}\n"
+        "print(' '.join(sorted(k.removeprefix('stalebook.') for k in sys.modules if k.startswith('stalebook.'))))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     return m, r.returncode, r.stdout.split(), r.stderr[-800:]
 
 
 def test_every_module_imports_alone_in_a_fresh_interpreter():
     "Each module imports by itself, and what it loads at run time stays at or below its layer (no hidden back-edge)."
-    with ThreadPoolExecutor(2) as ex: results = list(ex.map(_fresh_import, modules()))
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(_fresh_import, modules()))
     bad = []
     for m, rc, loaded, err in results:
-        if rc != 0: bad.append(f"{m}: import failed: {err}"); continue
+        if rc != 0:
+            bad.append(f"{m}: import failed: {err}")
+            continue
         for d in loaded:
             d = d if d in LAYER else d.rsplit(".", 1)[0]
-            if d in LAYER and m in LAYER and LAYER[d] > LAYER[m]: bad.append(f"{m} loads {d} at import time")
+            if d in LAYER and m in LAYER and LAYER[d] > LAYER[m]:
+                bad.append(f"{m} loads {d} at import time")
     assert bad == []

@@ -1,8 +1,11 @@
 "Property tests of the margin certificate (Delta_k > 2e => equal top-k sets): theory.margin."
-import numpy as np
-from hypothesis import given, settings, strategies as st, HealthCheck
 
-from stalebook.theory.margin import topk, margin_certificate, min_pair_separation, tightness_example
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stalebook.theory.margin import margin_certificate, min_pair_separation, tightness_example, topk
+
 
 @st.composite
 def instances(draw):
@@ -14,6 +17,7 @@ def instances(draw):
     u = np.array(draw(st.lists(st.floats(-1, 1), min_size=n, max_size=n)))
     keys = [np.array(draw(st.permutations(list(range(n))))) for _ in range(2)]
     return s, s + amp * u, k, keys
+
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
@@ -31,6 +35,7 @@ def test_certificate(inst):
         assert min_pair_separation(t, T) >= c.separation - 1e-12
         assert c.separation > 0
 
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(-100, 100), min_size=2, max_size=15), st.data())
 def test_topk_is_k_largest(s, data):
@@ -42,8 +47,9 @@ def test_topk_is_k_largest(s, data):
     if 0 < k < len(s):
         assert min_pair_separation(s, T) >= 0
 
+
 def test_tightness():
     s, t, c, a, b = tightness_example()
     assert c.delta_k == 2 * c.e and not c.holds
-    assert not np.array_equal(a, b)                      # the tie-break decides the set
-    assert not np.array_equal(b, topk(s, 1, [0, 1]))     # and one choice is wrong
+    assert not np.array_equal(a, b)  # the tie-break decides the set
+    assert not np.array_equal(b, topk(s, 1, [0, 1]))  # and one choice is wrong

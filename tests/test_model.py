@@ -1,28 +1,54 @@
 """The tiny snapshot through plain transformers/peft APIs, build determinism, LoRA adapters and the policy hash."""
-import json, os, shutil, subprocess, sys, textwrap, time
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import REDUCED
 
 from stalebook.core import Domain, StalebookError, hash_dir
-from stalebook.model import (LoraSpec, TinySpec, adapter_state, build_tiny_snapshot, ensure_tiny_snapshot, load_adapter,
-                             load_policy, policy_hash, save_adapter)
+from stalebook.model import (
+    LoraSpec,
+    TinySpec,
+    adapter_state,
+    build_tiny_snapshot,
+    ensure_tiny_snapshot,
+    load_adapter,
+    load_policy,
+    policy_hash,
+    save_adapter,
+)
 from stalebook.snapshot import LOCKFILE, read_lock, write_lock
-from conftest import REDUCED
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _py(code, env_extra=None, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
+
 def _cli(*args, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
 
 def test_reduced_build_is_deterministic(tiny_snapshot, tmp_path):
     "Building twice on the same machine gives the same revision (and identical files)."
@@ -32,15 +58,24 @@ def test_reduced_build_is_deterministic(tiny_snapshot, tmp_path):
     assert write_lock(d2)["revision"] == read_lock(tiny_snapshot)["revision"]
     d3 = tmp_path / "other-seed"
     build_tiny_snapshot(d3, TinySpec(**REDUCED, seed=1), log=lambda *a: None)
-    assert hash_dir(d3) != hash_dir(d2)          # the revision does depend on the content
+    assert hash_dir(d3) != hash_dir(d2)  # the revision does depend on the content
+
 
 def test_snapshot_files_and_params(tiny_snapshot):
     names = {p.name for p in tiny_snapshot.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "stalebook_build.json", LOCKFILE} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "stalebook_build.json",
+        LOCKFILE,
+    } <= names
     rec = json.loads((tiny_snapshot / "stalebook_build.json").read_text())
     assert 400_000 < rec["n_params"] < 600_000
     cfg = json.loads((tiny_snapshot / "config.json").read_text())
     assert (cfg["model_type"], cfg["hidden_size"], cfg["num_hidden_layers"]) == ("llama", 128, 3)
+
 
 PLAIN_LOAD = """
 import json, os, socket, sys
@@ -68,6 +103,7 @@ print(json.dumps({"attempts": attempts, "ids": ids[0].tolist(), "decoded": tok.d
                   "vocab": len(tok), "eos": tok.eos_token_id, "pad": tok.pad_token_id}))
 """
 
+
 def test_loads_with_plain_apis_in_fresh_process_network_blocked(tiny_snapshot, tmp_path):
     code = "import sys; sys.argv[1:] = %r\n" % [str(tiny_snapshot), str(tmp_path / "ad")] + textwrap.dedent(PLAIN_LOAD)
     r = _py(code, {"HF_HUB_OFFLINE": "1"})
@@ -75,10 +111,12 @@ def test_loads_with_plain_apis_in_fresh_process_network_blocked(tiny_snapshot, t
     assert out["attempts"] == []
     assert out["decoded"] == "12+7=" and len(out["ids"]) == 6 and out["eos"] == 2 and out["pad"] == 0
     assert "adapter_model.safetensors" in out["files"] and "adapter_config.json" in out["files"]
-    assert out["diff"] == 0.0           # fresh LoRA has B = 0: the adapted model equals the base
+    assert out["diff"] == 0.0  # fresh LoRA has B = 0: the adapted model equals the base
+
 
 def _lora_policy(snap, seed=0):
     return load_policy(snap, lora=LoraSpec(r=4, alpha=8.0), init_domain=Domain(seed, ("lora",)))
+
 
 HASH_CODE = """
 import sys
@@ -90,28 +128,33 @@ base, _ = load_policy(sys.argv[1])
 print(policy_hash(m), policy_hash(load_adapter(base, sys.argv[2])))
 """
 
+
 def test_policy_hash_across_processes_and_sensitivity(tiny_snapshot, tmp_path):
     m, tok = _lora_policy(tiny_snapshot)
     h = policy_hash(m)
     ad = tmp_path / "adapter"
     assert save_adapter(m, ad) == h
     r = _py("import sys; sys.argv[1:] = %r\n" % [str(tiny_snapshot), str(ad)] + textwrap.dedent(HASH_CODE))
-    assert r.stdout.split() == [h, h]                      # fresh process: same init, and the saved adapter
+    assert r.stdout.split() == [h, h]  # fresh process: same init, and the saved adapter
     assert policy_hash(_lora_policy(tiny_snapshot, seed=1)[0]) != h
     name = next(n for n, p in m.named_parameters() if "lora_B" in n)
-    with torch.no_grad(): dict(m.named_parameters())[name].view(-1)[0] += 1e-3
-    assert policy_hash(m) != h                             # one adapter weight changed
+    with torch.no_grad():
+        dict(m.named_parameters())[name].view(-1)[0] += 1e-3
+    assert policy_hash(m) != h  # one adapter weight changed
     assert policy_hash(m, base_revision="0" * 64) != policy_hash(m)
     base, _ = load_policy(tiny_snapshot)
     assert adapter_state(base) == {}
 
+
 def test_adapter_roundtrip_and_wrong_base(tiny_snapshot, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
     m, tok = _lora_policy(tiny_snapshot)
     with torch.no_grad():
         for n, p in m.named_parameters():
-            if "lora_B" in n: p.copy_(torch.randn(p.shape, generator=Domain(0, ("t", n)).torch()) * 0.05)
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=Domain(0, ("t", n)).torch()) * 0.05)
     ad = tmp_path / "ad"
     h = save_adapter(m, ad)
     ids = tok("3+4=", return_tensors="pt").input_ids
@@ -124,32 +167,46 @@ def test_adapter_roundtrip_and_wrong_base(tiny_snapshot, tmp_path):
     with pytest.raises(StalebookError, match="trained on base"):
         load_adapter(load_policy(tiny_snapshot)[0], ad)
 
+
 def test_dtype_and_device_arguments(tiny_snapshot):
-    m, _ = load_policy(tiny_snapshot, dtype="bfloat16", lora=LoraSpec(r=2, alpha=4.0, dropout=0.1, target_modules=("q_proj",)))
+    m, _ = load_policy(
+        tiny_snapshot, dtype="bfloat16", lora=LoraSpec(r=2, alpha=4.0, dropout=0.1, target_modules=("q_proj",))
+    )
     assert next(m.base_model.model.parameters()).dtype == torch.bfloat16
     assert all("q_proj" in n for n, p in m.named_parameters() if p.requires_grad)
     with pytest.raises(StalebookError, match="unknown dtype"):
         load_policy(tiny_snapshot, dtype="float99")
 
+
 def test_load_policy_refuses_unverified_snapshot(tiny_snapshot, tmp_path):
     import shutil
-    d = tmp_path / "s"; shutil.copytree(tiny_snapshot, d)
-    (d / "config.json").write_text((d / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+
+    d = tmp_path / "s"
+    shutil.copytree(tiny_snapshot, d)
+    (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
+    )
     with pytest.raises(StalebookError, match="hash mismatch: config.json"):
         load_policy(d)
+
 
 def test_cli_help_and_one_line_errors(tmp_path, cli):
     r = cli("--help")
     assert r.returncode == 0 and "snapshot" in r.stdout and "preflight" in r.stdout
-    for args, msg in [(("snapshot",), "choose 'tiny' or 'lock'"), (("snapshot", "tiny"), "--out"),
-                      (("snapshot", "tiny", "--out", str(tmp_path / "x"), "--threads", "zero"), "invalid int"),
-                      (("snapshot", "lock", str(tmp_path / "nope")), "is not a directory"),
-                      (("snapshot", "bake"), "invalid choice"), (("preflight",), "dir")]:
+    for args, msg in [
+        (("snapshot",), "choose 'tiny' or 'lock'"),
+        (("snapshot", "tiny"), "--out"),
+        (("snapshot", "tiny", "--out", str(tmp_path / "x"), "--threads", "zero"), "invalid int"),
+        (("snapshot", "lock", str(tmp_path / "nope")), "is not a directory"),
+        (("snapshot", "bake"), "invalid choice"),
+        (("preflight",), "dir"),
+    ]:
         r = cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, (args, r.stderr)
     (tmp_path / "exists").mkdir()
     r = cli("snapshot", "tiny", "--out", str(tmp_path / "exists"))
     assert r.returncode == 2 and "already exists" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
 
 @pytest.mark.slow
 def test_full_tiny_build_in_band(tmp_path):
@@ -158,11 +215,13 @@ def test_full_tiny_build_in_band(tmp_path):
     r = _cli("snapshot", "tiny", "--out", str(tmp_path / "tiny"), timeout=900)
     dt = time.time() - t0
     assert r.returncode == 0, r.stderr[-2000:]
-    print(r.stdout); print(f"build wall time {dt:.1f} s")
+    print(r.stdout)
+    print(f"build wall time {dt:.1f} s")
     rec = json.loads((tmp_path / "tiny" / "stalebook_build.json").read_text())
     assert set(rec["pass_rate"]) == {"math", "code"} and all(0.2 <= v <= 0.8 for v in rec["pass_rate"].values())
     assert "math pass rate" in r.stdout and "code pass rate" in r.stdout
     assert read_lock(tmp_path / "tiny")["revision"] in r.stdout
+
 
 @pytest.mark.slow
 def test_full_tiny_build_twice_same_revision(tmp_path):
@@ -173,13 +232,16 @@ def test_full_tiny_build_twice_same_revision(tmp_path):
         revs.append(write_lock(d)["revision"])
     assert revs[0] == revs[1]
 
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bf16_policy_same_hash_as_cpu(tiny_snapshot, tmp_path):
     "The same load_policy call on CUDA/bfloat16: forward, sampling, adapter save/load and a device-independent hash."
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
     from stalebook.model import sample_completions
+
     spec = LoraSpec(r=4, alpha=8.0)
     mg, tok = load_policy(tiny_snapshot, device="cuda", dtype="bfloat16", lora=spec, init_domain=Domain(0, ("lora",)))
     mc, _ = load_policy(tiny_snapshot, device="cpu", dtype="bfloat16", lora=spec, init_domain=Domain(0, ("lora",)))
@@ -187,18 +249,27 @@ def test_cuda_bf16_policy_same_hash_as_cpu(tiny_snapshot, tmp_path):
     assert policy_hash(mg) == policy_hash(mc)
     outs = sample_completions(mg, tok, ["3+4=", "f(1)=3;f(2)=5;f=lambda x:"], Domain(0, ("s",)).torch())
     assert len(outs) == 2
-    ad = tmp_path / "ad"; h = save_adapter(mg, ad)
-    back = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_snapshot, local_files_only=True, dtype=torch.bfloat16), ad)
+    ad = tmp_path / "ad"
+    h = save_adapter(mg, ad)
+    back = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_snapshot, local_files_only=True, dtype=torch.bfloat16), ad
+    )
     assert policy_hash(back, base_revision=mg.stalebook_base_revision) == h
 
 
 def test_ensure_tiny_snapshot_reuses_and_repairs(tiny_snapshot, tmp_path):
-    d = tmp_path / "t"; shutil.copytree(tiny_snapshot, d)
+    d = tmp_path / "t"
+    shutil.copytree(tiny_snapshot, d)
     mt = (d / "model.safetensors").stat().st_mtime_ns
     logs = []
-    assert ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=logs.append)["revision"] == read_lock(tiny_snapshot)["revision"]
-    assert logs == [] and (d / "model.safetensors").stat().st_mtime_ns == mt         # valid: nothing rebuilt
+    assert (
+        ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=logs.append)["revision"]
+        == read_lock(tiny_snapshot)["revision"]
+    )
+    assert logs == [] and (d / "model.safetensors").stat().st_mtime_ns == mt  # valid: nothing rebuilt
     (d / "config.json").write_text("{}")
     lock = ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=logs.append)
-    assert logs[0].startswith(f"rebuilding {d}: hash mismatch: config.json") and lock["revision"] == read_lock(tiny_snapshot)["revision"]
-
+    assert (
+        logs[0].startswith(f"rebuilding {d}: hash mismatch: config.json")
+        and lock["revision"] == read_lock(tiny_snapshot)["revision"]
+    )

@@ -1,28 +1,42 @@
 """Preflight: a correct snapshot passes the CLI; one line per failure without reading weights; compute mode
 blocks the network and credential discovery; the embedded snapshot is reused or repaired."""
-import os, shutil, subprocess, sys, textwrap
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from stalebook.core import hash_dir
-from stalebook.model import ensure_tiny_snapshot
 from stalebook.snapshot import LOCKFILE, read_lock, verify_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _run(code, *args, env_extra=None, timeout=300):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update({"PYTHONPATH": str(ROOT), **(env_extra or {})})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
 
 CLI = "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))"
 
+
 @pytest.fixture
 def snap(tiny_snapshot, tmp_path):
-    d = tmp_path / "snap"; shutil.copytree(tiny_snapshot, d)
+    d = tmp_path / "snap"
+    shutil.copytree(tiny_snapshot, d)
     return d
+
 
 def test_correct_snapshot_passes_cli(snap):
     r = _run(CLI, "preflight", snap)
@@ -31,9 +45,14 @@ def test_correct_snapshot_passes_cli(snap):
     assert verify_snapshot(snap) == []
     assert read_lock(snap)["revision"] == hash_dir(snap, exclude=[LOCKFILE])
 
+
 def test_cli_prints_one_line_per_failure_and_reads_no_weights(snap):
-    p = snap / "model.safetensors"; b = bytearray(p.read_bytes()); b[-1] ^= 0xFF; p.write_bytes(bytes(b))
-    (snap / "tokenizer_config.json").unlink(); (snap / "x.bin").write_bytes(b"x")
+    p = snap / "model.safetensors"
+    b = bytearray(p.read_bytes())
+    b[-1] ^= 0xFF
+    p.write_bytes(bytes(b))
+    (snap / "tokenizer_config.json").unlink()
+    (snap / "x.bin").write_bytes(b"x")
     code = """
     import sys
     opened = []
@@ -46,13 +65,20 @@ def test_cli_prints_one_line_per_failure_and_reads_no_weights(snap):
     r = _run(code, "preflight", snap)
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 1
-    assert lines[:-1] == ["preflight: FAIL file missing: tokenizer_config.json", "preflight: FAIL extra file: x.bin",
-                          lines[2]] and lines[2].startswith("preflight: FAIL hash mismatch: model.safetensors")
-    assert lines[-1] == "MODULES False False False 1"     # only the hash read touched the weights file
+    assert lines[:-1] == [
+        "preflight: FAIL file missing: tokenizer_config.json",
+        "preflight: FAIL extra file: x.bin",
+        lines[2],
+    ] and lines[2].startswith("preflight: FAIL hash mismatch: model.safetensors")
+    assert lines[-1] == "MODULES False False False 1"  # only the hash read touched the weights file
+
 
 def test_planted_token_file_not_read(tmp_path):
-    hf = tmp_path / "hf"; hf.mkdir(); (hf / "token").write_text("hf_plantedHOMEtoken\n")
-    custom = tmp_path / "mytoken"; custom.write_text("hf_plantedCUSTOMtoken\n")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "token").write_text("hf_plantedHOMEtoken\n")
+    custom = tmp_path / "mytoken"
+    custom.write_text("hf_plantedCUSTOMtoken\n")
     code = """
     import os, sys
     opened = []
@@ -68,16 +94,22 @@ def test_planted_token_file_not_read(tmp_path):
         try: open(sys.argv[2]).read(); print("READ", sys.argv[2])
         except PermissionError as e: print("REFUSED", e)
     """
-    for tok_env, planted, path in [({"HF_HOME": str(hf)}, "hf_plantedHOMEtoken", hf / "token"),
-                                   ({"HF_HOME": str(hf), "HF_TOKEN_PATH": str(custom)}, "hf_plantedCUSTOMtoken", custom),
-                                   ({"HF_HOME": str(hf), "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""}, "hf_plantedHOMEtoken", hf / "token")]:
+    for tok_env, planted, path in [
+        ({"HF_HOME": str(hf)}, "hf_plantedHOMEtoken", hf / "token"),
+        ({"HF_HOME": str(hf), "HF_TOKEN_PATH": str(custom)}, "hf_plantedCUSTOMtoken", custom),
+        ({"HF_HOME": str(hf), "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""}, "hf_plantedHOMEtoken", hf / "token"),
+    ]:
         ctl = _run(code, "control", path, env_extra=tok_env)
-        assert f"TOKEN {planted}" in ctl.stdout, ctl.stderr          # the planted file WOULD change behaviour
-        assert f"OPENED ['{path}'" in ctl.stdout                    # (huggingface_hub opens it, maybe twice)
+        assert f"TOKEN {planted}" in ctl.stdout, ctl.stderr  # the planted file WOULD change behaviour
+        assert f"OPENED ['{path}'" in ctl.stdout  # (huggingface_hub opens it, maybe twice)
         r = _run(code, "compute", path, env_extra=tok_env)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines() == ["TOKEN None", "OPENED []",
-                                         f"REFUSED compute mode: reading the Hugging Face token file {path} is refused"], r.stdout
+        assert r.stdout.splitlines() == [
+            "TOKEN None",
+            "OPENED []",
+            f"REFUSED compute mode: reading the Hugging Face token file {path} is refused",
+        ], r.stdout
+
 
 def test_network_refused_in_compute_mode_loopback_allowed():
     code = """

@@ -3,21 +3,57 @@ controls, calibration of the default bound, the design function and `stalebook d
 
 Default-run times (shared 2-core machine): the whole file about 1-2 min; the reduced-grid coverage test is the
 largest part (see its docstring)."""
-import contextlib, io, json
+
+import contextlib
+import io
+import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from stalebook.core import Domain, StalebookError, group_advantages, homogeneous_groups
-from stalebook.protocol import (BOUNDS, DEFAULT_BOUND, SPLITS, GramHalf, PointResult, Rollouts, admissible, analyse_point,
-                                bca_bounds, bias_z0, bootstrap_gram, bootstrap_naive, calibrate_cell, calibration_grid,
-                                cell_pool, cmd_design, control_sd, cosine_scores, design_power, gaussian_rel_bounds,
-                                jackknife_moments, percentile_bounds, pilot_model, point_scores, pool_cell, positive_control,
-                                predict_design, prompt_gradients, reliability, selection_gain, smallest_design, summarise_cell,
-                                synthetic_point, synthetic_pool, synthetic_split, tie_keys, topk_mask, truth_mc,
-                                validation_gradient, verdict)
+from stalebook.protocol import (
+    BOUNDS,
+    DEFAULT_BOUND,
+    SPLITS,
+    GramHalf,
+    PointResult,
+    Rollouts,
+    admissible,
+    analyse_point,
+    bca_bounds,
+    bias_z0,
+    bootstrap_gram,
+    bootstrap_naive,
+    calibrate_cell,
+    calibration_grid,
+    cmd_design,
+    cosine_scores,
+    design_power,
+    gaussian_rel_bounds,
+    jackknife_moments,
+    percentile_bounds,
+    pilot_model,
+    point_scores,
+    pool_cell,
+    positive_control,
+    predict_design,
+    prompt_gradients,
+    reliability,
+    selection_gain,
+    smallest_design,
+    synthetic_point,
+    synthetic_pool,
+    synthetic_split,
+    tie_keys,
+    topk_mask,
+    truth_mc,
+    validation_gradient,
+    verdict,
+)
 from stalebook.theory.reliability import overlap_limit, overlap_slope, rho_from_rel
 
 
@@ -26,15 +62,25 @@ def _inputs(seed, n, n_val, d, K, K_val, frac_homog, k):
     pool = synthetic_pool(D, n, n_val, d, frac_homog=frac_homog)
     cand, val = synthetic_point(pool, D, K, K_val)
     keys = {h: tie_keys(D, h, n) for h in SPLITS}
-    masks = {"fresh": topk_mask(point_scores(cand, val)["R"][0], k, keys["R"]),
-             "rand": topk_mask(D.child("r").numpy().random(n), k, keys["R"])}
+    masks = {
+        "fresh": topk_mask(point_scores(cand, val)["R"][0], k, keys["R"]),
+        "rand": topk_mask(D.child("r").numpy().random(n), k, keys["R"]),
+    }
     return D, cand, val, keys, masks
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), n=st.integers(4, 14), n_val=st.integers(1, 4), d=st.integers(2, 7),
-       K=st.integers(2, 6), K_val=st.integers(2, 5), frac_homog=st.sampled_from([0.0, 0.3, 0.8]),
-       std=st.booleans(), chunk=st.integers(1, 40))
+@given(
+    seed=st.integers(0, 10**6),
+    n=st.integers(4, 14),
+    n_val=st.integers(1, 4),
+    d=st.integers(2, 7),
+    K=st.integers(2, 6),
+    K_val=st.integers(2, 5),
+    frac_homog=st.sampled_from([0.0, 0.3, 0.8]),
+    std=st.booleans(),
+    chunk=st.integers(1, 40),
+)
 def test_gram_bootstrap_equals_naive(seed, n, n_val, d, K, K_val, frac_homog, std, chunk):
     k = max(1, n // 3)
     D, cand, val, keys, masks = _inputs(seed, n, n_val, d, K, K_val, frac_homog, k)
@@ -49,20 +95,31 @@ def test_gram_bootstrap_equals_naive(seed, n, n_val, d, K, K_val, frac_homog, st
 
 def test_gram_bootstrap_chunk_invariant():
     D, cand, val, keys, masks = _inputs(3, 12, 3, 5, 4, 3, 0.2, 4)
-    runs = [bootstrap_gram(cand, val, masks, keys["A"], keys["B"], 4, D, 100, chunk=c, control=D.child("c")) for c in (1, 7, 100, None)]
+    runs = [
+        bootstrap_gram(cand, val, masks, keys["A"], keys["B"], 4, D, 100, chunk=c, control=D.child("c"))
+        for c in (1, 7, 100, None)
+    ]
     assert np.ptp(runs[0]["gain/fresh"]) > 0 and np.ptp(runs[0]["rel"]) > 0 and np.ptp(runs[0]["gain/control"]) > 0
     for r in runs[1:]:
-        for s in r: np.testing.assert_allclose(r[s], runs[0][s], rtol=0, atol=1e-12)
+        for s in r:
+            np.testing.assert_allclose(r[s], runs[0][s], rtol=0, atol=1e-12)
 
 
 def test_observed_statistics_direct():
     D, cand, val, keys, masks = _inputs(5, 20, 4, 6, 5, 4, 0.4, 5)
     stale_g = Domain(5, ("stale",)).numpy().standard_normal((20, 6))
     r = analyse_point(cand, val, 5, D, stale={"g": stale_g, "s": np.arange(20.0)}, n_boot=50)
-    def cos(G, g): return np.array([x @ g / (np.linalg.norm(x) * np.linalg.norm(g)) if np.linalg.norm(x) > 0 else 0.0 for x in G])
-    s = {h: cos(np.stack([(group_advantages(cand[h].rewards[i])[:, None] * cand[h].vectors[i]).sum(0) for i in range(20)]),
-                np.mean([(group_advantages(val[h].rewards[j])[:, None] * val[h].vectors[j]).sum(0) for j in range(4)], 0))
-         for h in SPLITS}
+
+    def cos(G, g):
+        return np.array([x @ g / (np.linalg.norm(x) * np.linalg.norm(g)) if np.linalg.norm(x) > 0 else 0.0 for x in G])
+
+    s = {
+        h: cos(
+            np.stack([(group_advantages(cand[h].rewards[i])[:, None] * cand[h].vectors[i]).sum(0) for i in range(20)]),
+            np.mean([(group_advantages(val[h].rewards[j])[:, None] * val[h].vectors[j]).sum(0) for j in range(4)], 0),
+        )
+        for h in SPLITS
+    }
     u = (s["A"] + s["B"]) / 2
     np.testing.assert_allclose(r.u, u, atol=1e-12)
     assert r.zero_grad == {h: int(homogeneous_groups(cand[h].rewards).sum()) for h in SPLITS}
@@ -70,7 +127,9 @@ def test_observed_statistics_direct():
     sel = lambda x, key: set(np.lexsort((-key, -x))[:5])
     assert set(np.flatnonzero(r.selected["fresh"])) == sel(s["R"], tie_keys(D, "R", 20))
     assert set(np.flatnonzero(r.selected["s"])) == set(range(15, 20))
-    assert set(np.flatnonzero(r.selected["control"])) == sel(np.zeros(20), tie_keys(D, "control", 20))   # its own tie stream
+    assert set(np.flatnonzero(r.selected["control"])) == sel(
+        np.zeros(20), tie_keys(D, "control", 20)
+    )  # its own tie stream
     S = sorted(sel(s["R"], tie_keys(D, "R", 20)))
     assert abs(r.gain_fresh - (u[S].mean() - u.mean())) < 1e-12
     assert r.rel == len(sel(s["A"], tie_keys(D, "A", 20)) & sel(s["B"], tie_keys(D, "B", 20))) / 5
@@ -80,27 +139,41 @@ def test_observed_statistics_direct():
 
 
 # ---------- gate and verdict boundaries ----------
-@pytest.mark.parametrize("rel_lb,gain_lb,k,n,want", [
-    (0.25, 1e-12, 4, 32, True), (0.25 - 1e-12, 1.0, 4, 32, False), (0.5, 0.0, 4, 32, False),
-    (0.5, -1e-9, 4, 32, False), (1.0, 0.3, 16, 32, True)])
+@pytest.mark.parametrize(
+    "rel_lb,gain_lb,k,n,want",
+    [
+        (0.25, 1e-12, 4, 32, True),
+        (0.25 - 1e-12, 1.0, 4, 32, False),
+        (0.5, 0.0, 4, 32, False),
+        (0.5, -1e-9, 4, 32, False),
+        (1.0, 0.3, 16, 32, True),
+    ],
+)
 def test_admissible_boundaries(rel_lb, gain_lb, k, n, want):
     assert admissible(rel_lb, gain_lb, k, n) is want
 
+
 F80 = [True] * 4 + [False]
-@pytest.mark.parametrize("flags,g,lb,ub,fresh,kw,want", [
-    (F80, 0.5, 0.01, 0.9, 1.0, {}, "Effective"),                # exactly 80% admissible, exactly 50% of fresh
-    (F80, 0.5, 0.0, 0.9, 1.0, {}, "Inconclusive"),              # LB exactly 0
-    (F80, 0.5 - 1e-9, 0.01, 0.9, 1.0, {}, "Inconclusive"),      # just under 50% of fresh
-    ([True] * 3 + [False] * 2, 0.9, 0.5, 1.0, 1.0, {}, "Inconclusive"),   # 60% admissible
-    (F80, -0.2, -0.5, 0.0, 1.0, {}, "Ineffective"),             # UB exactly 0
-    (F80, -0.2, -0.5, 1e-12, 1.0, {}, "Inconclusive"),
-    ([True] * 7 + [False] * 3, -0.2, -0.5, -0.1, 1.0, {}, "Inconclusive"),   # 70%
-    ([True] * 10, 0.3, 0.1, 0.6, 1.0, {"preserve": 0.25}, "Effective"),
-    ([True] * 10, 0.3, 0.1, 0.6, 1.0, {}, "Inconclusive"),
-    (F80, 0.1, -0.1, 0.49, 1.0, {"futility": 0.5}, "Ineffective"),
-    (F80, 0.1, -0.1, 0.5, 1.0, {"futility": 0.5}, "Inconclusive"),
-    ([True] * 4 + [False], 0.9, 0.5, 1.0, 1.0, {"min_admissible": 0.81}, "Inconclusive"),
-    ([], 0.9, 0.5, 1.0, 1.0, {}, "Inconclusive")])
+
+
+@pytest.mark.parametrize(
+    "flags,g,lb,ub,fresh,kw,want",
+    [
+        (F80, 0.5, 0.01, 0.9, 1.0, {}, "Effective"),  # exactly 80% admissible, exactly 50% of fresh
+        (F80, 0.5, 0.0, 0.9, 1.0, {}, "Inconclusive"),  # LB exactly 0
+        (F80, 0.5 - 1e-9, 0.01, 0.9, 1.0, {}, "Inconclusive"),  # just under 50% of fresh
+        ([True] * 3 + [False] * 2, 0.9, 0.5, 1.0, 1.0, {}, "Inconclusive"),  # 60% admissible
+        (F80, -0.2, -0.5, 0.0, 1.0, {}, "Ineffective"),  # UB exactly 0
+        (F80, -0.2, -0.5, 1e-12, 1.0, {}, "Inconclusive"),
+        ([True] * 7 + [False] * 3, -0.2, -0.5, -0.1, 1.0, {}, "Inconclusive"),  # 70%
+        ([True] * 10, 0.3, 0.1, 0.6, 1.0, {"preserve": 0.25}, "Effective"),
+        ([True] * 10, 0.3, 0.1, 0.6, 1.0, {}, "Inconclusive"),
+        (F80, 0.1, -0.1, 0.49, 1.0, {"futility": 0.5}, "Ineffective"),
+        (F80, 0.1, -0.1, 0.5, 1.0, {"futility": 0.5}, "Inconclusive"),
+        ([True] * 4 + [False], 0.9, 0.5, 1.0, 1.0, {"min_admissible": 0.81}, "Inconclusive"),
+        ([], 0.9, 0.5, 1.0, 1.0, {}, "Inconclusive"),
+    ],
+)
 def test_verdict_boundaries(flags, g, lb, ub, fresh, kw, want):
     assert verdict(flags, g, lb, ub, fresh, **kw) == want
 
@@ -119,15 +192,15 @@ def test_tie_streams_remove_inflation():
         r_str.append(analyse_point(cand, val, k, D.child(s), n_boot=10, gauss_reps=50).rel)
     tr = truth_mc(pool, D.child("truth"), k, T=2000)
     se = np.hypot(np.std(r_str) / np.sqrt(60), tr["rel_se"])
-    assert abs(np.mean(r_str) - tr["rel"]) < 4 * se                 # streams: unbiased for the truth
-    assert np.mean(r_idx) - tr["rel"] > 10 * se                     # index order: inflated
-    assert np.mean(r_idx) >= 2 * k / n > tr["rel"]                  # ... enough to pass the 2k/n gate spuriously
+    assert abs(np.mean(r_str) - tr["rel"]) < 4 * se  # streams: unbiased for the truth
+    assert np.mean(r_idx) - tr["rel"] > 10 * se  # index order: inflated
+    assert np.mean(r_idx) >= 2 * k / n > tr["rel"]  # ... enough to pass the 2k/n gate spuriously
 
 
 # ---------- bound methods ----------
 def test_bc_reduces_to_percentile_without_bias():
     r = Domain(0, ("test", "bc")).numpy().standard_normal(4999)
-    sym = np.concatenate([r, -r, [0.0]]) + 1.5                      # replicates centred exactly on the estimate 1.5
+    sym = np.concatenate([r, -r, [0.0]]) + 1.5  # replicates centred exactly on the estimate 1.5
     assert bias_z0(1.5, sym) == 0.0
     np.testing.assert_allclose(bca_bounds(1.5, sym), percentile_bounds(sym), rtol=0, atol=1e-12)
     # an unbiased statistic with a real bootstrap: the mean of a symmetric sample, 20,000 replicates
@@ -137,73 +210,111 @@ def test_bc_reduces_to_percentile_without_bias():
     sd = reps.std()
     assert abs(bias_z0(x.mean(), reps)) < 0.03
     np.testing.assert_allclose(bca_bounds(x.mean(), reps), percentile_bounds(reps), rtol=0, atol=0.05 * sd)
-    assert bca_bounds(x.mean() + sd, reps)[0] > percentile_bounds(reps)[0] + 0.5 * sd   # an estimate above the replicates: BC moves
+    assert (
+        bca_bounds(x.mean() + sd, reps)[0] > percentile_bounds(reps)[0] + 0.5 * sd
+    )  # an estimate above the replicates: BC moves
 
 
 @settings(max_examples=25, deadline=None)
-@given(rel=st.floats(0.15, 0.9), sd=st.floats(0.005, 0.1), nk=st.sampled_from([(64, 8), (256, 32), (64, 16), (200, 10)]))
+@given(
+    rel=st.floats(0.15, 0.9), sd=st.floats(0.005, 0.1), nk=st.sampled_from([(64, 8), (256, 32), (64, 16), (200, 10)])
+)
 def test_gaussian_bound_inverts_overlap_limit(rel, sd, nk):
     n, k = nk
     q = k / n
     lo, hi = gaussian_rel_bounds(rel, n, k, sd)
     rho = rho_from_rel(rel, q)
     if rel > q:
-        assert abs(float(overlap_limit(rho, q)) - rel) < 1e-9                       # rho_hat = O^{-1}(Rel_k)
+        assert abs(float(overlap_limit(rho, q)) - rel) < 1e-9  # rho_hat = O^{-1}(Rel_k)
     se = sd / overlap_slope(float(np.clip(rho, -1 + 1e-6, 1 - 1e-6)), q)
     z = stats.norm.ppf(0.95)
     assert abs(lo - float(overlap_limit(np.clip(rho - z * se, -1, 1), q))) < 1e-12
     assert abs(hi - float(overlap_limit(np.clip(rho + z * se, -1, 1), q))) < 1e-12
     assert lo <= max(rel, q) + 1e-12 and hi >= max(rel, q) - 1e-12
-    assert gaussian_rel_bounds(rel, n, k, 2 * sd)[0] <= lo + 1e-12                  # wider SD, lower bound
+    assert gaussian_rel_bounds(rel, n, k, 2 * sd)[0] <= lo + 1e-12  # wider SD, lower bound
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), n=st.integers(5, 12), K=st.integers(2, 5), Kv=st.integers(2, 4), nv=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10**6), n=st.integers(5, 12), K=st.integers(2, 5), Kv=st.integers(2, 4), nv=st.integers(1, 3)
+)
 def test_jackknife_moments_equal_direct_deletion(seed, n, K, Kv, nv):
     k = max(1, n // 3)
     D, cand, val, keys, masks = _inputs(seed, n, nv, 4, K, Kv, 0.3, k)
     sc = {h: point_scores(cand, val)[h][0] for h in SPLITS}
     jm = jackknife_moments(cand, val, {h: GramHalf.build(cand[h], val[h]) for h in "AB"}, sc, keys, k, masks)
+
     def mom(theta):
-        m = theta.shape[1]; l = (m - 1) * (theta.mean(1, keepdims=True) - theta)
-        return np.array([(l ** 2).sum() / m ** 2, (l ** 3).sum() / m ** 3])
+        m = theta.shape[1]
+        l = (m - 1) * (theta.mean(1, keepdims=True) - theta)
+        return np.array([(l**2).sum() / m**2, (l**3).sum() / m**3])
+
     want = {s: np.zeros(2) for s in jm}
     for h, o in (("A", "B"), ("B", "A")):
         mo, gv = topk_mask(sc[o], k, keys[o]), validation_gradient(val[h])
         G = prompt_gradients(val[h])
+
         def stats_of(s):
-            return {"rel": reliability(topk_mask(s, k, keys[h]), mo), **{nm: selection_gain((s + sc[o]) / 2, m) for nm, m in masks.items()}}
+            return {
+                "rel": reliability(topk_mask(s, k, keys[h]), mo),
+                **{nm: selection_gain((s + sc[o]) / 2, m) for nm, m in masks.items()},
+            }
+
         cand_rows = []
         for i in range(n):
             for y in range(K):
-                gi = prompt_gradients(Rollouts(np.delete(cand[h].rewards[i:i+1], y, 1), np.delete(cand[h].vectors[i:i+1], y, 1)))
-                s = sc[h].copy(); s[i] = cosine_scores(gi, gv)[0][0]; cand_rows.append(stats_of(s))
+                gi = prompt_gradients(
+                    Rollouts(np.delete(cand[h].rewards[i : i + 1], y, 1), np.delete(cand[h].vectors[i : i + 1], y, 1))
+                )
+                s = sc[h].copy()
+                s[i] = cosine_scores(gi, gv)[0][0]
+                cand_rows.append(stats_of(s))
         val_rows = []
         for j in range(nv):
             for y in range(Kv):
-                gj = prompt_gradients(Rollouts(np.delete(val[h].rewards[j:j+1], y, 1), np.delete(val[h].vectors[j:j+1], y, 1)))[0]
+                gj = prompt_gradients(
+                    Rollouts(np.delete(val[h].rewards[j : j + 1], y, 1), np.delete(val[h].vectors[j : j + 1], y, 1))
+                )[0]
                 gvj = (G.sum(0) - G[j] + gj) / nv
                 val_rows.append(stats_of(cosine_scores(prompt_gradients(cand[h]), gvj)[0]))
         for s in want:
-            want[s] += mom(np.array([r[s] for r in cand_rows]).reshape(n, K)) + mom(np.array([r[s] for r in val_rows]).reshape(nv, Kv))
-    for s in jm: np.testing.assert_allclose(jm[s], want[s], rtol=1e-9, atol=1e-12, err_msg=s)
+            want[s] += mom(np.array([r[s] for r in cand_rows]).reshape(n, K)) + mom(
+                np.array([r[s] for r in val_rows]).reshape(nv, Kv)
+            )
+    for s in jm:
+        np.testing.assert_allclose(jm[s], want[s], rtol=1e-9, atol=1e-12, err_msg=s)
 
 
 def test_point_result_roundtrip_and_old_loader():
     D, cand, val, keys, masks = _inputs(9, 16, 3, 5, 4, 3, 0.3, 4)
     r = analyse_point(cand, val, 4, D, stale={"g00": np.arange(16.0), "g11": -np.arange(16.0)}, n_boot=300)
-    buf = io.BytesIO(); np.savez(buf, **{k.replace("/", "__"): v for k, v in r.to_arrays().items()}); buf.seek(0)
+    buf = io.BytesIO()
+    np.savez(buf, **{k.replace("/", "__"): v for k, v in r.to_arrays().items()})
+    buf.seek(0)
     summary = json.loads(json.dumps(r.summary()))
-    with np.load(buf) as z: arrays = dict(z)
+    with np.load(buf) as z:
+        arrays = dict(z)
     back = PointResult.from_saved(summary, arrays)
     for m in BOUNDS:
-        for s in r.stats: assert back.bounds(s, m) == pytest.approx(r.bounds(s, m), abs=1e-12)
+        for s in r.stats:
+            assert back.bounds(s, m) == pytest.approx(r.bounds(s, m), abs=1e-12)
     assert positive_control(back, D)["estimators"] == positive_control(r, D)["estimators"]
     # the loader of today's point notebook (boot dict only, old constructor fields) keeps working
     boot = {k.replace("__", "/"): v for k, v in arrays.items() if not k.startswith(("scores__", "keys__")) and k != "u"}
-    old = PointResult(n=summary["n"], k=summary["k"], n_boot=summary["n_boot"], level=summary["level"], rel=summary["rel"],
-                      gain_fresh=summary["gain_fresh"], gain_stale=summary["gain_stale"], u=None, scores={}, selected={},
-                      zero_grad=summary["zero_grad"], boot=boot)
+    old = PointResult(
+        n=summary["n"],
+        k=summary["k"],
+        n_boot=summary["n_boot"],
+        level=summary["level"],
+        rel=summary["rel"],
+        gain_fresh=summary["gain_fresh"],
+        gain_stale=summary["gain_stale"],
+        u=None,
+        scores={},
+        selected={},
+        zero_grad=summary["zero_grad"],
+        boot=boot,
+    )
     for s in ("rel", "gain_fresh", "gain_stale/g00", "gain_stale/g11"):
         assert old.bounds(s) == pytest.approx(r.bounds(s), abs=1e-12)
     assert summary["rel_bounds"] == pytest.approx(list(r.bounds("rel"))) and summary["bound"] == DEFAULT_BOUND
@@ -218,13 +329,14 @@ def test_negative_control_gain_mean_zero():
     for t in range(60):
         cand, val = synthetic_point(pool, D.child(t), 8, 8)
         r = analyse_point(cand, val, 8, D.child(t), n_boot=100, gauss_reps=50)
-        g.append(r.gain_control); lb.append(r.bounds("gain_control")[0])
+        g.append(r.gain_control)
+        lb.append(r.bounds("gain_control")[0])
         ov.append((r.selected["control"] & r.selected["fresh"]).sum() / 8)
     g = np.array(g)
     assert abs(g.mean()) < 3 * g.std(ddof=1) / np.sqrt(len(g))
-    assert np.std(g) > 0.01                                          # the control does move
+    assert np.std(g) > 0.01  # the control does move
     assert np.mean(np.array(lb) > 0) <= 0.10
-    assert abs(np.mean(ov) - 8 / 64) < 3 * np.std(ov) / np.sqrt(len(ov)) + 1e-9     # independent of the fresh scores
+    assert abs(np.mean(ov) - 8 / 64) < 3 * np.std(ov) / np.sqrt(len(ov)) + 1e-9  # independent of the fresh scores
 
 
 def test_positive_control():
@@ -240,8 +352,16 @@ def test_positive_control():
         assert pc["coincide"] and pc["max_score_diff"] == 0.0
         rej.append(pc["estimators"]["g00"]["p_value"] < 0.05)
         harm.append(positive_control(r, dt, ("bad",), n_perm=300)["estimators"]["bad"]["p_value"] < 0.05)
-    assert np.mean(rej) <= 0.15 and np.mean(harm) >= 0.9           # an exact 5% test, 40 points; a reversed selector: caught
-    r2 = analyse_point(cand, val, 8, dt, stale={"g00": gs, "g10": gs + 1e-3 * dt.numpy().standard_normal(gs.shape)}, n_boot=20, gauss_reps=50)
+    assert np.mean(rej) <= 0.15 and np.mean(harm) >= 0.9  # an exact 5% test, 40 points; a reversed selector: caught
+    r2 = analyse_point(
+        cand,
+        val,
+        8,
+        dt,
+        stale={"g00": gs, "g10": gs + 1e-3 * dt.numpy().standard_normal(gs.shape)},
+        n_boot=20,
+        gauss_reps=50,
+    )
     assert not positive_control(r2, dt, n_perm=50)["coincide"]
 
 
@@ -260,19 +380,37 @@ def test_bound_coverage_reduced_grid():
     cells = [c for c in calibration_grid(Ks=(4, 8), ns=(64,))]
     rows = []
     for c in cells:
-        rows += calibrate_cell(c, Domain(1, ("test", "coverage", c.regime, c.K)), pools=2, seeds=13, n_boot=300, T=800,
-                               gauss_reps=100, n_perm=20)
+        rows += calibrate_cell(
+            c,
+            Domain(1, ("test", "coverage", c.regime, c.K)),
+            pools=2,
+            seeds=13,
+            n_boot=300,
+            T=800,
+            gauss_reps=100,
+            n_perm=20,
+        )
     assert len(rows) >= 200
     cover = lambda m, s: np.mean([r["bounds"][m][s][0] <= r["truth"][s] for r in rows])
     stats_ = ("rel", "gain_fresh", "gain_stale/same", "gain_stale/weak")
     got = {s: cover("model", s) for s in stats_}
-    print(f"{len(rows)} points, model coverage:", {s: round(v, 3) for s, v in got.items()},
-          f"{DEFAULT_BOUND}:", {s: round(cover(DEFAULT_BOUND, s), 3) for s in stats_}, "bc:", round(cover("bc", "gain_fresh"), 3))
-    for s, v in got.items(): assert 0.90 <= v <= 0.99, (s, v)
-    for s in stats_: assert cover(DEFAULT_BOUND, s) >= 0.99, s                                # the default: conservative
-    assert cover("bc", "gain_fresh") < 0.9                                                   # the band can tell methods apart
+    print(
+        f"{len(rows)} points, model coverage:",
+        {s: round(v, 3) for s, v in got.items()},
+        f"{DEFAULT_BOUND}:",
+        {s: round(cover(DEFAULT_BOUND, s), 3) for s in stats_},
+        "bc:",
+        round(cover("bc", "gain_fresh"), 3),
+    )
+    for s, v in got.items():
+        assert 0.90 <= v <= 0.99, (s, v)
+    for s in stats_:
+        assert cover(DEFAULT_BOUND, s) >= 0.99, s  # the default: conservative
+    assert cover("bc", "gain_fresh") < 0.9  # the band can tell methods apart
     for m in (DEFAULT_BOUND, "model"):
-        assert np.mean([r["bounds"][m]["gain_control"][0] > 0 for r in rows]) <= 0.08, m     # negative control: few false positives
+        assert np.mean([r["bounds"][m]["gain_control"][0] > 0 for r in rows]) <= 0.08, (
+            m
+        )  # negative control: few false positives
 
 
 # ---------- synthetic stale selectors -> verdicts ----------
@@ -284,28 +422,38 @@ def _cell(sigma_v, seeds=5, root=21):
     for s in range(seeds):
         dom = D.child("pt", s)
         cand, val = synthetic_point(pool, dom)
-        extra, _ = synthetic_split(pool, dom.child("split", "S"))       # an independent fresh-like split
+        extra, _ = synthetic_split(pool, dom.child("split", "S"))  # an independent fresh-like split
         g_s = prompt_gradients(extra)
         s_s = cosine_scores(g_s, validation_gradient(val["R"]))[0]
-        pts.append(analyse_point(cand, val, k, dom, n_boot=2000, stale={
-            "good": g_s, "random": dom.child("random").numpy().random(n), "harmful": -s_s}))
+        pts.append(
+            analyse_point(
+                cand,
+                val,
+                k,
+                dom,
+                n_boot=2000,
+                stale={"good": g_s, "random": dom.child("random").numpy().random(n), "harmful": -s_s},
+            )
+        )
     return pts
+
 
 def test_selector_verdicts():
     pts = _cell(0.2)
     assert all(admissible(p.rel_lb, p.gain_fresh_lb, p.k, p.n) for p in pts)
-    assert pool_cell(pts, "good")["verdict"] == "Effective"                 # (a) as good as fresh
-    assert pool_cell(pts, "harmful")["verdict"] == "Ineffective"            # (c) harmful: UB <= 0
+    assert pool_cell(pts, "good")["verdict"] == "Effective"  # (a) as good as fresh
+    assert pool_cell(pts, "harmful")["verdict"] == "Ineffective"  # (c) harmful: UB <= 0
     assert pool_cell(pts, "random")["verdict"] != "Effective"
-    assert pool_cell(pts, "control")["verdict"] != "Effective"              # the negative control
-    assert pool_cell(pts, "random", futility=0.5)["verdict"] == "Ineffective"   # (b) useless, with futility
-    noisy = _cell(3.0)                                                       # (d) reference too noisy to tell
+    assert pool_cell(pts, "control")["verdict"] != "Effective"  # the negative control
+    assert pool_cell(pts, "random", futility=0.5)["verdict"] == "Ineffective"  # (b) useless, with futility
+    noisy = _cell(3.0)  # (d) reference too noisy to tell
     assert sum(admissible(p.rel_lb, p.gain_fresh_lb, p.k, p.n) for p in noisy) < 4
     for e in ("good", "random", "harmful"):
         assert pool_cell(noisy, e)["verdict"] == "Inconclusive"
-    assert pool_cell(pts[:4] + [None], "good")["verdict"] == "Effective"     # a missing seed: 4/5 = 80%
+    assert pool_cell(pts[:4] + [None], "good")["verdict"] == "Effective"  # a missing seed: 4/5 = 80%
     assert pool_cell(pts[:3] + [None, None], "good")["verdict"] == "Inconclusive"
-    for m in BOUNDS: assert pool_cell(pts, "good", bound=m)["bound"] == m
+    for m in BOUNDS:
+        assert pool_cell(pts, "good", bound=m)["bound"] == m
 
 
 # ---------- power and design ----------
@@ -315,16 +463,20 @@ def test_design_power_and_smallest_design():
     assert a["p_effective"] + a["p_ineffective"] + a["p_inconclusive"] == pytest.approx(1.0)
     b = design_power(0.5, 512, 64, seeds=5, **kw)
     assert b["p_gate"] > a["p_gate"] and b["p_effective"] >= a["p_effective"]
-    assert design_power(0.8, 256, 32, stale_ratio=-1.0, **kw)["p_ineffective"] > 0.5   # a harmful selector
+    assert design_power(0.8, 256, 32, stale_ratio=-1.0, **kw)["p_ineffective"] > 0.5  # a harmful selector
     p = design_power(0.5, 128, 16, bound="percentile", pools=10, draws=20, boot_reps=40)
-    assert p["p_gate"] < design_power(0.5, 128, 16, **kw)["p_gate"]                    # the raw percentile reading: less power
+    assert p["p_gate"] < design_power(0.5, 128, 16, **kw)["p_gate"]  # the raw percentile reading: less power
     m = pilot_model(dict(n=64, k=8, K=8, rel=0.4, gain_fresh=0.1, gain_stale={"g00": 0.05}))
     assert m["stale_ratio"]["g00"] == pytest.approx(0.5) and m["rho"] == pytest.approx(rho_from_rel(0.4, 1 / 8))
     best, tried = smallest_design(m, 0.9, ns=(64, 128, 256), Ks=(8, 16, 32), pools=10, draws=30, bound="model")
     costs = [t["n"] * t["K"] for t in tried]
     assert costs == sorted(costs)
-    if best is not None: assert best["p_gate"] >= 0.9 and all(t["p_gate"] < 0.9 for t in tried[:-1])
-    assert predict_design(m, 64, 16, 8, pools=5, draws=5, bound="model")["rho"] > predict_design(m, 64, 8, 8, pools=5, draws=5, bound="model")["rho"]
+    if best is not None:
+        assert best["p_gate"] >= 0.9 and all(t["p_gate"] < 0.9 for t in tried[:-1])
+    assert (
+        predict_design(m, 64, 16, 8, pools=5, draws=5, bound="model")["rho"]
+        > predict_design(m, 64, 8, 8, pools=5, draws=5, bound="model")["rho"]
+    )
 
 
 def test_cmd_design(tmp_path):
@@ -333,16 +485,26 @@ def test_cmd_design(tmp_path):
     f = tmp_path / "result.json"
     f.write_text(json.dumps(dict(point={}, result=r.summary(), manifest={})))
     out = io.StringIO()
-    with contextlib.redirect_stdout(out): assert cmd_design([str(f), "--seeds", "3", "--target", "0.5", "--bound", "model"]) == 0
+    with contextlib.redirect_stdout(out):
+        assert cmd_design([str(f), "--seeds", "3", "--target", "0.5", "--bound", "model"]) == 0
     text = out.getvalue()
-    assert "pilot: n=32 k=4 K=6" in text and "P(gate)=" in text and "smallest design with P(gate) >= 0.5 (bound model)" in text
-    with pytest.raises(StalebookError, match="no such file"): cmd_design([str(tmp_path / "missing.json")])
+    assert (
+        "pilot: n=32 k=4 K=6" in text
+        and "P(gate)=" in text
+        and "smallest design with P(gate) >= 0.5 (bound model)" in text
+    )
+    with pytest.raises(StalebookError, match="no such file"):
+        cmd_design([str(tmp_path / "missing.json")])
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(StalebookError, match="not JSON"): cmd_design([str(tmp_path / "bad.json")])
+    with pytest.raises(StalebookError, match="not JSON"):
+        cmd_design([str(tmp_path / "bad.json")])
     (tmp_path / "partial.json").write_text(json.dumps({"result": {"n": 3}}))
-    with pytest.raises(StalebookError, match="lacks"): cmd_design([str(tmp_path / "partial.json")])
-    with pytest.raises(StalebookError, match="--rho with --n"): cmd_design(["--rho", "0.4"])
-    with pytest.raises(StalebookError): cmd_design(["--rho", "x"])
+    with pytest.raises(StalebookError, match="lacks"):
+        cmd_design([str(tmp_path / "partial.json")])
+    with pytest.raises(StalebookError, match="--rho with --n"):
+        cmd_design(["--rho", "0.4"])
+    with pytest.raises(StalebookError):
+        cmd_design(["--rho", "x"])
 
 
 @pytest.mark.slow

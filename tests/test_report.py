@@ -1,9 +1,9 @@
 """The report notebook: its parameters; a report of a partially run registry says PARTIAL in its file names, figure titles
 and tables; once frozen it does not, and its table is the frozen one byte for byte."""
-import json, sys
-from pathlib import Path
 
-import pytest
+import json
+import sys
+from pathlib import Path
 
 from stalebook.contracts import freeze
 from stalebook.report import registry_decisions, run_report
@@ -12,18 +12,24 @@ from stalebook.units import run_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_units import ranking_registry   # noqa: E402  (the reduced registry the unit tests use)
+from test_units import ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
 
 
 def test_report_notebook_parameters():
     import papermill as pm
+
     params = pm.inspect_notebook(str(ROOT / "nbs" / "experiments" / "report.ipynb"))
     assert {k: (v["inferred_type_name"], v["default"]) for k, v in params.items()} == {
-        "registry": ("str", '"tiny:demo"'), "root": ("str", '""'), "out": ("str", '"report"')}
+        "registry": ("str", '"tiny:demo"'),
+        "root": ("str", '""'),
+        "out": ("str", '"report"'),
+    }
 
 
 def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
-    monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "figures"))     # the kernel inherits it: figures stay out of the project
+    monkeypatch.setenv(
+        "STALEBOOK_FIGURES", str(tmp_path / "figures")
+    )  # the kernel inherits it: figures stay out of the project
     reg = ranking_registry(tmp_path, tiny_snapshot, name="rep", checkpoints=(0, 2), seeds=(0, 1))
     root = tmp_path / "root"
     run_registry(reg, root, only="tiny-math-s0", progress=False, log=lambda *a: None)
@@ -39,7 +45,9 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     freeze(reg, root)
     nb = run_report(reg, root)
     assert nb.name == "report.ipynb"
-    assert sorted(p.name for p in (root / "report").glob("report-*[!L].png")) == [f"report-rep-{w}.png" for w in ("gain-ratio", "rel", "verdicts")]
+    assert sorted(p.name for p in (root / "report").glob("report-*[!L].png")) == [
+        f"report-rep-{w}.png" for w in ("gain-ratio", "rel", "verdicts")
+    ]
     assert (root / "report/table.md").read_bytes() == (root / "frozen/table.md").read_bytes()
     assert json.loads((root / "report/table.json").read_text())["partial"] is False
     # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the forecast
@@ -54,6 +62,8 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
             assert f"{r['admissible']}/2" in ln and r["verdict"] in ln
         assert any("negative control" in x and "seeds" in x for x in cell)
         (pos,) = [x for x in cell if "positive control" in x]
-        assert ("passed in" in pos and "/2 seeds" in pos) if c == 0 else "n/a" in pos     # pi = beta only at the behaviour checkpoint
+        assert (
+            ("passed in" in pos and "/2 seeds" in pos) if c == 0 else "n/a" in pos
+        )  # pi = beta only at the behaviour checkpoint
     (fc,) = [ln for ln in lines if "predicted P(gate)" in ln]
     assert fc.startswith("tiny math c=0 ") and f"observed {rows[0, 'g00']['admissible']} of 2" in fc

@@ -1,5 +1,8 @@
 """Rollout stores: generation resumes bit-identically after SIGKILLs, a store refuses another policy hash (multi-process)."""
-import os, subprocess, sys
+
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,23 +28,39 @@ def _run(*args, fault=None, timeout=600):
 
 
 def _train_cfg(root, snap, **kw):
-    cfg = dict(out=str(root / "run"), snapshot=str(snap), domain="math", n_tasks=24, steps=12, prompts_per_step=3,
-               sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3), lineage_steps=[0, 5, 10],
-               checkpoint_every=5, lr=0.01)
+    cfg = dict(
+        out=str(root / "run"),
+        snapshot=str(snap),
+        domain="math",
+        n_tasks=24,
+        steps=12,
+        prompts_per_step=3,
+        sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3),
+        lineage_steps=[0, 5, 10],
+        checkpoint_every=5,
+        lr=0.01,
+    )
     cfg.update(kw)
     return _write(root / "train.yaml", cfg)
 
 
 def _rollout_cfg(root, snap, **kw):
-    cfg = dict(out=str(root / "stores"), snapshot=str(snap), domain="math", n_tasks=12, purpose="stale",
-               sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3))
+    cfg = dict(
+        out=str(root / "stores"),
+        snapshot=str(snap),
+        domain="math",
+        n_tasks=12,
+        purpose="stale",
+        sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3),
+    )
     cfg.update(kw)
     return _write(root / "rollouts.yaml", cfg)
 
 
 def test_generation_resume_bit_identical(tmp_path, tiny_snapshot):
     ref = _rollout_cfg(tmp_path / "ref", tiny_snapshot)
-    r = _run("rollouts", ref, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
+    r = _run("rollouts", ref, "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
     flt = _rollout_cfg(tmp_path / "flt", tiny_snapshot)
     g = Domain(0, ("test", "gen-faults")).numpy()
     points = sorted(g.choice(np.arange(0, 12), 5, replace=False))
@@ -50,32 +69,36 @@ def test_generation_resume_bit_identical(tmp_path, tiny_snapshot):
         assert r.returncode == -9, r.stderr[-2000:]
     (store_f,) = (tmp_path / "flt" / "stores").iterdir()
     gf = store_f / "groups.jsonl"
-    gf.write_bytes(gf.read_bytes()[:-7])                       # plus a torn last record
-    r = _run("rollouts", flt, "--quiet"); assert r.returncode == 0, r.stderr[-2000:]
+    gf.write_bytes(gf.read_bytes()[:-7])  # plus a torn last record
+    r = _run("rollouts", flt, "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
     (store_r,) = (tmp_path / "ref" / "stores").iterdir()
     assert store_r.name == store_f.name
     assert (store_r / "groups.jsonl").read_bytes() == gf.read_bytes()
     recs = read_jsonl(gf).records
-    assert [x["group"] for x in recs] == list(range(12))       # none lost, none duplicated
+    assert [x["group"] for x in recs] == list(range(12))  # none lost, none duplicated
 
 
 def test_store_refuses_other_policy_and_hash_changes(tmp_path, tiny_snapshot):
     from stalebook.model import LoraSpec, load_policy, policy_hash
     from stalebook.rollouts import RolloutStore, SamplingConfig, rollout_domain
+
     m, _ = load_policy(str(tiny_snapshot), lora=LoraSpec())
     h0 = policy_hash(m)
     name, p = next((n, p) for n, p in m.named_parameters() if "lora_B" in n)
-    with torch.no_grad(): p.view(-1)[0] += 1e-3
+    with torch.no_grad():
+        p.view(-1)[0] += 1e-3
     h1 = policy_hash(m)
     assert h1 != h0
-    with torch.no_grad(): p.view(-1)[0] -= 1e-3
+    with torch.no_grad():
+        p.view(-1)[0] -= 1e-3
     s = RolloutStore(tmp_path, h0, rollout_domain(0, h0, "stale"), SamplingConfig(), ["a", "b"])
     with pytest.raises(StalebookError, match="another policy hash"):
         RolloutStore(tmp_path, h1, rollout_domain(0, h0, "stale"), SamplingConfig(), ["a", "b"], path=s.path)
     with pytest.raises(StalebookError, match="another sampling hash"):
-        RolloutStore(tmp_path, h0, rollout_domain(0, h0, "stale"), SamplingConfig(group_size=3), ["a", "b"], path=s.path)
-
-
+        RolloutStore(
+            tmp_path, h0, rollout_domain(0, h0, "stale"), SamplingConfig(group_size=3), ["a", "b"], path=s.path
+        )
 
 
 def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
@@ -83,10 +106,18 @@ def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
     rows, on a GRPO-shaped batch of code prompts of different lengths with micro-batches that split groups, on a LoRA
     policy: the same sampled completions, log-probs within 1e-4 and the same gradient up to float order (rel. 1e-3)."""
     from stalebook.model import LoraSpec
-    from stalebook.rollouts import SamplingConfig, completion_logprobs, group_uniforms, hf_sample, load_run_policy, task_pool
+    from stalebook.rollouts import (
+        SamplingConfig,
+        completion_logprobs,
+        group_uniforms,
+        hf_sample,
+        load_run_policy,
+        task_pool,
+    )
+
     model, tok = load_run_policy(str(tiny_snapshot), "", "cpu", "float32", lora=LoraSpec(r=4), seed=0)
     tasks = task_pool("code", 5, 0)
-    assert len({len(t.prompt) for t in tasks}) > 1                       # left padding is exercised
+    assert len({len(t.prompt) for t in tasks}) > 1  # left padding is exercised
     K, sc = 6, SamplingConfig(group_size=6, max_new_tokens=10)
     prompts = [t.prompt for t in tasks for _ in range(K)]
     u = torch.cat([group_uniforms(Domain(0, ("test", "prefix", t.id)), K, sc.max_new_tokens) for t in tasks])
@@ -94,7 +125,7 @@ def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
     pb, cb, sb = hf_sample(model, tok, prompts, u, sc, shared_prefix=True)
     assert (pa, ca) == (pb, cb)
     assert max(abs(x - y) for r, q in zip(sa, sb) for x, y in zip(r, q)) < 1e-4
-    ca[0] = []                                                           # an empty completion too
+    ca[0] = []  # an empty completion too
     got = {}
     for sp in (False, True):
         model.zero_grad()
@@ -103,7 +134,9 @@ def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
         got[sp] = lp.detach(), m, torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
     assert torch.equal(got[True][1], got[False][1])
     assert float((got[True][0] - got[False][0]).abs().max()) < 1e-4
-    assert float((got[True][2] - got[False][2]).norm() / got[False][2].norm()) < 1e-3 and float(got[False][2].norm()) > 0
+    assert (
+        float((got[True][2] - got[False][2]).norm() / got[False][2].norm()) < 1e-3 and float(got[False][2].norm()) > 0
+    )
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])
@@ -113,10 +146,12 @@ def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch
     HF's own `DynamicCache`, and the cache's buffer holds the whole completion without moving."""
     import stalebook.rollouts as R
     from stalebook.model import LoraSpec
+
     model, tok = R.load_run_policy(str(tiny_snapshot), "", "cpu", "float32", lora=LoraSpec(r=4), seed=0)
-    with torch.no_grad():                                                # a trained-looking adapter, not the zero init
+    with torch.no_grad():  # a trained-looking adapter, not the zero init
         for n, p in model.named_parameters():
-            if "lora_B" in n: p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     tasks = R.task_pool(domain, 6, 0)
     K, sc = 8, R.SamplingConfig(group_size=8, max_new_tokens=12)
     prompts = [t.prompt for t in tasks for _ in range(K)]
@@ -126,13 +161,17 @@ def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch
     monkeypatch.setattr(R, "room_cache", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     ours = {sp: R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) for sp in (False, True)}
     assert len(made) == 2 and all(isinstance(l, R.RoomLayer) for c in made for l in c.layers)
-    P = max(len(p) for p in ours[False][0])                              # the padded prompt width
-    W = P + max(len(c) for c in ours[False][1]) - 1                       # prompt + the tokens fed back
-    for sp, c in zip((False, True), made):                               # one buffer per layer, allocated once
-        for l in c.layers:                                               # (the shared prompt's cache holds P - 1)
+    P = max(len(p) for p in ours[False][0])  # the padded prompt width
+    W = P + max(len(c) for c in ours[False][1]) - 1  # prompt + the tokens fed back
+    for sp, c in zip((False, True), made):  # one buffer per layer, allocated once
+        for l in c.layers:  # (the shared prompt's cache holds P - 1)
             assert l.get_seq_length() == W and l.keys.data_ptr() == l._buf[0].data_ptr()
             assert l._buf[0].shape[-2] == P - sp + sc.max_new_tokens
-    monkeypatch.setattr(R, "room_cache", lambda model, room, like=None: like if like is not None else R.DynamicCache(config=model.config))
+    monkeypatch.setattr(
+        R,
+        "room_cache",
+        lambda model, room, like=None: like if like is not None else R.DynamicCache(config=model.config),
+    )
     for sp in (False, True):
         assert R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) == ours[sp]
     assert any(len(c) > 1 for c in ours[False][1])

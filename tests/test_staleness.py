@@ -1,27 +1,42 @@
 "Theory III: behaviour-aware GRPO surrogate, staleness bias, two-constraint rule, async simulator."
+
 import numpy as np
-import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stalebook.core import Domain, assert_checks
-from stalebook.theory import staleness as stl, async_sim as asim
-from stalebook.theory.tree import Tree, random_logits, seq_probs, sample_responses
+from stalebook.theory import async_sim as asim
+from stalebook.theory import staleness as stl
+from stalebook.theory.tree import Tree, random_logits, sample_responses, seq_probs
 
 
 def test_registered_checks_pass():
-    assert_checks(stl.check_surrogate_gradient() + stl.check_noise_zero_mean()
-                  + asim.check_async_lag_bound() + asim.check_collapse_criterion())
+    assert_checks(
+        stl.check_surrogate_gradient()
+        + stl.check_noise_zero_mean()
+        + asim.check_async_lag_bound()
+        + asim.check_collapse_criterion()
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), V=st.integers(2, 3), T=st.integers(1, 3), K=st.integers(2, 6),
-       agg=st.sampled_from(["token", "sequence"]), beta=st.sampled_from([0.0, 0.05]),
-       eps=st.sampled_from([0.1, 0.2, np.inf]), scale=st.floats(0.05, 1.5))
+@given(
+    seed=st.integers(0, 10**6),
+    V=st.integers(2, 3),
+    T=st.integers(1, 3),
+    K=st.integers(2, 6),
+    agg=st.sampled_from(["token", "sequence"]),
+    beta=st.sampled_from([0.0, 0.05]),
+    eps=st.sampled_from([0.1, 0.2, np.inf]),
+    scale=st.floats(0.05, 1.5),
+)
 def test_analytic_H_matches_autograd(seed, V, T, K, agg, beta, eps, scale):
     g = Domain(seed, ("test", "H")).numpy()
     tr = Tree(V, T)
-    th = random_logits(tr, g); ph = th + scale * random_logits(tr, g); ref = random_logits(tr, g)
+    th = random_logits(tr, g)
+    ph = th + scale * random_logits(tr, g)
+    ref = random_logits(tr, g)
     R = (g.random(tr.N) < 0.5).astype(float)
     ms = stl.exact_masses(tr, ph, R, K)
     t = torch.tensor(th, requires_grad=True)
@@ -44,11 +59,16 @@ def test_no_bias_on_policy_and_binomial_vs_bruteforce(seed, K):
 def test_vectorised_sampler_law():
     "The vectorised group sampler and the tree engine's sampler draw from the same (enumerated) law."
     from scipy.stats import chisquare
-    tr = Tree(2, 3); th = random_logits(tr, Domain(0, ("test", "smp")).numpy())
-    a = sample_responses(tr, np.broadcast_to(th, (4000,) + th.shape), 5, Domain(0, ("test", "smp", "a")).numpy()).ravel()
+
+    tr = Tree(2, 3)
+    th = random_logits(tr, Domain(0, ("test", "smp")).numpy())
+    a = sample_responses(
+        tr, np.broadcast_to(th, (4000,) + th.shape), 5, Domain(0, ("test", "smp", "a")).numpy()
+    ).ravel()
     b = sample_responses(tr, th, 20000, Domain(0, ("test", "smp", "b")).numpy())
     p = seq_probs(tr, th)
-    for x in (a, b): assert chisquare(np.bincount(x, minlength=tr.N), len(x) * p).pvalue > 1e-4
+    for x in (a, b):
+        assert chisquare(np.bincount(x, minlength=tr.N), len(x) * p).pvalue > 1e-4
 
 
 def test_stability_bound_properties():
@@ -65,7 +85,7 @@ def test_simulator_batch_equals_single_runs():
     eta, S = np.array([0.3, 1.0, 2.0]), np.array([1, 3, 7])
     batch = asim.simulate(env, eta, S, 25)
     for i in range(3):
-        one = asim.simulate(env, eta[i:i + 1], S[i:i + 1], 25)
+        one = asim.simulate(env, eta[i : i + 1], S[i : i + 1], 25)
         np.testing.assert_allclose(one["J"][0], batch["J"][i], atol=1e-13)
         np.testing.assert_allclose(one["theta"][:, 0], batch["theta"][:, i], atol=1e-12)
 
@@ -78,8 +98,11 @@ def test_bias_ratio_converges_and_linear_in_S():
 
 
 def test_quick_benchmark_runs():
-    import importlib.util, pathlib
+    import importlib.util
+    import pathlib
+
     p = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_staleness.py"
-    spec = importlib.util.spec_from_file_location("sweep_staleness", p); m = importlib.util.module_from_spec(spec)
+    spec = importlib.util.spec_from_file_location("sweep_staleness", p)
+    m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     assert m.main(["--quick"]) == 0

@@ -2,7 +2,12 @@
 (`run_unit` / `run_registry`), checked by its contracts, frozen, and analysed by benchmarks/study_staleness.py; the
 analysis checked against the cells' own results (~80 s on the shared 2-core machine); and (slow, ~85 s) a SIGKILLed unit
 resumes to the same bytes."""
-import importlib.util, json, os, subprocess, sys
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +32,15 @@ def _registry(tmp_path, snap):
 
 def _script():
     spec = importlib.util.spec_from_file_location("study_staleness", ROOT / "benchmarks" / "study_staleness.py")
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
     return m
 
 
 def test_registry_is_the_committed_study():
     "The registry expands into the grid of the committed study results (S x eta x seeds per optimizer)."
     from stalebook.registry import load_registry
+
     units = load_registry("staleness-tiny").units()
     res = json.loads((ROOT / "benchmarks" / "results" / "study_staleness.json").read_text())
     assert res["cells"] == len(units) == 150
@@ -49,11 +56,15 @@ def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch
     monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "fig"))
     from stalebook.contracts import registry_status
     from stalebook.registry import load_registry
+
     spec = f"{_registry(tmp_path, tiny_snapshot)}:reduced"
     reg = load_registry(spec)
     root = tmp_path / "root-reduced"
     st = _script()
-    assert st.main(["--registry", spec, "--root", str(root), "--json", str(tmp_path / "res.json"), "--figures", "reduced"]) == 0
+    assert (
+        st.main(["--registry", spec, "--root", str(root), "--json", str(tmp_path / "res.json"), "--figures", "reduced"])
+        == 0
+    )
     status = registry_status(reg, root)
     assert status["state"] == "frozen" and status["totals"]["pass"] == 8
     assert all(not p for r in status["rows"] for p in r["contracts"].values())
@@ -61,16 +72,19 @@ def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch
     out = json.loads((tmp_path / "res.json").read_text())
     o = out["optimizers"]["adamw"]
     table = json.loads((root / "frozen" / "table.json").read_text())
-    assert out["frozen_content_hash"] == table["content_hash"] and {k: v for k, v in o.items() if k != "cpu_seconds"} == table["summary"]["adamw"]
+    assert (
+        out["frozen_content_hash"] == table["content_hash"]
+        and {k: v for k, v in o.items() if k != "cpu_seconds"} == table["summary"]["adamw"]
+    )
     tc = np.array(o["t_collapse"])
     for uid, r in cells.items():
         u = reg.units()[uid]
         i, j, k = [1, 4].index(u.S), [1e-3, 0.3].index(u.lr), u.seed
         assert tc[i, j, k] == r["t_collapse"] and (r["S"], r["lr"], r["seed"]) == (u.S, u.lr, u.seed)
-        S = u.S                                                                   # sync-every: s(t) = S floor(t / S) - 1, 0 before
+        S = u.S  # sync-every: s(t) = S floor(t / S) - 1, 0 before
         assert r["series"]["lag"][: r["steps_done"]] == [t - max(S * (t // S) - 1, 0) for t in range(r["steps_done"])]
         assert r["steps_done"] == 12 or r["t_collapse"] >= 0
-    for i in range(2):                    # eta_max per (S, seed) by hand: the largest grid eta with it and every smaller one stable
+    for i in range(2):  # eta_max per (S, seed) by hand: the largest grid eta with it and every smaller one stable
         for k in range(2):
             ok = [tc[i, j, k] < 0 for j in range(2)]
             assert o["eta_max"][i][k] == (None if not ok[0] else 0.3 if all(ok) else 1e-3)
@@ -79,10 +93,13 @@ def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch
     assert all((tmp_path / "fig" / f"reduced_{k}.png").exists() for k in ("phase", "tcollapse", "cosine"))
     before = {u: (root / "units" / u / "cell" / "results.json").stat().st_mtime_ns for u in cells}
     from stalebook.units import run_registry
+
     assert run_registry(reg, root, progress=False, log=lambda *a: None) == {u: {"cell": "skipped"} for u in cells}
     assert before == {u: (root / "units" / u / "cell" / "results.json").stat().st_mtime_ns for u in cells}
     r = subprocess.run([EXE, "status", spec, "--root", str(root)], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.startswith("FROZEN - registry staleness-tiny:reduced: all 8 points"), r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.startswith("FROZEN - registry staleness-tiny:reduced: all 8 points"), (
+        r.stdout + r.stderr
+    )
 
 
 @pytest.mark.slow
@@ -91,16 +108,31 @@ def test_killed_unit_resumes_to_the_same_cell(tmp_path, tiny_snapshot):
     and once inside its phase's record, then rerun: the same results.json and run files as an uninterrupted run."""
     spec = f"{_registry(tmp_path, tiny_snapshot)}:reduced"
     uid = "adamw-S4-lr0.001-s0"
-    run = lambda root, fault="": subprocess.run([EXE, "run", spec, "--only", uid, "--root", str(root), "--quiet"], capture_output=True,
-                                                text=True, env={**os.environ, "STALEBOOK_FAULT": fault})
-    r = run(tmp_path / "a"); assert r.returncode == 0, r.stderr[-2000:]
+    run = lambda root, fault="": subprocess.run(
+        [EXE, "run", spec, "--only", uid, "--root", str(root), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STALEBOOK_FAULT": fault},
+    )
+    r = run(tmp_path / "a")
+    assert r.returncode == 0, r.stderr[-2000:]
     kills = 0
     for fault in ("step:7", f"phase:{uid}/cell"):
-        r = run(tmp_path / "b", fault); kills += r.returncode == -9
+        r = run(tmp_path / "b", fault)
+        kills += r.returncode == -9
     assert kills == 2
-    r = run(tmp_path / "b"); assert r.returncode == 0, r.stderr[-2000:]
+    r = run(tmp_path / "b")
+    assert r.returncode == 0, r.stderr[-2000:]
     a, b = tmp_path / "a" / "units" / uid, tmp_path / "b" / "units" / uid
-    for rel in ("cell/results.json", "cell/run/lineage.json", "phases/cell.json", "cell/run/ckpt/step-000012/adapter/adapter_model.safetensors"):
+    for rel in (
+        "cell/results.json",
+        "cell/run/lineage.json",
+        "phases/cell.json",
+        "cell/run/ckpt/step-000012/adapter/adapter_model.safetensors",
+    ):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
-    strip = lambda d: [{k: v for k, v in x.items() if k not in ("t_gen", "t_step")} for x in read_jsonl(d / "cell/run/steps.jsonl").records]
+    strip = lambda d: [
+        {k: v for k, v in x.items() if k not in ("t_gen", "t_step")}
+        for x in read_jsonl(d / "cell/run/steps.jsonl").records
+    ]
     assert strip(a) == strip(b) and len(strip(a)) == 12

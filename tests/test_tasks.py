@@ -1,15 +1,31 @@
 """Tasks and verifiers: synthetic generators, answer extraction, math/code rewards, loaders, fixtures."""
-import json, time
-from fractions import Fraction
+
+import json
+import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stalebook import sandbox
 from stalebook.core import Domain, StalebookError
-from stalebook.tasks import (ALPHABET, CODE_LEVELS, MATH_LEVELS, SCHEMA_VERSION, Task, call_with_timeout, extract_answer,
-                             load_tasks_jsonl, parse_number, reward, rewards, run_self_test, self_test_cases, synthetic_tasks)
+from stalebook.tasks import (
+    ALPHABET,
+    CODE_LEVELS,
+    MATH_LEVELS,
+    SCHEMA_VERSION,
+    Task,
+    call_with_timeout,
+    extract_answer,
+    load_tasks_jsonl,
+    parse_number,
+    reward,
+    rewards,
+    run_self_test,
+    self_test_cases,
+    synthetic_tasks,
+)
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -33,7 +49,8 @@ def test_synthetic_code_prompt_consistent_with_reference(seed, level):
         assert set(t.prompt + t.answer) <= set(ALPHABET) and len(t.answer) <= 12 and len(t.prompt) <= 40
         f = eval("lambda x:" + t.answer)
         shown = [p.split("=") for p in t.prompt.split(";")[:-1]]
-        for lhs, rhs in shown: assert f(int(lhs[2:-1])) == int(rhs)
+        for lhs, rhs in shown:
+            assert f(int(lhs[2:-1])) == int(rhs)
         held = [int(s.split("(")[1].split(")")[0]) for s in t.tests]
         assert not set(held) & {int(lhs[2:-1]) for lhs, _ in shown}, "held-out inputs must not be shown"
 
@@ -61,14 +78,17 @@ def test_rewards_batch_keeps_order_verifies_each_program_once_and_times_separate
     with sandbox.Pool(workers=2) as pool:
         timings = []
         got = rewards(tasks, comps, workers=2, timings=timings, pool=pool)
-        assert pool.stats["fork"] + pool.stats["per_program"] == 4 * 3        # 3 distinct programs per prompt ("" never runs)
-    assert got == [reward(t, c) for t, c in zip(tasks, comps)]                # what each row gets alone, in order
+        assert pool.stats["fork"] + pool.stats["per_program"] == 4 * 3  # 3 distinct programs per prompt ("" never runs)
+    assert got == [reward(t, c) for t, c in zip(tasks, comps)]  # what each row gets alone, in order
     assert [r for r, _ in got] == [1, 1, 1, 0, 0, 0] * 4 + [1, 0]
     assert len(timings) == len(tasks) and [t["reused"] for t in timings[:6]] == [False, True, True, False, False, False]
-    assert all(t["wall_s"] == 0 for t in timings if t["reused"]) and all(t["server"] in ("fork", "per-program") for t in timings[:4])
+    assert all(t["wall_s"] == 0 for t in timings if t["reused"]) and all(
+        t["server"] in ("fork", "per-program") for t in timings[:4]
+    )
     assert not any(k in d for _, d in got for k in ("wall_s", "server", "stderr_tail"))
     assert rewards([], []) == []
-    with pytest.raises(ValueError): rewards(tasks, comps[:-1])
+    with pytest.raises(ValueError):
+        rewards(tasks, comps[:-1])
 
 
 def test_reward_details_are_a_function_of_task_and_completion():
@@ -81,8 +101,23 @@ def test_reward_details_are_a_function_of_task_and_completion():
         with sandbox.Pool(workers=2, fork_server=fork_server) as pool:
             runs.append(json.dumps(rewards(tasks, comps, workers=2, pool=pool), sort_keys=True))
     assert runs[0] == runs[1] == runs[2]
-    keys = {"domain", "task", "ok", "reason", "n_tests", "n_passed", "exit_status", "timed_out", "isolation", "oracle",
-            "extracted", "method", "reference", "exact", "math_verify"}
+    keys = {
+        "domain",
+        "task",
+        "ok",
+        "reason",
+        "n_tests",
+        "n_passed",
+        "exit_status",
+        "timed_out",
+        "isolation",
+        "oracle",
+        "extracted",
+        "method",
+        "reference",
+        "exact",
+        "math_verify",
+    }
     assert all(set(d) <= keys for _, d in json.loads(runs[0])), "a detail carries a field that is not reproducible"
 
 
@@ -93,15 +128,18 @@ def test_synthetic_deterministic_and_domain_sensitive():
         assert a == b and [t.id for t in a] == [t.id for t in b]
         assert a != synthetic_tasks(dom, 50, d.child("other"), 1)
         assert len({t.id for t in a}) == 50
-    with pytest.raises(StalebookError): synthetic_tasks("poetry", 1, d)
-    with pytest.raises(StalebookError): synthetic_tasks("math", 1, d, level=9)
+    with pytest.raises(StalebookError):
+        synthetic_tasks("poetry", 1, d)
+    with pytest.raises(StalebookError):
+        synthetic_tasks("math", 1, d, level=9)
 
 
 def test_alphabet_covers_every_level_and_is_small():
     chars = set()
     for dom, levels in (("math", MATH_LEVELS), ("code", CODE_LEVELS)):
         for lv in levels:
-            for t in synthetic_tasks(dom, 500, Domain(11, (dom, lv)), lv): chars |= set(t.prompt + t.answer)
+            for t in synthetic_tasks(dom, 500, Domain(11, (dom, lv)), lv):
+                chars |= set(t.prompt + t.answer)
     assert chars <= set(ALPHABET) and len(ALPHABET) <= 40 and len(set(ALPHABET)) == len(ALPHABET)
     assert set("0123456789") <= chars
 
@@ -110,14 +148,17 @@ def test_task_json_roundtrip_and_schema():
     assert isinstance(SCHEMA_VERSION, str) and SCHEMA_VERSION
     for t in synthetic_tasks("code", 5, Domain(1, ()), 2) + synthetic_tasks("math", 5, Domain(1, ()), 2):
         assert Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t
-    with pytest.raises(StalebookError): Task("x", "chem", "p", "a")
-    with pytest.raises(StalebookError): Task("x", "code", "p", "a", ())
-    with pytest.raises(StalebookError): Task.from_dict({"id": "x", "domain": "math", "prompt": "p", "answer": "1", "bogus": 1})
+    with pytest.raises(StalebookError):
+        Task("x", "chem", "p", "a")
+    with pytest.raises(StalebookError):
+        Task("x", "code", "p", "a", ())
+    with pytest.raises(StalebookError):
+        Task.from_dict({"id": "x", "domain": "math", "prompt": "p", "answer": "1", "bogus": 1})
 
 
 # ---------------------------------------------------------------- math extraction and reward
 @settings(max_examples=200, deadline=None)
-@given(st.integers(-10**6, 10**6), st.text(alphabet="abc xyz.,!\n", max_size=30))
+@given(st.integers(-(10**6), 10**6), st.text(alphabet="abc xyz.,!\n", max_size=30))
 def test_extraction_property_hash_boxed_last(n, noise):
     # #### wins over everything; \boxed wins over trailing numbers; otherwise the last number
     assert parse_number(extract_answer(f"{noise} 17 {noise}\n#### {n}")[0]) == n
@@ -132,22 +173,38 @@ def test_numeric_comparison_is_exact(q):
     assert reward(t, f"#### {q.numerator}/{q.denominator}")[0] == 1.0
     assert reward(t, f"#### {q.numerator + 1}/{q.denominator}")[0] == 0.0
     if q.denominator in (1, 2, 4, 5, 8, 10):
-        assert reward(t, f"{float(q):.6f}")[0] == 1.0     # finite decimal: exact
+        assert reward(t, f"{float(q):.6f}")[0] == 1.0  # finite decimal: exact
 
 
 def test_math_reward_cases():
     t = Task("t", "math", "?", "1234")
-    for c, want in (("#### 1,234", 1), ("\\boxed{1234}", 1), ("1234.0", 1), ("1234.01", 0), ("12345", 0),
-                    ("x1234", 0), ("#### 1234 and later 5", 1), ("", 0), ("the answer is 1234.", 1)):
+    for c, want in (
+        ("#### 1,234", 1),
+        ("\\boxed{1234}", 1),
+        ("1234.0", 1),
+        ("1234.01", 0),
+        ("12345", 0),
+        ("x1234", 0),
+        ("#### 1234 and later 5", 1),
+        ("", 0),
+        ("the answer is 1234.", 1),
+    ):
         assert reward(t, c)[0] == want, c
-    r, d = reward(t, "#### 1,234"); json.dumps(d); assert d["method"] == "####" and d["extracted"] == "1,234"
+    r, d = reward(t, "#### 1,234")
+    json.dumps(d)
+    assert d["method"] == "####" and d["extracted"] == "1,234"
 
 
 def _sleeper(conn, s):
-    time.sleep(s); conn.send(True)
+    time.sleep(s)
+    conn.send(True)
+
 
 def _crasher(conn):
-    import os; os._exit(3)
+    import os
+
+    os._exit(3)
+
 
 def test_call_with_timeout_is_process_safe():
     t0 = time.monotonic()
@@ -174,7 +231,11 @@ def test_fixtures_load_and_verify(fmt):
         good = t.meta["solution"] if fmt == "gsm8k" else t.answer
         r, d = reward(t, good)
         assert r == 1.0, (t.id, d)
-        bad = "#### 999999" if fmt == "gsm8k" else (t.answer.replace("return ", "return None and ", 1) if "return " in t.answer else "pass")
+        bad = (
+            "#### 999999"
+            if fmt == "gsm8k"
+            else (t.answer.replace("return ", "return None and ", 1) if "return " in t.answer else "pass")
+        )
         assert reward(t, bad)[0] == 0.0, t.id
 
 
@@ -182,23 +243,45 @@ def test_humaneval_asserts_become_parent_side_checks():
     ts = load_tasks_jsonl(FIX / "humaneval_sample.jsonl", "humaneval")
     add = ts[0]
     assert add.tests == ("assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(0, 0) == 0")
-    assert reward(add, "    return a + b + (a == 0 and b == 0)\n")[0] == 0.0   # fails one assert only
+    assert reward(add, "    return a + b + (a == 0 and b == 0)\n")[0] == 0.0  # fails one assert only
     loop = [t for t in ts if len(t.tests) == 1 and "check(" in t.tests[0]]
     assert loop and reward(loop[0], loop[0].answer)[1]["oracle"] == "child"
 
 
-GOOD = {"gsm8k": '{"question": "1+1?", "answer": "#### 2"}',
-        "humaneval": json.dumps({"task_id": "X/0", "prompt": "def f(x):\n", "canonical_solution": "    return x\n",
-                                 "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "f"}),
-        "mbpp": json.dumps({"task_id": 9, "text": "id", "code": "def f(x):\n    return x\n", "test_list": ["assert f(1) == 1"]})}
-BAD = {"gsm8k": ['{"question": "q", "answer": "no final answer"}', '{"question": 3, "answer": "#### 2"}', '[1, 2]',
-                 '{"question": "q"', '{"question": "q", "answer": "#### two"}'],
-       "humaneval": ['{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "assert True", "entry_point": "f"}',
-                     '{"task_id": "X/1", "prompt": "def f(x:\\n", "canonical_solution": "", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f"}',
-                     '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f g"}'],
-       "mbpp": ['{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": []}',
-                '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) =="]}',
-                '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1)==1"], "test_setup_code": "import os"}']}
+GOOD = {
+    "gsm8k": '{"question": "1+1?", "answer": "#### 2"}',
+    "humaneval": json.dumps(
+        {
+            "task_id": "X/0",
+            "prompt": "def f(x):\n",
+            "canonical_solution": "    return x\n",
+            "test": "def check(candidate):\n    assert candidate(1) == 1\n",
+            "entry_point": "f",
+        }
+    ),
+    "mbpp": json.dumps(
+        {"task_id": 9, "text": "id", "code": "def f(x):\n    return x\n", "test_list": ["assert f(1) == 1"]}
+    ),
+}
+BAD = {
+    "gsm8k": [
+        '{"question": "q", "answer": "no final answer"}',
+        '{"question": 3, "answer": "#### 2"}',
+        "[1, 2]",
+        '{"question": "q"',
+        '{"question": "q", "answer": "#### two"}',
+    ],
+    "humaneval": [
+        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "assert True", "entry_point": "f"}',
+        '{"task_id": "X/1", "prompt": "def f(x:\\n", "canonical_solution": "", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f"}',
+        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f g"}',
+    ],
+    "mbpp": [
+        '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": []}',
+        '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) =="]}',
+        '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1)==1"], "test_setup_code": "import os"}',
+    ],
+}
 
 
 @pytest.mark.parametrize("fmt", ["gsm8k", "humaneval", "mbpp"])
@@ -210,27 +293,42 @@ def test_malformed_line_names_file_and_line_nothing_partial(fmt, tmp_path):
             load_tasks_jsonl(p, fmt)
         msg = str(e.value)
         assert f"{p}:3:" in msg and "\n" not in msg, msg
-    line = GOOD[fmt] if fmt != "gsm8k" else '{"id": "g1", "question": "1+1?", "answer": "#### 2"}'   # gsm8k ids are positional unless given
-    p = tmp_path / "dup.jsonl"; p.write_text(line + "\n" + line + "\n")
-    with pytest.raises(StalebookError, match=r"dup\.jsonl:2: .*duplicate"): load_tasks_jsonl(p, fmt)
-    p.write_text(GOOD[fmt] + "\n"); assert len(load_tasks_jsonl(p, fmt)) == 1
-    with pytest.raises(StalebookError, match="unknown task format"): load_tasks_jsonl(p, "csv")
-    with pytest.raises(StalebookError, match="cannot read"): load_tasks_jsonl(tmp_path / "missing.jsonl", fmt)
+    line = (
+        GOOD[fmt] if fmt != "gsm8k" else '{"id": "g1", "question": "1+1?", "answer": "#### 2"}'
+    )  # gsm8k ids are positional unless given
+    p = tmp_path / "dup.jsonl"
+    p.write_text(line + "\n" + line + "\n")
+    with pytest.raises(StalebookError, match=r"dup\.jsonl:2: .*duplicate"):
+        load_tasks_jsonl(p, fmt)
+    p.write_text(GOOD[fmt] + "\n")
+    assert len(load_tasks_jsonl(p, fmt)) == 1
+    with pytest.raises(StalebookError, match="unknown task format"):
+        load_tasks_jsonl(p, "csv")
+    with pytest.raises(StalebookError, match="cannot read"):
+        load_tasks_jsonl(tmp_path / "missing.jsonl", fmt)
 
 
 def test_verifier_process_whose_caller_is_gone_exits_quietly():
     """A VerifierProcess server whose caller closed its end of the answer pipe mid-request (the caller died) exits with
     status 0, its pool closed, without a traceback on stderr."""
-    import subprocess, sys
+    import subprocess
+    import sys
     from dataclasses import fields
+
     from stalebook.tasks import _frame_send, self_test_cases
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; _serve_rewards(1)"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; _serve_rewards(1)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     t, c, _ = self_test_cases("code")[0]
-    slow = "(lambda: [sum(range(200000)) for _ in range(20)] and 2*x+1)()"          # still being verified when we leave
+    slow = "(lambda: [sum(range(200000)) for _ in range(20)] and 2*x+1)()"  # still being verified when we leave
     _frame_send(p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)}] * 2, [c, slow]))
-    p.stdout.close()                                                     # nobody reads the answer
+    p.stdout.close()  # nobody reads the answer
     p.stdin.close()
     assert p.wait(timeout=120) == 0
-    err = p.stderr.read(); p.stderr.close()
+    err = p.stderr.read()
+    p.stderr.close()
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()

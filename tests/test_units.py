@@ -1,7 +1,14 @@
 """Units of work across processes: the unit lock, phase kills and resumes (synthetic kind), >= 10 kills of
 `stalebook run` on a reduced ranking registry giving byte-identical results and frozen table, two independent
 code-domain stores with identical bytes, and a family that refuses to resume another objective's lineage."""
-import json, os, shutil, signal, subprocess, sys, time
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Files that describe a run rather than its content (wall-clock, host, pid, absolute paths): never hashed,
 # excluded from byte comparisons. train/steps.jsonl carries per-step t_gen/t_step, train/config.yaml the run's `out`.
-SIDECARS = {"attempts.jsonl", "timings.json", "point.timings.json", "timings.jsonl", ".lock", "steps.jsonl", "config.yaml"}
+SIDECARS = {
+    "attempts.jsonl",
+    "timings.json",
+    "point.timings.json",
+    "timings.jsonl",
+    ".lock",
+    "steps.jsonl",
+    "config.yaml",
+}
 
 
-def ranking_registry(tmp: Path, snap, name="kill", checkpoints=(2,), seeds=(0,), objective="grpo", table="demo", train_extra="") -> Path:
+def ranking_registry(
+    tmp: Path, snap, name="kill", checkpoints=(2,), seeds=(0,), objective="grpo", table="demo", train_extra=""
+) -> Path:
     f = tmp / f"{name}.yaml"
     f.write_text(f"""name: {name}
 kind: ranking
@@ -34,15 +51,21 @@ study:
 
 def content_files(root: Path) -> dict:
     "{relpath: bytes} of every file under root that is content (not a sidecar)."
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in SIDECARS}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in SIDECARS
+    }
 
 
 def run(args, env=None, timeout=900):
-    return subprocess.run([EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------- synthetic kind: lock, kills, other processes
+
 
 def synthetic_registry(tmp: Path, units=3, phases=3, work_s=0.0) -> Path:
     f = tmp / "syn.yaml"
@@ -70,28 +93,40 @@ def test_a_unit_runs_in_one_process_at_a_time(tmp_path):
     "A second process on a unit whose lock is held is refused with one line; the first finishes undisturbed."
     from stalebook.core import StalebookError
     from stalebook.units import run_unit
+
     reg = synthetic_registry(tmp_path, units=1, phases=2, work_s=4.0)
-    first = subprocess.Popen([EXE, "run", str(reg), "--root", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [EXE, "run", str(reg), "--root", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     for _ in range(1200):
-        if (tmp_path / "r/units/u000/attempts.jsonl").exists(): break
+        if (tmp_path / "r/units/u000/attempts.jsonl").exists():
+            break
         time.sleep(0.05)
     with pytest.raises(StalebookError, match="another process is running it"):
         run_unit(str(reg), "u000", tmp_path / "r")
     assert first.wait(timeout=120) == 0
     ev = [json.loads(l)["event"] for l in (tmp_path / "r/units/u000/attempts.jsonl").read_text().splitlines()]
-    assert ev == ["start", "done", "start", "done"]                # the refused call started nothing
+    assert ev == ["start", "done", "start", "done"]  # the refused call started nothing
 
 
 # ---------------------------------------------------------------- the ranking family under SIGKILL
 
+
 def _kill_run(reg, root, delay) -> bool:
     "Start `stalebook run`, SIGKILL its whole process group (papermill kernel included) after `delay` s; True if it was still running."
-    p = subprocess.Popen([EXE, "run", str(reg), "--root", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [EXE, "run", str(reg), "--root", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        p.wait(timeout=delay); return False
+        p.wait(timeout=delay)
+        return False
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL); p.wait(); return True
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return True
 
 
 def kill_and_compare(tmp_path, reg, faults, min_kills=10):
@@ -101,18 +136,23 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
     t_ref = time.perf_counter() - t0
     assert run(["freeze", reg, "--root", tmp_path / "ref"]).returncode == 0
     t0 = time.perf_counter()
-    assert run(["run", reg, "--root", tmp_path / "ref"]).returncode == 0     # nothing left to do: start-up and checks only
+    assert run(["run", reg, "--root", tmp_path / "ref"]).returncode == 0  # nothing left to do: start-up and checks only
     t_noop = time.perf_counter() - t0
     kills = 0
-    for fault in faults:                       # deterministic moments: mid-step, mid-checkpoint, mid-store (in the run
-        r = run(["run", reg, "--root", tmp_path / "k"], env={"STALEBOOK_FAULT": fault})   # or in the point's kernel), before a record
-        assert r.returncode != 0, f"fault {fault} did not fire: its moment had passed and the run finished (reorder the faults)"
+    for fault in faults:  # deterministic moments: mid-step, mid-checkpoint, mid-store (in the run
+        r = run(
+            ["run", reg, "--root", tmp_path / "k"], env={"STALEBOOK_FAULT": fault}
+        )  # or in the point's kernel), before a record
+        assert r.returncode != 0, (
+            f"fault {fault} did not fire: its moment had passed and the run finished (reorder the faults)"
+        )
         kills += 1
     # random moments, until enough kills landed: each run is killed after its start-up plus a random share of at most
     # 1/(2 min_kills) of the reference run's work, so the kills land inside the work that is left instead of after it
     share = max(t_ref - t_noop, 1.0) / (2 * min_kills)
     for x in Domain(0, ("test", "run-kills")).numpy().uniform(0.2, 1.0, 30):
-        if kills >= min_kills: break
+        if kills >= min_kills:
+            break
         kills += _kill_run(reg, tmp_path / "k", t_noop + x * share)
     assert kills >= min_kills, kills
     print(f"{kills} kills ({len(faults)} at fault points), reference run {t_ref:.0f} s, start-up {t_noop:.1f} s")
@@ -133,10 +173,17 @@ def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(t
     reg = ranking_registry(tmp_path, tiny_snapshot)
     faults = ["step:1", "ckpt:2", "phase:tiny-math-s0/train", "group:5", "phase:tiny-math-s0/stale", "group:9"]
     files, kills = kill_and_compare(tmp_path, reg, faults)
-    assert {"frozen/table.json", "frozen/table.md", "units/tiny-math-s0/points/c-000002/point.ipynb",
-            "units/tiny-math-s0/points/c-000002/boot.npz"} <= set(files)
+    assert {
+        "frozen/table.json",
+        "frozen/table.md",
+        "units/tiny-math-s0/points/c-000002/point.ipynb",
+        "units/tiny-math-s0/points/c-000002/boot.npz",
+    } <= set(files)
     table = json.loads(files["frozen/table.json"])
-    assert str(tmp_path) not in files["frozen/table.json"].decode() and str(tmp_path) not in files["units/tiny-math-s0/points/c-000002/point.ipynb"].decode()
+    assert (
+        str(tmp_path) not in files["frozen/table.json"].decode()
+        and str(tmp_path) not in files["units/tiny-math-s0/points/c-000002/point.ipynb"].decode()
+    )
     assert len(table["rows"]) == 4 and table["content_hash"]
 
 
@@ -144,10 +191,13 @@ def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(t
 def test_tiny_demo_killed_at_random_moments(tmp_path):
     "The same on the tiny registry's demo slice (3 families, 9 points: tens of minutes on 2 cores)."
     # in the order they come: s0's training, s0's train record, a store of s0, s1's checkpoint 25, a store of s1
-    kill_and_compare(tmp_path, "tiny:demo", ["step:30", "phase:tiny-math-s0/train", "group:40", "ckpt:25", "group:20"], min_kills=10)
+    kill_and_compare(
+        tmp_path, "tiny:demo", ["step:30", "phase:tiny-math-s0/train", "group:40", "ckpt:25", "group:20"], min_kills=10
+    )
 
 
 # ---------------------------------------------------------------- artifacts are content: a code-domain store
+
 
 def test_two_code_domain_stores_are_byte_identical(tmp_path, tiny_snapshot):
     "Two independent runs of a code-domain store (other folder, other process): identical files apart from the sidecar."
@@ -168,7 +218,12 @@ print(st.path.name)
 """
     names = []
     for d in ("a", "b"):
-        r = subprocess.run([sys.executable, "-c", code, str(tiny_snapshot), str(tmp_path / d)], capture_output=True, text=True, cwd=tmp_path)
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(tiny_snapshot), str(tmp_path / d)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         names.append(r.stdout.strip())
     assert names[0] == names[1]
@@ -176,19 +231,30 @@ print(st.path.name)
     assert sorted(a) == sorted(b) == [f"{names[0]}/{f}" for f in ("complete.json", "groups.jsonl", "manifest.json")]
     assert a == b
     recs = [json.loads(l) for l in a[f"{names[0]}/groups.jsonl"].decode().splitlines()]
-    assert all("wall_s" not in d for r in recs for d in r["details"]) and all(r["details"][0]["domain"] == "code" for r in recs)
+    assert all("wall_s" not in d for r in recs for d in r["details"]) and all(
+        r["details"][0]["domain"] == "code" for r in recs
+    )
 
 
 # ---------------------------------------------------------------- the objective of a lineage
+
 
 def test_sft_family_never_resumes_a_grpo_lineage(tmp_path, tiny_snapshot):
     "A GRPO family's training folder copied into an SFT family's unit: the SFT unit refuses it (and the reverse)."
     from stalebook.registry import load_registry
     from stalebook.units import Unit, family_phases, run_unit, unit_dir
+
     g = load_registry(ranking_registry(tmp_path, tiny_snapshot, name="g", checkpoints=(2,)))
     sft = ranking_registry(tmp_path, tiny_snapshot, name="s", checkpoints=(2,), objective="sft", table="appendix")
     # the GRPO family's train phase only, then its training folder spliced into the SFT family's unit
-    u = Unit(g, "tiny-math-s0", g.units()["tiny-math-s0"], unit_dir(tmp_path / "rg", "tiny-math-s0"), progress=False, log=lambda *a: None)
+    u = Unit(
+        g,
+        "tiny-math-s0",
+        g.units()["tiny-math-s0"],
+        unit_dir(tmp_path / "rg", "tiny-math-s0"),
+        progress=False,
+        log=lambda *a: None,
+    )
     family_phases(u)[0].run()
     shutil.copytree(u.dir / "train", unit_dir(tmp_path / "rs", "tiny-math-s0") / "train")
     with pytest.raises(Exception) as e:

@@ -21,18 +21,35 @@ without `In [ ]:` prompts), showing the notebook's *committed* outputs (nothing 
   `/usr/share/javascript/mathjax`) when one is there, else loaded from nbconvert's default CDN;
 * one shared stylesheet (`lab.css`, nbconvert's JupyterLab styles) plus `site.css` (layout).
 """
+
 from __future__ import annotations
 
-import argparse, copy, glob, os, re, shutil, subprocess, sys, unicodedata
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
 MATHJAX_DIRS = [Path("/usr/share/javascript/mathjax"), Path("/usr/share/mathjax")]
-MATHJAX_PARTS = ["MathJax.js", "config/TeX-AMS_CHTML-full.js", "config/Safe.js", "extensions", "jax/input/TeX",
-                 "jax/output/CommonHTML", "jax/element", "localization/en", "fonts/HTML-CSS/TeX/woff"]
+MATHJAX_PARTS = [
+    "MathJax.js",
+    "config/TeX-AMS_CHTML-full.js",
+    "config/Safe.js",
+    "extensions",
+    "jax/input/TeX",
+    "jax/output/CommonHTML",
+    "jax/element",
+    "localization/en",
+    "fonts/HTML-CSS/TeX/woff",
+]
 MATHJAX_QUERY = "?config=TeX-AMS_CHTML-full,Safe"
-ASSET_CAP = 5_000_000     # bytes: a linked file larger than this is not copied into the site
+ASSET_CAP = 5_000_000  # bytes: a linked file larger than this is not copied into the site
 
 SITE_CSS = """
 body.jp-Notebook { margin: 0; padding: 0 0 0 18rem; }
@@ -56,21 +73,27 @@ main .jp-RenderedMarkdown pre { margin-bottom: 1em; }
 @media (max-width: 900px) { body.jp-Notebook { padding-left: 0; } nav.site-nav { position: static; width: auto; } }
 """
 
+
 # -------------------------------------------------------------------------------------- reading order
 def load_sidebar(nbs: Path = NBS) -> list[tuple[str | None, list[Path]]]:
     "[(section title or None, [notebook paths])] from `_quarto.yml`'s `website.sidebar.contents`, globs expanded."
     import yaml
+
     cfg = yaml.safe_load((nbs / "_quarto.yml").read_text(encoding="utf-8"))
     contents = (cfg.get("website", {}).get("sidebar", {}) or {}).get("contents") or ["/*.ipynb"]
 
     def expand(item) -> list[Path]:
-        if isinstance(item, dict): item = item.get("href") or item.get("file") or ""
+        if isinstance(item, dict):
+            item = item.get("href") or item.get("file") or ""
         pat = str(item)
-        rec = not pat.startswith("/")        # Quarto globs match recursively unless they start with `/`
+        rec = not pat.startswith("/")  # Quarto globs match recursively unless they start with `/`
         pat = pat.lstrip("/")
-        if not any(ch in pat for ch in "*?["): return [nbs / pat] if (nbs / pat).exists() else []
+        if not any(ch in pat for ch in "*?["):
+            return [nbs / pat] if (nbs / pat).exists() else []
         hits = glob.glob(str(nbs / ("**/" + pat if rec else pat)), recursive=rec)
-        return sorted((Path(h) for h in hits if not Path(h).name.startswith(("_", "."))), key=lambda p: str(p.relative_to(nbs)))
+        return sorted(
+            (Path(h) for h in hits if not Path(h).name.startswith(("_", "."))), key=lambda p: str(p.relative_to(nbs))
+        )
 
     out = []
     for item in contents:
@@ -78,12 +101,14 @@ def load_sidebar(nbs: Path = NBS) -> list[tuple[str | None, list[Path]]]:
             sub = item.get("contents") or []
             paths = [p for s in ([sub] if isinstance(sub, str) else sub) for p in expand(s)]
             out.append((item["section"], paths))
-        else: out.append((None, expand(item)))
+        else:
+            out.append((None, expand(item)))
     seen, res = set(), []
-    for sec, paths in out:                   # a page appears once, where the sidebar first names it
+    for sec, paths in out:  # a page appears once, where the sidebar first names it
         keep = [p for p in paths if p not in seen and p.suffix == ".ipynb"]
         seen.update(keep)
-        if keep: res.append((sec, keep))
+        if keep:
+            res.append((sec, keep))
     return res
 
 
@@ -97,8 +122,10 @@ def nb_title(nb: dict, fallback: str) -> str:
     for c in nb["cells"]:
         if c["cell_type"] == "markdown":
             m = re.search(r"^#\s+(.+)$", "".join(c["source"]), re.M)
-            if m: return re.sub(r"[`*_]", "", m.group(1)).strip()
+            if m:
+                return re.sub(r"[`*_]", "", m.group(1)).strip()
     return fallback
+
 
 # ----------------------------------------------------------------------------------- notebook -> page
 _dir_re = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -108,17 +135,25 @@ def reader_cells(nb):
     "The cells a reader sees (nbformat node, modified in place): hidden and default_exp cells dropped, directives removed."
     keep = []
     for c in nb.cells:
-        if c.cell_type != "code": keep.append(c); continue
+        if c.cell_type != "code":
+            keep.append(c)
+            continue
         lines = c.source.splitlines(True)
         dirs, i = {}, 0
-        while i < len(lines) and (m := _dir_re.match(lines[i])): dirs[m.group(1)] = m.group(2).lower(); i += 1
-        if "hide" in dirs or "default_exp" in dirs or dirs.get("include") == "false": continue
+        while i < len(lines) and (m := _dir_re.match(lines[i])):
+            dirs[m.group(1)] = m.group(2).lower()
+            i += 1
+        if "hide" in dirs or "default_exp" in dirs or dirs.get("include") == "false":
+            continue
         c.source = "".join(lines[i:]).strip("\n")
         tags = set(c.metadata.get("tags", []))
-        if dirs.get("echo") == "false": tags.add("site-hide-input")
-        if dirs.get("output") == "false": tags.add("site-hide-output")
+        if dirs.get("echo") == "false":
+            tags.add("site-hide-input")
+        if dirs.get("output") == "false":
+            tags.add("site-hide-output")
         c.metadata["tags"] = sorted(tags)
-        if not c.source and not c.get("outputs"): continue
+        if not c.source and not c.get("outputs"):
+            continue
         keep.append(c)
     nb.cells = keep
     return nb
@@ -130,7 +165,7 @@ def slugify(text: str) -> str:
     text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n")
     text = re.sub(r"\s+", "-", text)
     m = re.search(r"[^\W\d_]", text)
-    return text[m.start():] if m else "section"
+    return text[m.start() :] if m else "section"
 
 
 def _rel(target: str, page: str) -> str:
@@ -145,7 +180,9 @@ class Site:
         self.pages = [p for _, ps in self.order for p in ps]
         self.titles = {}
         self.assets, self.warnings = {}, []
-        self.mathjax = mathjax if mathjax is not None else next((d for d in MATHJAX_DIRS if (d / "MathJax.js").exists()), None)
+        self.mathjax = (
+            mathjax if mathjax is not None else next((d for d in MATHJAX_DIRS if (d / "MathJax.js").exists()), None)
+        )
         self.lab_css = None
 
     # -- links and assets
@@ -157,9 +194,11 @@ class Site:
 
     def rewrite_url(self, url: str, nb: Path, page: str) -> str:
         "A link or image source of notebook `nb` as it must read on site page `page`."
-        if not url or url.startswith(("#", "data:", "mailto:")) or re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I): return url
+        if not url or url.startswith(("#", "data:", "mailto:")) or re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I):
+            return url
         path, _, frag = url.partition("#")
-        if not path: return url
+        if not path:
+            return url
         f = (nb.parent / path).resolve()
         if f.suffix == ".ipynb":
             if f in {p.resolve() for p in self.pages}:
@@ -182,21 +221,31 @@ class Site:
         from bs4 import BeautifulSoup
         from nbconvert import HTMLExporter
         from nbconvert.preprocessors import TagRemovePreprocessor
+
         page = page_of(nb_path, self.nbs)
         nb = reader_cells(nbformat.read(nb_path, as_version=4))
-        mj = (_rel("mathjax/MathJax.js", page) if self.mathjax else
-              "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js") + MATHJAX_QUERY
+        mj = (
+            _rel("mathjax/MathJax.js", page)
+            if self.mathjax
+            else "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js"
+        ) + MATHJAX_QUERY
         ex = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True, mathjax_url=mj)
-        ex.register_preprocessor(TagRemovePreprocessor(remove_input_tags={"site-hide-input"},
-                                                       remove_all_outputs_tags={"site-hide-output"}, enabled=True), enabled=True)
+        ex.register_preprocessor(
+            TagRemovePreprocessor(
+                remove_input_tags={"site-hide-input"}, remove_all_outputs_tags={"site-hide-output"}, enabled=True
+            ),
+            enabled=True,
+        )
         html, _ = ex.from_notebook_node(nb)
         soup = BeautifulSoup(html, "html.parser")
         title = self.titles[nb_path]
         soup.title.string = f"{title} – stalebook"
-        for s in soup.find_all("script", src=re.compile("require")): s.decompose()    # widgets loader: none here
-        styles = soup.head.find_all("style")       # nbconvert's styles, the same on every page: one shared file
+        for s in soup.find_all("script", src=re.compile("require")):
+            s.decompose()  # widgets loader: none here
+        styles = soup.head.find_all("style")  # nbconvert's styles, the same on every page: one shared file
         css = "\n".join(s.string or "" for s in styles)
-        for s in styles: s.decompose()
+        for s in styles:
+            s.decompose()
         soup.head.append(soup.new_tag("link", rel="stylesheet", href=_rel("lab.css", page)))
         soup.head.append(soup.new_tag("link", rel="stylesheet", href=_rel("site.css", page)))
         # heading ids in Pandoc/Quarto form, unique per page
@@ -205,10 +254,13 @@ class Site:
             a = h.find("a", class_="anchor-link")
             text = h.get_text().rstrip("¶").strip()
             sid = slugify(text)
-            n = used.get(sid, 0); used[sid] = n + 1
-            if n: sid = f"{sid}-{n}"
+            n = used.get(sid, 0)
+            used[sid] = n + 1
+            if n:
+                sid = f"{sid}-{n}"
             h["id"] = sid
-            if a is not None: a["href"] = "#" + sid
+            if a is not None:
+                a["href"] = "#" + sid
         for tag, attr in (("a", "href"), ("img", "src")):
             for el in soup.find_all(tag):
                 if el.get(attr) and not (tag == "a" and "anchor-link" in (el.get("class") or [])):
@@ -223,20 +275,28 @@ class Site:
 
     def nav(self, soup, page: str):
         nav = soup.new_tag("nav", attrs={"class": "site-nav"})
-        home = soup.new_tag("a", attrs={"class": "site-title", "href": _rel("index.html", page)}); home.string = "stalebook"
+        home = soup.new_tag("a", attrs={"class": "site-title", "href": _rel("index.html", page)})
+        home.string = "stalebook"
         nav.append(home)
         for sec, paths in self.order:
             if sec:
-                d = soup.new_tag("div", attrs={"class": "section"}); d.string = sec; nav.append(d)
+                d = soup.new_tag("div", attrs={"class": "section"})
+                d.string = sec
+                nav.append(d)
             ul = soup.new_tag("ul")
             for p in paths:
                 target = page_of(p, self.nbs)
                 li, a = soup.new_tag("li"), soup.new_tag("a", href=_rel(target, page))
-                if target == page: a["class"] = "current"
+                if target == page:
+                    a["class"] = "current"
                 m = re.match(r"^(\d+)_", p.name)
                 if m:
-                    num = soup.new_tag("span", attrs={"class": "num"}); num.string = m.group(1); a.append(num)
-                a.append("Overview" if p == self.nbs / "index.ipynb" else self.titles[p]); li.append(a); ul.append(li)
+                    num = soup.new_tag("span", attrs={"class": "num"})
+                    num.string = m.group(1)
+                    a.append(num)
+                a.append("Overview" if p == self.nbs / "index.ipynb" else self.titles[p])
+                li.append(a)
+                ul.append(li)
             nav.append(ul)
         return nav
 
@@ -247,7 +307,7 @@ class Site:
             span = soup.new_tag("span")
             if 0 <= j < len(self.pages):
                 a = soup.new_tag("a", href=_rel(page_of(self.pages[j], self.nbs), page))
-                a.string = (label + self.titles[self.pages[j]] + (" →" if not label else ""))
+                a.string = label + self.titles[self.pages[j]] + (" →" if not label else "")
                 span.append(a)
             div.append(span)
         return div
@@ -255,7 +315,9 @@ class Site:
     # -- whole site
     def build(self) -> list[Path]:
         import json
-        if self.out.exists(): shutil.rmtree(self.out)
+
+        if self.out.exists():
+            shutil.rmtree(self.out)
         self.out.mkdir(parents=True)
         for p in self.pages:
             self.titles[p] = nb_title(json.loads(p.read_text(encoding="utf-8")), p.stem)
@@ -266,15 +328,21 @@ class Site:
         if jobs > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
+
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as ex:
                 results = list(ex.map(_render_page, [self] * len(self.pages), self.pages))
-        else: results = [_render_page(self, p) for p in self.pages]
+        else:
+            results = [_render_page(self, p) for p in self.pages]
         for p, (html, c, assets, warnings) in zip(self.pages, results):
             dest = self.out / page_of(p, self.nbs)
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(html, encoding="utf-8")
-            written.append(dest); css.add(c); self.assets.update(assets); self.warnings += warnings
-        if len(css) != 1: raise SystemExit("nbconvert produced different styles for different pages: cannot share lab.css")
+            written.append(dest)
+            css.add(c)
+            self.assets.update(assets)
+            self.warnings += warnings
+        if len(css) != 1:
+            raise SystemExit("nbconvert produced different styles for different pages: cannot share lab.css")
         self.lab_css = css.pop()
         (self.out / "lab.css").write_text(self.lab_css or "", encoding="utf-8")
         (self.out / "site.css").write_text(SITE_CSS, encoding="utf-8")
@@ -284,8 +352,11 @@ class Site:
         if self.mathjax:
             for part in MATHJAX_PARTS:
                 s, d = self.mathjax / part, self.out / "mathjax" / part
-                if s.is_dir(): shutil.copytree(s, d, dirs_exist_ok=True)
-                elif s.exists(): d.parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(s, d)
+                if s.is_dir():
+                    shutil.copytree(s, d, dirs_exist_ok=True)
+                elif s.exists():
+                    d.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(s, d)
         return written
 
 
@@ -297,7 +368,9 @@ def _render_page(site: Site, nb_path: Path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--static", action="store_true", help="build the static site even when Quarto is installed")
     ap.add_argument("--out", default=str(ROOT / "_docs"), help="output folder of the static site (default _docs/)")
     ap.add_argument("--jobs", type=int, default=2, help="pages rendered in parallel (default 2)")
@@ -307,10 +380,13 @@ def main(argv=None):
         return subprocess.call([str(Path(sys.executable).with_name("nbdev-docs"))], cwd=ROOT)
     site = Site(Path(a.out), jobs=a.jobs)
     written = site.build()
-    for w in site.warnings: print("warning:", w, file=sys.stderr)
+    for w in site.warnings:
+        print("warning:", w, file=sys.stderr)
     size = sum(f.stat().st_size for f in Path(a.out).rglob("*") if f.is_file())
-    print(f"static site (no quarto): {len(written)} pages, {len(site.assets)} copied files, "
-          f"mathjax {'local' if site.mathjax else 'from CDN'}, {size / 1e6:.1f} MB in {a.out}; open {Path(a.out) / 'index.html'}")
+    print(
+        f"static site (no quarto): {len(written)} pages, {len(site.assets)} copied files, "
+        f"mathjax {'local' if site.mathjax else 'from CDN'}, {size / 1e6:.1f} MB in {a.out}; open {Path(a.out) / 'index.html'}"
+    )
     return 0
 
 

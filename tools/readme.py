@@ -4,7 +4,9 @@ not hidden become fenced python blocks. Image links `../figures/X` (relative to 
 become `figures/X` (relative to the README). A code cell marked `#| echo: false` contributes its committed
 Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like every output). Deterministic: `python tools/readme.py --check` fails if
 README.md is out of date."""
-import json, sys
+
+import json
+import sys
 from pathlib import Path
 
 root = Path(__file__).resolve().parents[1]
@@ -12,13 +14,22 @@ nb = json.loads((root / "nbs" / "index.ipynb").read_text(encoding="utf-8"))
 parts = []
 for c in nb["cells"]:
     src = "".join(c["source"]).strip("\n")
-    if not src: continue
-    if c["cell_type"] == "markdown": parts.append(src.replace("](../figures/", "](figures/"))   # the notebook sits in nbs/
-    elif c["cell_type"] == "code" and "#| echo: false" in src:        # its committed Markdown output, not its code
-        parts += ["".join(o["data"]["text/markdown"]).strip("\n") for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
+    if not src:
+        continue
+    if c["cell_type"] == "markdown":
+        parts.append(src.replace("](../figures/", "](figures/"))  # the notebook sits in nbs/
+    elif c["cell_type"] == "code" and "#| echo: false" in src:  # its committed Markdown output, not its code
+        parts += [
+            "".join(o["data"]["text/markdown"]).strip("\n")
+            for o in c.get("outputs", [])
+            if "text/markdown" in o.get("data", {})
+        ]
     elif c["cell_type"] == "code" and not src.lstrip().startswith("#| hide"):
         parts.append("```python\n" + src + "\n```")
-text = "\n\n".join(parts) + "\n\n<!-- generated from nbs/index.ipynb by tools/readme.py; edit the notebook, not this file -->\n"
+text = (
+    "\n\n".join(parts)
+    + "\n\n<!-- generated from nbs/index.ipynb by tools/readme.py; edit the notebook, not this file -->\n"
+)
 out = root / "README.md"
 if "--check" in sys.argv:
     if not out.exists() or out.read_text(encoding="utf-8") != text:

@@ -9,12 +9,20 @@ Docs: https://stalebook.github.io/stalebook/async_sim.html.md"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from ..core import Check, Domain, verify_check
+from stalebook.theory.staleness import (
+    estimate_G_upd,
+    estimate_R_batch,
+    estimate_R_crit,
+    exact_masses,
+    sampled_masses,
+    stability_bound,
+    surrogate_grad,
+)
 from .tree import Tree, seq_probs, token_logprobs
-from .staleness import (exact_masses, sampled_masses, surrogate_grad, stability_bound,
-                                        estimate_G_upd, estimate_R_batch, estimate_R_crit)
 
 # %% auto #0
 __all__ = ['ENV_KW', 'SETTINGS', 'SimEnv', 'make_env', 'behaviour_source', 'simulate', 'moving_average', 'collapse_time', 'env_H',
@@ -25,26 +33,46 @@ __all__ = ['ENV_KW', 'SETTINGS', 'SimEnv', 'make_env', 'behaviour_source', 'simu
 @dataclass
 class SimEnv:
     "P prompts, each a token tree; logits(x) = base(x) + features(x) @ theta with theta in R^d shared by all prompts."
-    tree: Tree
-    base: np.ndarray      # [P, n_hist, V]   reference logits (theta = 0)
-    feats: np.ndarray     # [P, n_hist, V, d]
-    R: np.ndarray         # [P, N] binary rewards
-    @property
-    def d(self): return self.feats.shape[-1]
-    @property
-    def P(self): return self.base.shape[0]
-    def logits(self, theta): return self.base + np.einsum("phvd,...d->...phv", self.feats, theta)
-    def reward(self, theta): return (seq_probs(self.tree, self.logits(theta)) * self.R).sum(-1).mean(-1)
 
-def make_env(seed: int = 0, P: int = 32, V: int = 2, T: int = 3, d: int = 8, base_scale: float = 1.0,
-             feat_scale: float = 1.0, n_correct: int = 1, tilt: float = 0.0) -> SimEnv:
+    tree: Tree
+    base: np.ndarray  # [P, n_hist, V]   reference logits (theta = 0)
+    feats: np.ndarray  # [P, n_hist, V, d]
+    R: np.ndarray  # [P, N] binary rewards
+
+    @property
+    def d(self):
+        return self.feats.shape[-1]
+
+    @property
+    def P(self):
+        return self.base.shape[0]
+
+    def logits(self, theta):
+        return self.base + np.einsum("phvd,...d->...phv", self.feats, theta)
+
+    def reward(self, theta):
+        return (seq_probs(self.tree, self.logits(theta)) * self.R).sum(-1).mean(-1)
+
+
+def make_env(
+    seed: int = 0,
+    P: int = 32,
+    V: int = 2,
+    T: int = 3,
+    d: int = 8,
+    base_scale: float = 1.0,
+    feat_scale: float = 1.0,
+    n_correct: int = 1,
+    tilt: float = 0.0,
+) -> SimEnv:
     g = Domain(seed, ("async_sim", "env"))
     tree = Tree(V, T)
     base = base_scale * g.child("base").numpy().standard_normal((P, tree.n_hist, V))
     feats = feat_scale * g.child("feats").numpy().standard_normal((P, tree.n_hist, V, d)) / np.sqrt(d)
     gr = g.child("rewards").numpy()
     R = np.zeros((P, tree.N))
-    for p in range(P): R[p, gr.choice(tree.N, n_correct, replace=False)] = 1
+    for p in range(P):
+        R[p, gr.choice(tree.N, n_correct, replace=False)] = 1
     # tilt: add `tilt` to the base logit of every token on the path of the (first) correct response
     for p in range(P):
         y = int(np.flatnonzero(R[p])[0])
@@ -56,34 +84,55 @@ def behaviour_source(t, S, mode: str = "sync"):
     "Step index whose parameters generate step t's rollouts: sync every S steps (lags 1..S) or a fixed lag S."
     t, S = np.asarray(t), np.asarray(S)
     src = S * (t // np.maximum(S, 1)) - 1 if mode == "sync" else t - S
-    if mode not in ("sync", "fixed"): raise ValueError(mode)
+    if mode not in ("sync", "fixed"):
+        raise ValueError(mode)
     return np.maximum(src, 0)
 
 # %% ../../nbs/16_async_sim.ipynb #a14be00b
-def simulate(env: SimEnv, eta, S, steps: int, K: int = 8, mode: str = "sync", sampled: bool = False,
-             seed: int = 0, clip_eps: float = 0.2, agg: str = "token", beta_kl: float = 0.0, std: bool = True,
-             track_delta: bool = False, theta0=None) -> dict:
+def simulate(
+    env: SimEnv,
+    eta,
+    S,
+    steps: int,
+    K: int = 8,
+    mode: str = "sync",
+    sampled: bool = False,
+    seed: int = 0,
+    clip_eps: float = 0.2,
+    agg: str = "token",
+    beta_kl: float = 0.0,
+    std: bool = True,
+    track_delta: bool = False,
+    theta0=None,
+) -> dict:
     """Run B = len(eta) independent async GRPO learners (plain SGD ascent theta += eta g) for `steps` steps,
     vectorised over runs and prompts. Returns logs [B, steps] (+ theta history [steps+1, B, d])."""
     eta, S = np.broadcast_arrays(np.asarray(eta, float), np.asarray(S, int))
     B, tr = eta.shape[0], env.tree
     gen = Domain(seed, ("async_sim", "run")).numpy()
     hist = np.zeros((steps + 1, B, env.d))
-    if theta0 is not None: hist[0] = theta0
+    if theta0 is not None:
+        hist[0] = theta0
     keys = ["J", "gnorm", "cos", "drift", "lagdist", "clip", "logratio"] + (["delta"] if track_delta else [])
     log = {k: np.full((B, steps), np.nan) for k in keys}
-    ar = np.arange(B); prev = None
+    ar = np.arange(B)
+    prev = None
     ref = env.base if beta_kl else None
     for t in range(steps):
-        th = hist[t]; ph = hist[behaviour_source(t, S, mode), ar]
+        th = hist[t]
+        ph = hist[behaviour_source(t, S, mode), ar]
         Lth, Lph = env.logits(th), env.logits(ph)
         with np.errstate(all="ignore"):
-            masses = (sampled_masses(tr, Lph, env.R, K, gen, std) if sampled else exact_masses(tr, Lph, env.R, K, std))
+            masses = sampled_masses(tr, Lph, env.R, K, gen, std) if sampled else exact_masses(tr, Lph, env.R, K, std)
             G, clip = surrogate_grad(tr, Lth, Lph, masses, clip_eps, agg, beta_kl, ref, return_clip=True)
             g = np.einsum("bphv,phvd->bd", G, env.feats) / env.P
             if track_delta:
                 Gon = surrogate_grad(tr, Lth, Lth, exact_masses(tr, Lth, env.R, K, std), clip_eps, agg, beta_kl, ref)
-                Gst = G if not sampled else surrogate_grad(tr, Lth, Lph, exact_masses(tr, Lph, env.R, K, std), clip_eps, agg, beta_kl, ref)
+                Gst = (
+                    G
+                    if not sampled
+                    else surrogate_grad(tr, Lth, Lph, exact_masses(tr, Lph, env.R, K, std), clip_eps, agg, beta_kl, ref)
+                )
                 log["delta"][:, t] = np.linalg.norm(np.einsum("bphv,phvd->bd", Gst - Gon, env.feats) / env.P, axis=-1)
             log["J"][:, t] = (seq_probs(tr, Lth) * env.R).sum(-1).mean(-1)
             log["clip"][:, t] = clip.mean(-1)
@@ -110,6 +159,7 @@ def moving_average(x, w: int):
     lo = np.maximum(n - w, 0)
     return (c[..., n] - c[..., lo]) / (n - lo)
 
+
 def collapse_time(J, w: int = 10, frac: float = 0.5, W: int = 50) -> np.ndarray:
     """The collapse criterion, fixed before any sweep: t_collapse is the first step t at which either J_t is
     non-finite, or the w-step moving average of the exact mean reward falls below `frac` times its running
@@ -125,10 +175,10 @@ def collapse_time(J, w: int = 10, frac: float = 0.5, W: int = 50) -> np.ndarray:
     out = np.full(J.shape[:-1], -1)
     flat_ma, flat_thr = ma.reshape(-1, n), thr.reshape(-1, n)
     t_idx = np.arange(n)
-    below = flat_ma < flat_thr                                   # [runs, n]
+    below = flat_ma < flat_thr  # [runs, n]
     # stays below the level fixed at t for the next W steps: compare future MA with thr_t
     ok = np.zeros_like(below)
-    for k in range(0, W + 1):                                    # loop over the window, vectorised over runs and t
+    for k in range(0, W + 1):  # loop over the window, vectorised over runs and t
         fut = np.concatenate([flat_ma[:, k:], np.full((flat_ma.shape[0], k), -np.inf)], -1)
         ok_k = (fut < flat_thr) | (t_idx + k >= n)
         ok = ok_k if k == 0 else ok & ok_k
@@ -139,13 +189,30 @@ def collapse_time(J, w: int = 10, frac: float = 0.5, W: int = 50) -> np.ndarray:
     return out
 
 # %% ../../nbs/16_async_sim.ipynb #817bcb4b
-def env_H(env: SimEnv, theta, phi, K: int = 8, std: bool = True, clip_eps: float = 0.2, agg: str = "token",
-          beta_kl: float = 0.0) -> np.ndarray:
+def env_H(
+    env: SimEnv,
+    theta,
+    phi,
+    K: int = 8,
+    std: bool = True,
+    clip_eps: float = 0.2,
+    agg: str = "token",
+    beta_kl: float = 0.0,
+) -> np.ndarray:
     "Exact H(theta, phi) in feature space [..., d] (mean over prompts)."
     Lth, Lph = env.logits(theta), env.logits(phi)
-    G = surrogate_grad(env.tree, Lth, Lph, exact_masses(env.tree, Lph, env.R, K, std), clip_eps, agg, beta_kl,
-                       env.base if beta_kl else None)
+    G = surrogate_grad(
+        env.tree,
+        Lth,
+        Lph,
+        exact_masses(env.tree, Lph, env.R, K, std),
+        clip_eps,
+        agg,
+        beta_kl,
+        env.base if beta_kl else None,
+    )
     return np.einsum("...phv,phvd->...d", G, env.feats) / env.P
+
 
 def bias_vs_lag(env: SimEnv, Ss, etas, K: int = 8, **kw) -> dict:
     """||delta|| at the first fully-lagged step: fixed lag S, exact gradients from theta_0, measured at t = S where
@@ -156,8 +223,11 @@ def bias_vs_lag(env: SimEnv, Ss, etas, K: int = 8, **kw) -> dict:
     SS, EE = np.meshgrid(Ss, etas, indexing="ij")
     log = simulate(env, EE.ravel(), SS.ravel(), int(Ss.max()) + 1, K=K, mode="fixed", track_delta=True, **kw)
     ar, t = np.arange(SS.size), SS.ravel()
-    delta = log["delta"][ar, t].reshape(SS.shape); lag = log["lagdist"][ar, t].reshape(SS.shape)
-    th0 = np.zeros(env.d); Hon = env_H(env, th0, th0, K, **kw); h = 1e-5
+    delta = log["delta"][ar, t].reshape(SS.shape)
+    lag = log["lagdist"][ar, t].reshape(SS.shape)
+    th0 = np.zeros(env.d)
+    Hon = env_H(env, th0, th0, K, **kw)
+    h = 1e-5
     limit = np.linalg.norm(env_H(env, th0, th0 + h * Hon, K, **kw) - env_H(env, th0, th0 - h * Hon, K, **kw)) / (2 * h)
     return dict(S=Ss, eta=etas, delta=delta, lagdist=lag, ratio=delta / (SS * EE), limit=limit)
 
@@ -177,26 +247,38 @@ def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
     "S x eta phase diagram: fraction of collapsed replicates, eta_max per S, the two-constraint rule's curves."
     S, eta = sw["S"], sw["eta"]
     frac = (sw["t_c"] >= 0).mean(-1)
-    r = np.sqrt(eta[1] / eta[0]); edges = np.concatenate([eta / r, eta[-1:] * r])
+    r = np.sqrt(eta[1] / eta[0])
+    edges = np.concatenate([eta / r, eta[-1:] * r])
     x = np.arange(len(S))
     ax.pcolormesh(np.arange(len(S) + 1) - 0.5, edges, frac.T, cmap="RdYlGn_r", vmin=0, vmax=1)
     ax.plot(x, an["eta_max_median"], "ko-", label=r"$\eta_{max}(S)$ (median over reps)")
     ax.plot(x, rc["local"], "b--", label=r"$R_{batch}/(S\,G_{upd})$")
     ax.plot(x, rc["horizon"], "m:", lw=2, label=r"$R_{crit}/(T\,G_{upd})$")
-    ax.set_yscale("log"); ax.set_ylim(min(edges[0], np.nanmin(rc["eta"])) / 1.5, max(edges[-1], np.nanmax(rc["local"])) * 1.5)
-    ax.set_xticks(x, [str(s) for s in S]); ax.set_xlim(-0.5, len(S) - 0.5)
-    ax.set_xlabel("S (max lag)"); ax.set_ylabel(r"$\eta$ (colour: fraction of replicates collapsed)")
-    ax.set_title(title, fontsize=9); ax.legend(fontsize=6, loc="lower left")
+    ax.set_yscale("log")
+    ax.set_ylim(min(edges[0], np.nanmin(rc["eta"])) / 1.5, max(edges[-1], np.nanmax(rc["local"])) * 1.5)
+    ax.set_xticks(x, [str(s) for s in S])
+    ax.set_xlim(-0.5, len(S) - 0.5)
+    ax.set_xlabel("S (max lag)")
+    ax.set_ylabel(r"$\eta$ (colour: fraction of replicates collapsed)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, loc="lower left")
+
 
 def plot_tcollapse(ax, sw: dict, title: str = ""):
     "Collapse step vs eta per S (collapsed replicates only; log-log)."
-    import matplotlib.pyplot as plt               # lazy: only for the figures
     cols = plt.cm.viridis(np.linspace(0, 0.9, len(sw["S"])))
     for i, S in enumerate(sw["S"]):
         e, r = np.nonzero(sw["t_c"][i] >= 0)
-        if len(e): ax.scatter(sw["eta"][e] * np.exp(0.03 * (i - 2.5)), sw["t_c"][i][e, r] + 1, s=10, color=cols[i], label=f"S={S}")
-    ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlabel(r"$\eta$"); ax.set_ylabel(r"$t_{collapse}$ (learner steps)")
-    ax.set_title(title, fontsize=9); ax.legend(fontsize=6)
+        if len(e):
+            ax.scatter(
+                sw["eta"][e] * np.exp(0.03 * (i - 2.5)), sw["t_c"][i][e, r] + 1, s=10, color=cols[i], label=f"S={S}"
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(r"$\eta$")
+    ax.set_ylabel(r"$t_{collapse}$ (learner steps)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6)
 
 # %% ../../nbs/16_async_sim.ipynb #7fd9b548
 def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
@@ -205,33 +287,63 @@ def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
         tc = sw["t_c"][i]
         stab = np.argwhere((tc < 0).all(-1)).ravel()
         coll = np.argwhere(tc >= 0)
-        if len(stab): ax.plot(moving_average(np.nan_to_num(sw["cos"][i, stab[-1], 0]), w), lw=0.8, ls="-", label=f"S={sw['S'][i]} stable η={sw['eta'][stab[-1]]:.3g}")
+        if len(stab):
+            ax.plot(
+                moving_average(np.nan_to_num(sw["cos"][i, stab[-1], 0]), w),
+                lw=0.8,
+                ls="-",
+                label=f"S={sw['S'][i]} stable η={sw['eta'][stab[-1]]:.3g}",
+            )
         if len(coll):
-            e, r = coll[0]; c = sw["cos"][i, e, r, :tc[e, r]]
-            ax.plot(moving_average(np.nan_to_num(c), w), lw=1.2, ls="--", label=f"S={sw['S'][i]} collapsing η={sw['eta'][e]:.3g}")
-    ax.axhline(0, color="k", lw=0.5); ax.set_ylim(-1.05, 1.05); ax.set_xlabel("learner step"); ax.set_ylabel("cos(g_t, g_{t-1}) (10-step MA)")
-    ax.set_title(title, fontsize=9); ax.legend(fontsize=5)
+            e, r = coll[0]
+            c = sw["cos"][i, e, r, : tc[e, r]]
+            ax.plot(
+                moving_average(np.nan_to_num(c), w),
+                lw=1.2,
+                ls="--",
+                label=f"S={sw['S'][i]} collapsing η={sw['eta'][e]:.3g}",
+            )
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("cos(g_t, g_{t-1}) (10-step MA)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=5)
+
 
 def plot_bias(ax, b: dict):
     "||delta|| / (S eta) against eta for every S, with the independently computed eta -> 0 limit."
-    import matplotlib.pyplot as plt               # lazy: only for the figures
     cols = plt.cm.viridis(np.linspace(0, 0.9, len(b["S"])))
-    for i, S in enumerate(b["S"]): ax.plot(b["eta"], b["ratio"][i], "o-", ms=3, color=cols[i], label=f"S={S}")
+    for i, S in enumerate(b["S"]):
+        ax.plot(b["eta"], b["ratio"][i], "o-", ms=3, color=cols[i], label=f"S={S}")
     ax.axhline(b["limit"], color="r", ls="--", lw=1, label=r"$\|D_\phi H\,[H_{on}]\|$ (finite diff.)")
-    ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlabel(r"$\eta$"); ax.set_ylabel(r"$\|\delta\| / (S\eta)$")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(r"$\eta$")
+    ax.set_ylabel(r"$\|\delta\| / (S\eta)$")
     ax.legend(fontsize=6)
 
 # %% ../../nbs/16_async_sim.ipynb #20cd3ad5
 ENV_KW = dict(P=32, V=2, T=3, d=16, base_scale=1.0, feat_scale=3.0, tilt=0.7)
 SETTINGS = {
-    "grpo": dict(title="GRPO: clip eps=0.2, k3-KL beta=0.1", etas=np.geomspace(1, 16, 12),
-                 kw=dict(sampled=True, K=8, clip_eps=0.2, beta_kl=0.1), sim=dict(clip_eps=0.2, beta_kl=0.1)),
-    "unclipped": dict(title="no clip, no KL (plain importance ratio)", etas=np.geomspace(4, 256, 12),
-                      kw=dict(sampled=True, K=8, clip_eps=np.inf, beta_kl=0.0), sim=dict(clip_eps=np.inf, beta_kl=0.0)),
+    "grpo": dict(
+        title="GRPO: clip eps=0.2, k3-KL beta=0.1",
+        etas=np.geomspace(1, 16, 12),
+        kw=dict(sampled=True, K=8, clip_eps=0.2, beta_kl=0.1),
+        sim=dict(clip_eps=0.2, beta_kl=0.1),
+    ),
+    "unclipped": dict(
+        title="no clip, no KL (plain importance ratio)",
+        etas=np.geomspace(4, 256, 12),
+        kw=dict(sampled=True, K=8, clip_eps=np.inf, beta_kl=0.0),
+        sim=dict(clip_eps=np.inf, beta_kl=0.0),
+    ),
 }
 
 # %% ../../nbs/16_async_sim.ipynb #b50a293e
-def _tiny_env(): return make_env(3, P=4, V=2, T=2, d=4, tilt=0.5)
+def _tiny_env():
+    return make_env(3, P=4, V=2, T=2, d=4, tilt=0.5)
+
 
 @verify_check
 def check_async_lag_bound():
@@ -241,20 +353,26 @@ def check_async_lag_bound():
     a = simulate(env, eta[:3], S[:3], 24, K=4, mode="sync")
     r = np.nanmax(a["lagdist"] / (S[:3] * eta[:3] * np.nanmax(a["gnorm"], -1))[:, None])
     b = simulate(env, eta[3:], S[3:], 12, K=4, mode="fixed", sampled=True, track_delta=True)
-    return [Check("async_sim.lag", "max ||theta-phi|| / (S eta G_upd)", float(r), 1.0 + 1e-12),
-            Check("async_sim.onpolicy", "max ||delta|| at lag 0", float(np.nanmax(b["delta"])), 1e-13)]
+    return [
+        Check("async_sim.lag", "max ||theta-phi|| / (S eta G_upd)", float(r), 1.0 + 1e-12),
+        Check("async_sim.onpolicy", "max ||delta|| at lag 0", float(np.nanmax(b["delta"])), 1e-13),
+    ]
+
 
 @verify_check
 def check_collapse_criterion():
     "The collapse criterion on synthetic reward traces: drop, transient dip, non-finite."
     up = np.linspace(0.2, 0.6, 100)
     drop, dip = np.concatenate([up, np.full(100, 0.1)]), np.concatenate([up, np.full(40, 0.1), np.full(60, 0.6)])
-    nan = np.concatenate([up, up]); nan[150] = np.nan
+    nan = np.concatenate([up, up])
+    nan[150] = np.nan
     tc = collapse_time(np.stack([drop, dip, nan]))
-    return [Check("async_sim.collapse", "t_c of a drop at step 100 minus 100", float(tc[0] - 100), 9, "<="),
-            Check("async_sim.collapse", "t_c of a drop at step 100 minus 100 (not early)", float(tc[0] - 100), 0, ">="),
-            Check("async_sim.collapse", "t_c of a 40-step dip that recovers (-1 = none)", float(tc[1]), -1, "<="),
-            Check("async_sim.collapse", "|t_c - 150| for a NaN at step 150", float(abs(tc[2] - 150)), 0)]
+    return [
+        Check("async_sim.collapse", "t_c of a drop at step 100 minus 100", float(tc[0] - 100), 9, "<="),
+        Check("async_sim.collapse", "t_c of a drop at step 100 minus 100 (not early)", float(tc[0] - 100), 0, ">="),
+        Check("async_sim.collapse", "t_c of a 40-step dip that recovers (-1 = none)", float(tc[1]), -1, "<="),
+        Check("async_sim.collapse", "|t_c - 150| for a NaN at step 150", float(abs(tc[2] - 150)), 0),
+    ]
 
 # %% ../../nbs/16_async_sim.ipynb #d06a91b6
 def run_sweep(env: SimEnv, Ss, etas, reps: int, steps: int, seed: int = 0, **kw) -> dict:
@@ -268,7 +386,9 @@ def run_sweep(env: SimEnv, Ss, etas, reps: int, steps: int, seed: int = 0, **kw)
     return out
 
 # %% ../../nbs/16_async_sim.ipynb #57bae513
-def _fit_slope(x, y): return np.polyfit(np.log(x), np.log(y), 1)[0]
+def _fit_slope(x, y):
+    return np.polyfit(np.log(x), np.log(y), 1)[0]
+
 
 def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, tail: int = 100) -> dict:
     """Acceptance numbers of a sweep: eta_max per (S, rep) (largest grid eta with it and every smaller eta
@@ -278,14 +398,18 @@ def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, ta
     and the mean consecutive-gradient cosine before collapse vs over the last `tail` steps of stable runs."""
     g = Domain(seed, ("async_sim", "bootstrap")).numpy()
     S, eta, tc = sw["S"], sw["eta"], sw["t_c"]
-    coll = tc >= 0                                                 # [S, eta, rep]
-    first = np.where(coll.any(1), coll.argmax(1), len(eta))        # [S, rep]
+    coll = tc >= 0  # [S, eta, rep]
+    first = np.where(coll.any(1), coll.argmax(1), len(eta))  # [S, rep]
     eta_max = np.where(first == 0, np.nan, eta[np.maximum(first - 1, 0)])
     censored = first == len(eta)
     ok = np.isfinite(eta_max).all(0) & ~censored.all(0)
     slopes = np.array([_fit_slope(S, eta_max[:, r]) for r in np.flatnonzero(ok)])
     lm = np.log(eta_max[:, ok])
-    boot = [np.polyfit(np.log(S), lm[:, g.integers(0, lm.shape[1], lm.shape[1])].mean(1), 1)[0] for _ in range(n_boot)] if lm.size else [np.nan]
+    boot = (
+        [np.polyfit(np.log(S), lm[:, g.integers(0, lm.shape[1], lm.shape[1])].mean(1), 1)[0] for _ in range(n_boot)]
+        if lm.size
+        else [np.nan]
+    )
     em_med = np.exp(np.nanmedian(np.log(eta_max), 1))
     prod = S * em_med
     # collapse times
@@ -301,12 +425,23 @@ def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, ta
     MSe = t * eta[ei]
     # cosines
     cos = sw["cos"]
-    cos_c = np.array([np.nanmean(cos[s, e, r, max(1, tc[s, e, r] - pre):max(2, tc[s, e, r])]) for s, e, r in zip(si, ei, ri)])
+    cos_c = np.array(
+        [np.nanmean(cos[s, e, r, max(1, tc[s, e, r] - pre) : max(2, tc[s, e, r])]) for s, e, r in zip(si, ei, ri)]
+    )
     cos_s = np.nanmean(cos[~coll][:, -tail:], -1)
-    return dict(eta_max=eta_max, censored=censored, eta_max_median=em_med, slope_reps=slopes,
-                slope_boot_ci=np.nanpercentile(boot, [2.5, 50, 97.5]), S_eta_max=prod,
-                cv_S_eta_max=float(np.nanstd(prod) / np.nanmean(prod)),
-                tc_coef=coef, tc_coef_ci=np.nanpercentile(bc, [2.5, 97.5], 0), n_collapsed=int(coll.sum()),
-                MSeta_mean=float(MSe.mean()) if len(MSe) else np.nan,
-                MSeta_cv=float(MSe.std() / MSe.mean()) if len(MSe) else np.nan,
-                cos_collapsed=cos_c, cos_stable=cos_s)
+    return dict(
+        eta_max=eta_max,
+        censored=censored,
+        eta_max_median=em_med,
+        slope_reps=slopes,
+        slope_boot_ci=np.nanpercentile(boot, [2.5, 50, 97.5]),
+        S_eta_max=prod,
+        cv_S_eta_max=float(np.nanstd(prod) / np.nanmean(prod)),
+        tc_coef=coef,
+        tc_coef_ci=np.nanpercentile(bc, [2.5, 97.5], 0),
+        n_collapsed=int(coll.sum()),
+        MSeta_mean=float(MSe.mean()) if len(MSe) else np.nan,
+        MSeta_cv=float(MSe.std() / MSe.mean()) if len(MSe) else np.nan,
+        cos_collapsed=cos_c,
+        cos_stable=cos_s,
+    )

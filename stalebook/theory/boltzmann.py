@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import logsumexp, log_softmax
+from scipy.special import log_softmax, logsumexp
 from scipy.stats import binom
 
 from ..core import Check, Domain, verify_check
@@ -33,27 +33,34 @@ def log_normalize(logu, axis=-1):
     logu = np.asarray(logu, dtype=np.float64)
     return logu - logsumexp(logu, axis=axis, keepdims=True)
 
+
 def _support_max(logp_ref, r):
     "max of r over the support of the reference (the beta -> 0 value), keepdims."
     return np.where(np.isfinite(logp_ref), r, -np.inf).max(-1, keepdims=True)
+
 
 def soft_value(logp_ref, r, beta):
     "beta * log Z(x), Z = E_ref exp(r/beta); beta = 0 gives its limit max_{supp ref} r."
     logp_ref, r = np.asarray(logp_ref, np.float64), np.asarray(r, np.float64)
     m = _support_max(logp_ref, r)
-    if beta == 0: return m[..., 0]
+    if beta == 0:
+        return m[..., 0]
     return (m + beta * logsumexp(logp_ref + (r - m) / beta, axis=-1, keepdims=True))[..., 0]
+
 
 def log_partition(logp_ref, r, beta):
     "log Z(x) = log E_ref exp(r/beta) (beta > 0)."
-    if beta <= 0: raise ValueError("log Z diverges as beta -> 0; use soft_value (= beta log Z)")
+    if beta <= 0:
+        raise ValueError("log Z diverges as beta -> 0; use soft_value (= beta log Z)")
     return logsumexp(np.asarray(logp_ref) + np.asarray(r) / beta, axis=-1)
+
 
 def boltzmann_target(logp_ref, r, beta):
     "log pi*(y|x), pi* ∝ pi_ref exp(r/beta). beta = 0: pi_ref conditioned on argmax_{supp ref} r."
     logp_ref, r = np.asarray(logp_ref, np.float64), np.asarray(r, np.float64)
     m = _support_max(logp_ref, r)
-    if beta == 0: return log_normalize(np.where(r == m, logp_ref, -np.inf))
+    if beta == 0:
+        return log_normalize(np.where(r == m, logp_ref, -np.inf))
     return log_normalize(logp_ref + (r - m) / beta)
 
 # %% ../../nbs/17_boltzmann.ipynb #d987cbd9
@@ -65,9 +72,11 @@ def kl(logp, logq, axis=-1):
         t = np.where(p > 0, p * (logp - logq), 0.0)
     return t.sum(axis)
 
+
 def tv(logp, logq, axis=-1):
     "Total-variation distance between two log-distributions."
     return 0.5 * np.abs(np.exp(logp) - np.exp(logq)).sum(axis)
+
 
 def reg_value(logp, logp_ref, r, beta):
     "J_beta(pi) = E_pi[r] - beta KL(pi || pi_ref)."
@@ -79,6 +88,7 @@ def induced_target(logq, logw):
     "log of the weighted-SFT induced target pi~_w ∝ q w (sampler q, weights w >= 0, in log space)."
     return log_normalize(np.asarray(logq, np.float64) + np.asarray(logw, np.float64))
 
+
 def matching_log_weights(logp_target, logq):
     """log w = log(pi_target / q): the target-matching law (normalised so E_q[w] = 1).
     Raises if the target puts mass where q has none (no weight can match: a support gap)."""
@@ -88,13 +98,17 @@ def matching_log_weights(logp_target, logq):
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(logp_target), logp_target - logq, -np.inf)
 
+
 def bolt_log_weights(logp_ref, r, beta):
     "Population BOLT weights for q = pi_ref: log w = r/beta - log Z(x) (= log pi*/pi_ref; beta = 0: its limit)."
     return matching_log_weights(boltzmann_target(logp_ref, r, beta), logp_ref)
 
+
 def refit_log_weights(r):
     "Refit: raw rewards as weights (r >= 0), in log space."
-    with np.errstate(divide="ignore"): return np.log(np.asarray(r, np.float64))
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(r, np.float64))
+
 
 def positive_only_log_weights(r):
     "Positive-only SFT for binary rewards: weight 1 on passing responses, 0 otherwise."
@@ -110,9 +124,11 @@ def random_problem(gen, N, reward="uniform", p_scale=1.0):
 # %% ../../nbs/17_boltzmann.ipynb #ed407819
 def mc_log_Z(r_samples, beta, axis=-1):
     "log Z-hat = log mean_i exp(r_i/beta) by log-sum-exp (beta > 0; an all-zero group gives exactly 0)."
-    if beta <= 0: raise ValueError("log Z-hat diverges as beta -> 0; use mc_bolt_log_weights")
+    if beta <= 0:
+        raise ValueError("log Z-hat diverges as beta -> 0; use mc_bolt_log_weights")
     r = np.asarray(r_samples, np.float64)
     return logsumexp(r / beta, axis=axis) - np.log(r.shape[axis])
+
 
 def mc_bolt_log_weights(r_samples, beta, axis=-1):
     """Prompt-normalised empirical BOLT weights log w_i = r_i/beta - log Z-hat, mean_i w_i = 1 exactly.
@@ -124,6 +140,7 @@ def mc_bolt_log_weights(r_samples, beta, axis=-1):
         m = r.max(axis, keepdims=True)
         return np.log(n) + log_normalize(np.where(r == m, 0.0, -np.inf), axis=axis)
     return np.log(n) + log_softmax((r - r.max(axis, keepdims=True)) / beta, axis=axis)
+
 
 def ess(logw, axis=-1):
     "Kish effective sample size (sum w)^2 / sum w^2 from log-weights."
@@ -137,9 +154,11 @@ def binary_log_Z(p, beta):
     with np.errstate(divide="ignore"):
         return np.logaddexp(np.log1p(-p), np.log(p) + 1.0 / beta)
 
+
 def binary_var_Zhat(p, beta, n):
     "Var(Z-hat) of the n-sample MC mean of exp(r/beta): p(1-p)(e^{1/beta}-1)^2 / n."
     return p * (1 - p) * np.expm1(1.0 / beta) ** 2 / n
+
 
 def binary_rel_var_Zhat(p, beta, n):
     "Var(Z-hat)/Z^2, stable for every beta >= 0 (beta -> 0: (1-p)/(n p))."
@@ -147,10 +166,12 @@ def binary_rel_var_Zhat(p, beta, n):
     e = 0.0 if beta == 0 else np.exp(-1.0 / beta)
     return p * (1 - p) * ((1 - e) / ((1 - p) * e + p)) ** 2 / n
 
+
 def binary_ess_fraction(p, beta):
     "Population ESS/n of the BOLT weights, Z^2 / E[exp(2r/beta)] = 1/(1 + chi2(pi*||pi_ref)); beta -> 0: p."
     p = np.asarray(p, np.float64)
-    if beta == 0: return p
+    if beta == 0:
+        return p
     with np.errstate(divide="ignore"):
         a, lp = np.log1p(-p), np.log(p)
         return np.exp(2 * np.logaddexp(a, lp + 1 / beta) - np.logaddexp(a, lp + 2 / beta))
@@ -160,12 +181,14 @@ def binary_expected_ess(p, beta, n):
     """Exact E[Kish ESS]/n of n reference draws (binary reward): k ~ Bin(n, p) passes give
     ESS = (k e^{1/beta} + n - k)^2 / (k e^{2/beta} + n - k); a group with k = 0 or k = n has ESS = n."""
     k = np.arange(n + 1)
-    if beta == 0: e = np.where((k == 0) | (k == n), n, k)
+    if beta == 0:
+        e = np.where((k == 0) | (k == n), n, k)
     else:
         with np.errstate(divide="ignore"):
             lk, lnk = np.log(k), np.log(n - k)
             e = np.exp(2 * np.logaddexp(lk + 1 / beta, lnk) - np.logaddexp(lk + 2 / beta, lnk))
     return float(binom.pmf(k, n, p) @ e) / n
+
 
 def ess_fraction(logp_ref, r, beta):
     "Population ESS/n of the BOLT weights on an enumerable problem: 1/E_ref[w^2] = 1/(1+chi2(pi*||pi_ref))."
@@ -178,6 +201,7 @@ def support_price(logp_ref, r, beta, mask):
     lps = boltzmann_target(logp_ref, r, beta)
     return -beta * logsumexp(np.where(mask, lps, -np.inf), axis=-1)
 
+
 def restricted_target(logp_ref, r, beta, mask):
     "The best policy supported on S: pi* restricted to S and renormalised."
     return boltzmann_target(np.where(mask, logp_ref, -np.inf), r, beta)
@@ -187,28 +211,36 @@ def sft_grad(theta, a):
     "Gradient of L(theta) = sum_y a_y log softmax(theta)_y w.r.t. free logits theta: a - (sum a) softmax(theta)."
     return a - a.sum(-1, keepdims=True) * np.exp(log_softmax(theta, axis=-1))
 
+
 def weighted_sft(a, theta0, steps, lr=1.0, opt="adam", betas=(0.9, 0.999), eps=1e-12, decay=1.0, every=0):
     """Maximise sum_y a_y log pi_theta(y) (a_y = weighted empirical mass of response y) by `steps` full-batch
     gradient steps from logits theta0. opt: 'gd' (plain gradient ascent) or 'adam'; step size lr * decay^t. Returns final logits
     (and, if every > 0, the list of (step, logits) every `every` steps)."""
     th = np.array(theta0, np.float64, copy=True)
     a = np.asarray(a, np.float64)
-    m = np.zeros_like(th); v = np.zeros_like(th); hist = []
+    m = np.zeros_like(th)
+    v = np.zeros_like(th)
+    hist = []
     for t in range(1, steps + 1):
         g = sft_grad(th, a)
-        lr_t = lr * decay ** t
-        if opt == "gd": th += lr_t * g
+        lr_t = lr * decay**t
+        if opt == "gd":
+            th += lr_t * g
         elif opt == "adam":
             m = betas[0] * m + (1 - betas[0]) * g
             v = betas[1] * v + (1 - betas[1]) * g * g
             th += lr_t * (m / (1 - betas[0] ** t)) / (np.sqrt(v / (1 - betas[1] ** t)) + eps)
-        else: raise ValueError(opt)
-        if every and t % every == 0: hist.append((t, th.copy()))
+        else:
+            raise ValueError(opt)
+        if every and t % every == 0:
+            hist.append((t, th.copy()))
     return (th, hist) if every else th
+
 
 def empirical_sft_mass(idx, logw, N):
     "a_y = (1/n) sum_i w_i 1[y_i = y]: the weighted empirical measure of stored samples idx with log-weights logw."
-    idx = np.asarray(idx); w = np.exp(np.asarray(logw, np.float64))
+    idx = np.asarray(idx)
+    w = np.exp(np.asarray(logw, np.float64))
     return np.bincount(idx, weights=w, minlength=N) / len(idx)
 
 # %% ../../nbs/17_boltzmann.ipynb #cc1f29dd
@@ -226,10 +258,11 @@ def tree_boltzmann_logits(tree, logits, rewards, beta):
     Returns (logits*, V_soft(root)); V_soft(root) = beta log Z(x)."""
     lp = log_policy(np.asarray(logits, np.float64))
     R = np.broadcast_to(np.asarray(rewards, np.float64), lp.shape[:-2] + (tree.N,))
-    Q = np.empty_like(lp); v_next = R
+    Q = np.empty_like(lp)
+    v_next = R
     for t in reversed(range(tree.T)):
         sl = tree.level(t)
-        Q[..., sl, :] = v_next.reshape(lp.shape[:-2] + (tree.V ** t, tree.V))
+        Q[..., sl, :] = v_next.reshape(lp.shape[:-2] + (tree.V**t, tree.V))
         v_next = beta * logsumexp(lp[..., sl, :] + Q[..., sl, :] / beta, axis=-1)
     return lp + Q / beta, v_next[..., 0]
 
@@ -239,7 +272,8 @@ def _problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
     out = []
     for i in range(n):
         g = Domain(seed, ("boltzmann", tag, i)).numpy()
-        N = int(g.integers(*Nrange)); beta = float(np.exp(g.uniform(*np.log(brange))))
+        N = int(g.integers(*Nrange))
+        beta = float(np.exp(g.uniform(*np.log(brange))))
         lpr, r = random_problem(g, N)
         out.append((lpr, r, beta, g))
     return out
@@ -247,14 +281,22 @@ def _problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
 # %% ../../nbs/17_boltzmann.ipynb #5db1c8da
 def neg_reg_value_and_grad(theta, logp_ref, r, beta):
     "-J_beta(softmax theta) and its gradient in the free logits (for a numerical optimiser)."
-    lp = log_softmax(theta); p = np.exp(lp)
+    lp = log_softmax(theta)
+    p = np.exp(lp)
     d = r - beta * (lp - logp_ref + 1)
     return -(p @ r - beta * p @ (lp - logp_ref)), -(p * (d - p @ d))
 
+
 def optimise_reg_value(logp_ref, r, beta):
     "Numerical maximiser of J_beta over free logits (scipy BFGS from uniform logits); returns log-policy."
-    res = minimize(neg_reg_value_and_grad, np.zeros(len(r)), args=(logp_ref, r, beta), jac=True,
-                   method="BFGS", options=dict(gtol=1e-12, maxiter=5000))
+    res = minimize(
+        neg_reg_value_and_grad,
+        np.zeros(len(r)),
+        args=(logp_ref, r, beta),
+        jac=True,
+        method="BFGS",
+        options=dict(gtol=1e-12, maxiter=5000),
+    )
     return log_softmax(res.x)
 
 # %% ../../nbs/17_boltzmann.ipynb #107a560d
@@ -262,28 +304,34 @@ def optimality_stats(problems, n_pert=1000):
     "Over problems: min J(pi*) - J(perturbed), max |J(pi*) - J(optimiser)|, max TV(pi*, optimiser), max |J(pi*) - beta log Z|."
     worst, d_opt, d_tv, d_val = np.inf, 0.0, 0.0, 0.0
     for lpr, r, beta, g in problems:
-        ls = boltzmann_target(lpr, r, beta); Js = reg_value(ls, lpr, r, beta)
+        ls = boltzmann_target(lpr, r, beta)
+        Js = reg_value(ls, lpr, r, beta)
         scale = np.exp(g.uniform(np.log(1e-3), np.log(3), (n_pert, 1)))
         P = log_normalize(ls + scale * g.standard_normal((n_pert, len(r))))
         worst = min(worst, float((Js - reg_value(P, lpr, r, beta)).min()))
         lo = optimise_reg_value(lpr, r, beta)
-        d_opt = max(d_opt, abs(reg_value(lo, lpr, r, beta) - Js)); d_tv = max(d_tv, tv(lo, ls))
+        d_opt = max(d_opt, abs(reg_value(lo, lpr, r, beta) - Js))
+        d_tv = max(d_tv, tv(lo, ls))
         d_val = max(d_val, abs(Js - soft_value(lpr, r, beta)))
     return worst, d_opt, d_tv, d_val
+
 
 @verify_check
 def check_boltzmann_optimality(seed: int = 0):
     "pi* beats random perturbations, matches BFGS, and its value is beta log Z (8 problems, cheap version)."
     worst, d_opt, d_tv, d_val = optimality_stats(_problems(seed, 8, "opt", brange=(0.2, 5.0)), 200)
-    return [Check("boltzmann.optimal", "min J(pi*) - J(perturbed pi*) (must be >= 0)", worst, 0.0, ">="),
-            Check("boltzmann.optimal", "max |J(pi*) - J(BFGS optimum)|", d_opt, 1e-8),
-            Check("boltzmann.value", "max |J(pi*) - beta log Z|", d_val, 1e-12)]
+    return [
+        Check("boltzmann.optimal", "min J(pi*) - J(perturbed pi*) (must be >= 0)", worst, 0.0, ">="),
+        Check("boltzmann.optimal", "max |J(pi*) - J(BFGS optimum)|", d_opt, 1e-8),
+        Check("boltzmann.value", "max |J(pi*) - beta log Z|", d_val, 1e-12),
+    ]
 
 # %% ../../nbs/17_boltzmann.ipynb #3abe1fa1
 @verify_check
 def check_target_matching(seed: int = 0):
     "Induced target of BOLT weights on pi_ref = pi*; matching law from any sampler q; Refit differs; beta -> 0 limit."
-    e_ind = e_match = 0.0; d_refit = np.inf
+    e_ind = e_match = 0.0
+    d_refit = np.inf
     for lpr, r, beta, g in _problems(seed, 20, "match"):
         ls = boltzmann_target(lpr, r, beta)
         e_ind = max(e_ind, np.abs(np.exp(induced_target(lpr, bolt_log_weights(lpr, r, beta))) - np.exp(ls)).max())
@@ -292,14 +340,17 @@ def check_target_matching(seed: int = 0):
         d_refit = min(d_refit, tv(induced_target(lpr, refit_log_weights(r)), ls))
     # binary reward, beta -> 0: TV(pi*_beta, positive-only target) = (1-p)/(1-p+p e^{1/beta})
     lpr, r = random_problem(Domain(seed, ("boltzmann", "binary")).numpy(), 12, reward="binary")
-    p = np.exp(lpr)[r > 0].sum(); e_lim = 0.0
+    p = np.exp(lpr)[r > 0].sum()
+    e_lim = 0.0
     for beta in [1.0, 0.3, 0.1, 0.03, 0.0]:
         d = tv(boltzmann_target(lpr, r, beta), induced_target(lpr, positive_only_log_weights(r)))
         e_lim = max(e_lim, abs(d - (1 - p) * np.exp(-binary_log_Z(p, beta) if beta else -np.inf)))
-    return [Check("boltzmann.induced", "max |pi~(pi_ref, BOLT w) - pi*|", e_ind, 1e-12),
-            Check("boltzmann.matching", "max |pi~(q, pi*/q) - pi*| (random q)", e_match, 1e-12),
-            Check("boltzmann.refit", "min TV(Refit target, pi*) over 20 problems (> 0)", d_refit, 1e-3, ">="),
-            Check("boltzmann.limit", "max |TV(pi*_beta, positive-only) - (1-p)/Z|, beta in [1, 0]", e_lim, 1e-12)]
+    return [
+        Check("boltzmann.induced", "max |pi~(pi_ref, BOLT w) - pi*|", e_ind, 1e-12),
+        Check("boltzmann.matching", "max |pi~(q, pi*/q) - pi*| (random q)", e_match, 1e-12),
+        Check("boltzmann.refit", "min TV(Refit target, pi*) over 20 problems (> 0)", d_refit, 1e-3, ">="),
+        Check("boltzmann.limit", "max |TV(pi*_beta, positive-only) - (1-p)/Z|, beta in [1, 0]", e_lim, 1e-12),
+    ]
 
 # %% ../../nbs/17_boltzmann.ipynb #7b876475
 @verify_check
@@ -308,10 +359,19 @@ def check_mc_partition(seed: int = 0, reps: int = 10_000, n: int = 16):
     p, beta = 0.2, 0.5
     r = (Domain(seed, ("boltzmann", "mcZ")).numpy().random((reps, n)) < p).astype(float)
     zhat = np.exp(mc_log_Z(r, beta))
-    Z = np.exp(binary_log_Z(p, beta)); var = binary_var_Zhat(p, beta, n)
-    m2 = zhat.var(ddof=1); m4 = ((zhat - zhat.mean()) ** 4).mean()
-    return [Check("boltzmann.mcZ", "|mean Z-hat - Z| / s.e. (10^4 reps)", abs(zhat.mean() - Z) / np.sqrt(var / reps), 3.0),
-            Check("boltzmann.mcZ", "|sample Var(Z-hat) - closed form| / s.e.", abs(m2 - var) / np.sqrt((m4 - m2 ** 2) / reps), 4.0)]
+    Z = np.exp(binary_log_Z(p, beta))
+    var = binary_var_Zhat(p, beta, n)
+    m2 = zhat.var(ddof=1)
+    m4 = ((zhat - zhat.mean()) ** 4).mean()
+    return [
+        Check("boltzmann.mcZ", "|mean Z-hat - Z| / s.e. (10^4 reps)", abs(zhat.mean() - Z) / np.sqrt(var / reps), 3.0),
+        Check(
+            "boltzmann.mcZ",
+            "|sample Var(Z-hat) - closed form| / s.e.",
+            abs(m2 - var) / np.sqrt((m4 - m2**2) / reps),
+            4.0,
+        ),
+    ]
 
 # %% ../../nbs/17_boltzmann.ipynb #7a879a38
 @verify_check
@@ -319,15 +379,18 @@ def check_support_gap(seed: int = 0):
     "J(pi*) - J(pi) = beta log 1/pi*(S) + beta KL(pi || pi*_S) for pi supported on S; best on S = beta log Z_S."
     e_id = e_best = 0.0
     for lpr, r, beta, g in _problems(seed, 20, "gap", Nrange=(3, 40)):
-        S = g.random(len(r)) < 0.5; S[g.integers(len(r))] = True
+        S = g.random(len(r)) < 0.5
+        S[g.integers(len(r))] = True
         ls, lS = boltzmann_target(lpr, r, beta), restricted_target(lpr, r, beta, S)
         price = support_price(lpr, r, beta, S)
         lp = log_normalize(np.where(S, g.standard_normal(len(r)) * 2, -np.inf))
         lhs = reg_value(ls, lpr, r, beta) - reg_value(lp, lpr, r, beta)
         e_id = max(e_id, abs(lhs - (price + beta * kl(lp, lS))))
         e_best = max(e_best, abs(reg_value(lS, lpr, r, beta) - soft_value(np.where(S, lpr, -np.inf), r, beta)))
-    return [Check("boltzmann.support_gap", "max |gap - (beta log 1/pi*(S) + beta KL(pi||pi*_S))|", e_id, 1e-10),
-            Check("boltzmann.support_gap", "max |J(pi*_S) - beta log Z_S|", e_best, 1e-10)]
+    return [
+        Check("boltzmann.support_gap", "max |gap - (beta log 1/pi*(S) + beta KL(pi||pi*_S))|", e_id, 1e-10),
+        Check("boltzmann.support_gap", "max |J(pi*_S) - beta log Z_S|", e_best, 1e-10),
+    ]
 
 # %% ../../nbs/17_boltzmann.ipynb #35463d36
 @verify_check
@@ -339,18 +402,25 @@ def check_sft_and_mirror_descent(seed: int = 0):
         th = weighted_sft(a, lpr, 600, lr=1.5 / a.max(), opt="gd")
         e_sft = max(e_sft, tv(log_softmax(th), boltzmann_target(lpr, r, beta)))
         K = 7
-        e_pmd = max(e_pmd, np.abs(np.exp(iterative_bolt(lpr, r, beta, K)[-1]) - np.exp(boltzmann_target(lpr, r, beta / K))).max())
-    tr = Tree(3, 3); g = Domain(seed, ("boltzmann", "tree")).numpy()
+        e_pmd = max(
+            e_pmd,
+            np.abs(np.exp(iterative_bolt(lpr, r, beta, K)[-1]) - np.exp(boltzmann_target(lpr, r, beta / K))).max(),
+        )
+    tr = Tree(3, 3)
+    g = Domain(seed, ("boltzmann", "tree")).numpy()
     th0, R, beta = random_logits(tr, g, batch=(2,)), g.random((2, tr.N)), 0.4
     lref = seq_logprobs(tr, th0)
     ts, v = tree_boltzmann_logits(tr, th0, R, beta)
     e_tree = np.abs(np.exp(seq_logprobs(tr, ts)) - np.exp(boltzmann_target(lref, R, beta))).max()
     e_tv = np.abs(v - soft_value(lref, R, beta)).max()
     tk = th0
-    for _ in range(4): tk, _v = tree_boltzmann_logits(tr, tk, R, beta)    # iterative BOLT, token by token
+    for _ in range(4):
+        tk, _v = tree_boltzmann_logits(tr, tk, R, beta)  # iterative BOLT, token by token
     e_tk = np.abs(np.exp(seq_logprobs(tr, tk)) - np.exp(iterative_bolt(lref, R, beta, 4)[-1])).max()
-    return [Check("boltzmann.sft", "TV(weighted SFT by GD, pi*) (3 problems, 600 steps)", e_sft, 1e-6),
-            Check("boltzmann.pmd", "max |iterative BOLT_K - pi_ref exp(K r/beta)/Z|, K=7", e_pmd, 1e-10),
-            Check("boltzmann.tree", "max |soft-Bellman tree pi* - enumerated pi*| (V=3,T=3)", e_tree, 1e-12),
-            Check("boltzmann.tree", "max |V_soft(root) - beta log Z|", e_tv, 1e-12),
-            Check("boltzmann.tree", "max |4 tree BOLT rounds - enumerated PMD|", e_tk, 1e-12)]
+    return [
+        Check("boltzmann.sft", "TV(weighted SFT by GD, pi*) (3 problems, 600 steps)", e_sft, 1e-6),
+        Check("boltzmann.pmd", "max |iterative BOLT_K - pi_ref exp(K r/beta)/Z|, K=7", e_pmd, 1e-10),
+        Check("boltzmann.tree", "max |soft-Bellman tree pi* - enumerated pi*| (V=3,T=3)", e_tree, 1e-12),
+        Check("boltzmann.tree", "max |V_soft(root) - beta log Z|", e_tv, 1e-12),
+        Check("boltzmann.tree", "max |4 tree BOLT rounds - enumerated PMD|", e_tk, 1e-12),
+    ]

@@ -11,16 +11,30 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import softmax
 
-from ..core import Check, Domain, verify_check, group_advantages, homogeneous_groups
-from .tree import (Tree, token_logprobs, seq_probs, score_vectors, sample_responses,
-                                   random_logits, q_values, reach_probs, expected_reward)
+from ..core import Check, Domain, group_advantages, homogeneous_groups, verify_check
+from stalebook.theory.tree import (
+    Tree,
+    expected_reward,
+    q_values,
+    random_logits,
+    reach_probs,
+    sample_responses,
+    score_vectors,
+    seq_probs,
+    token_logprobs,
+)
 
 ESTIMATORS = ("00", "10", "01", "11")
 
-def _is_torch(x) -> bool: return type(x).__module__.startswith("torch")
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def _xp(x):
     if _is_torch(x):
-        import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
+        import torch  # lazy: the theory runs on numpy; torch only on its own tensors
+
         return torch
     return np
 
@@ -38,9 +52,10 @@ def log_ratio_terms(logp_pi, logp_beta, c: float | None = None, C: float | None 
     (all as `min(., log cap)` in log space). `None` = no cap."""
     lr = logp_pi - logp_beta
     cs = lr.cumsum(-1)
-    logP = cs - lr                               # exclusive prefix sum
-    logS = cs[..., -1:] - cs                     # exclusive suffix sum
-    if c is not None: lr = lr.clip(max=float(np.log(c)))
+    logP = cs - lr  # exclusive prefix sum
+    logS = cs[..., -1:] - cs  # exclusive suffix sum
+    if c is not None:
+        lr = lr.clip(max=float(np.log(c)))
     if C is not None:
         logP, logS = logP.clip(max=float(np.log(C))), logS.clip(max=float(np.log(C)))
     return lr, logP, logS
@@ -56,20 +71,25 @@ def advantages(rewards, weights=None, normalise: str | None = None, std: bool = 
       group mean and population std replaced by their weighted (beta-law) versions, i.e. the K -> infinity
       limit of GRPO normalisation. With uniform weights it equals `"group"` (checked below);
       a homogeneous reward vector gets advantage exactly 0."""
-    if normalise is None: return rewards
-    if normalise == "group": return group_advantages(rewards, std=std, eps=eps)
-    if normalise != "population": raise ValueError(f"normalise must be None, 'group' or 'population', not {normalise!r}")
+    if normalise is None:
+        return rewards
+    if normalise == "group":
+        return group_advantages(rewards, std=std, eps=eps)
+    if normalise != "population":
+        raise ValueError(f"normalise must be None, 'group' or 'population', not {normalise!r}")
     w = weights / weights.sum(-1, keepdims=True)
     centred = rewards - (w * rewards).sum(-1, keepdims=True)
     homog = homogeneous_groups(rewards)[..., None]
     centred = centred * ~homog if _is_torch(centred) else np.where(homog, 0.0, centred)
-    if not std: return centred
-    denom = (w * centred ** 2).sum(-1, keepdims=True) ** 0.5 + eps
+    if not std:
+        return centred
+    denom = (w * centred**2).sum(-1, keepdims=True) ** 0.5 + eps
     return centred / (denom + (denom == 0))
 
 # %% ../../nbs/11_estimators.ipynb #6d0db228
-def estimator_coefs(logp_pi, logp_beta, adv, weights, which=ESTIMATORS,
-                    c: float | None = None, C: float | None = None) -> dict:
+def estimator_coefs(
+    logp_pi, logp_beta, adv, weights, which=ESTIMATORS, c: float | None = None, C: float | None = None
+) -> dict:
     """Per-token coefficients {ab: coef [..., N, T]} with coef_t = w * P_t^a r_t S_t^b * Adv, so that
     g_ab = sum_{n,t} coef[n,t] z[n,t].
 
@@ -85,9 +105,20 @@ def estimator_coefs(logp_pi, logp_beta, adv, weights, which=ESTIMATORS,
     return out
 
 # %% ../../nbs/11_estimators.ipynb #021f0e33
-def stale_gradients(logp_pi, logp_beta, rewards, scores, weights, *, normalise: str | None = None,
-                    std: bool = True, eps: float = 1e-6, c: float | None = None, C: float | None = None,
-                    which=ESTIMATORS) -> dict:
+def stale_gradients(
+    logp_pi,
+    logp_beta,
+    rewards,
+    scores,
+    weights,
+    *,
+    normalise: str | None = None,
+    std: bool = True,
+    eps: float = 1e-6,
+    c: float | None = None,
+    C: float | None = None,
+    which=ESTIMATORS,
+) -> dict:
     """All four stale-rollout estimators at once: {ab: g_ab [..., D]},
 
         g_ab = sum_n w_n sum_t P_t^a r_t S_t^b z_t Adv_n,     a, b in {0, 1}.
@@ -106,8 +137,9 @@ def stale_gradients(logp_pi, logp_beta, rewards, scores, weights, *, normalise: 
 # %% ../../nbs/11_estimators.ipynb #257f4480
 def normalised_ess(w, p=None, axis=-1):
     "(E w)^2 / E w^2 along `axis`, expectation under probabilities p (default uniform): 1 iff w is constant."
-    if p is None: p = np.full(np.shape(w)[axis], 1.0 / np.shape(w)[axis])
-    return (p * w).sum(axis) ** 2 / (p * w ** 2).sum(axis)
+    if p is None:
+        p = np.full(np.shape(w)[axis], 1.0 / np.shape(w)[axis])
+    return (p * w).sum(axis) ** 2 / (p * w**2).sum(axis)
 
 # %% ../../nbs/11_estimators.ipynb #3dcb7a39
 def q_form(tree: Tree, pi_logits, beta_logits, rewards, a: int, b: int) -> np.ndarray:
@@ -124,10 +156,16 @@ def q_form(tree: Tree, pi_logits, beta_logits, rewards, a: int, b: int) -> np.nd
     g = d[..., None] * (pq - p * pq.sum(-1, keepdims=True))
     return g.reshape(g.shape[:-2] + (tree.D,))
 
+
 def tree_inputs(tree: Tree, pi_logits, beta_logits):
     "(logp_pi, logp_beta, z, beta-probs) of every enumerated response: the inputs of `stale_gradients`."
-    return (token_logprobs(tree, pi_logits), token_logprobs(tree, beta_logits),
-            score_vectors(tree, pi_logits), seq_probs(tree, beta_logits))
+    return (
+        token_logprobs(tree, pi_logits),
+        token_logprobs(tree, beta_logits),
+        score_vectors(tree, pi_logits),
+        seq_probs(tree, beta_logits),
+    )
+
 
 def exact_estimators(tree: Tree, pi_logits, beta_logits, rewards, **kw) -> dict:
     "{ab: g_ab} by exact enumeration (weights = beta-probabilities)."
@@ -136,10 +174,10 @@ def exact_estimators(tree: Tree, pi_logits, beta_logits, rewards, **kw) -> dict:
 
 # %% ../../nbs/11_estimators.ipynb #6091d430
 def _autograd_pg(tree, pi_logits, R):
-    import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
     th = torch.tensor(pi_logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.as_tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(pi_logits)[:-2] + (tree.D,))
+
 
 def exactness_errors(n_trees: int, seed: int = 0, scale: float = 1.0) -> dict:
     "Max errors of the four identities over `n_trees` random trees (V in 2..4, T in 1..4, 2 prompts each)."
@@ -156,7 +194,9 @@ def exactness_errors(n_trees: int, seed: int = 0, scale: float = 1.0) -> dict:
             qf = q_form(tr, th, be, R, int(ab[0]), int(ab[1]))
             err[f"g{ab}_q"] = max(err[f"g{ab}_q"], np.abs(g[ab] - qf).max())
         g_on = exact_estimators(tr, th, th, R)
-        err["onpolicy_equal"] = max(err["onpolicy_equal"], max(np.abs(g_on[ab] - g_on["11"]).max() for ab in ESTIMATORS))
+        err["onpolicy_equal"] = max(
+            err["onpolicy_equal"], max(np.abs(g_on[ab] - g_on["11"]).max() for ab in ESTIMATORS)
+        )
     return err
 
 # %% ../../nbs/11_estimators.ipynb #02a44373
@@ -164,11 +204,13 @@ def exactness_errors(n_trees: int, seed: int = 0, scale: float = 1.0) -> dict:
 def check_estimator_exactness(n_trees: int = 12, seed: int = 0):
     "The four estimators by enumeration equal their independent forms on random trees."
     e = exactness_errors(n_trees, seed)
-    return [Check("estimators.g11_exact", "max |g11 - autograd grad E_pi[R]|", e["g11_autograd"], 1e-10),
-            Check("estimators.g10_qform", "max |g10 - sum d^pi pi Q^beta z|", e["g10_q"], 1e-10),
-            Check("estimators.g01_qform", "max |g01 - sum d^beta pi Q^pi z|", e["g01_q"], 1e-10),
-            Check("estimators.g00_qform", "max |g00 - sum d^beta pi Q^beta z|", e["g00_q"], 1e-10),
-            Check("estimators.onpolicy", "max |g_ab - g11| when pi = beta", e["onpolicy_equal"], 1e-12)]
+    return [
+        Check("estimators.g11_exact", "max |g11 - autograd grad E_pi[R]|", e["g11_autograd"], 1e-10),
+        Check("estimators.g10_qform", "max |g10 - sum d^pi pi Q^beta z|", e["g10_q"], 1e-10),
+        Check("estimators.g01_qform", "max |g01 - sum d^beta pi Q^pi z|", e["g01_q"], 1e-10),
+        Check("estimators.g00_qform", "max |g00 - sum d^beta pi Q^beta z|", e["g00_q"], 1e-10),
+        Check("estimators.onpolicy", "max |g_ab - g11| when pi = beta", e["onpolicy_equal"], 1e-12),
+    ]
 
 # %% ../../nbs/11_estimators.ipynb #346a2f1e
 def gather_responses(idx, *arrays, batch_ndim: int = 0):
@@ -178,10 +220,13 @@ def gather_responses(idx, *arrays, batch_ndim: int = 0):
     out = []
     for x in arrays:
         x = np.asarray(x)
-        if batch_ndim == 0: out.append(x[idx]); continue
+        if batch_ndim == 0:
+            out.append(x[idx])
+            continue
         ix = idx.reshape(idx.shape + (1,) * (x.ndim - batch_ndim - 1))
         out.append(np.take_along_axis(x, ix, axis=batch_ndim))
     return out
+
 
 def sampled_estimators(tree: Tree, pi_logits, beta_logits, rewards, idx, **kw) -> dict:
     "{ab: g_ab} from the sampled responses `idx` [..., K] (drawn from beta), weights 1/K."
@@ -195,13 +240,12 @@ def sampled_estimators(tree: Tree, pi_logits, beta_logits, rewards, idx, **kw) -
 def enumerate_groups(p, K: int):
     "All N^K ordered K-tuples of response indices [N^K, K] and their probabilities under p [N] (small N only)."
     N = len(p)
-    idx = np.stack(np.unravel_index(np.arange(N ** K), (N,) * K), -1)
+    idx = np.stack(np.unravel_index(np.arange(N**K), (N,) * K), -1)
     return idx, np.prod(np.asarray(p)[idx], -1)
 
 # %% ../../nbs/11_estimators.ipynb #1a928ada
 def _torch_consistency(seed: int = 0):
     "(max |torch - numpy| of stale_gradients, max |one weighted backward pass - g_ab|)."
-    import torch                                  # lazy: the theory runs on numpy; torch only on its own tensors
     gi = Domain(seed, ("estimators", "torch")).numpy()
     tr = Tree(3, 3)
     th, be = random_logits(tr, gi, (2,)), random_logits(tr, gi, (2,))
@@ -237,14 +281,17 @@ def check_estimator_frameworks():
     # GRPO: "population" normalisation with uniform weights == core.group_advantages
     Rg = (gi.random((50, 6)) < 0.5) * 1.0
     e_g = np.abs(advantages(Rg, np.full((50, 6), 1 / 6), "population") - advantages(Rg, None, "group")).max()
-    return [Check("estimators.torch", "max |torch - numpy| (capped, GRPO)", e_t, 1e-12),
-            Check("estimators.coef_backward", "max |grad of sum(coef*log pi) - g_ab|", e_b, 1e-12),
-            Check("estimators.unbiased", "max |E over all K=2 groups of sampled g_ab - exact|", e_u, 1e-12),
-            Check("estimators.grpo", "max |population(uniform w) - group_advantages|", e_g, 1e-12)]
+    return [
+        Check("estimators.torch", "max |torch - numpy| (capped, GRPO)", e_t, 1e-12),
+        Check("estimators.coef_backward", "max |grad of sum(coef*log pi) - g_ab|", e_b, 1e-12),
+        Check("estimators.unbiased", "max |E over all K=2 groups of sampled g_ab - exact|", e_u, 1e-12),
+        Check("estimators.grpo", "max |population(uniform w) - group_advantages|", e_g, 1e-12),
+    ]
 
 # %% ../../nbs/11_estimators.ipynb #b9ee5d2e
-def convergence_study(tree: Tree, pi_logits, beta_logits, rewards, Ks, reps: int, dom: Domain,
-                      target: dict | None = None, **kw):
+def convergence_study(
+    tree: Tree, pi_logits, beta_logits, rewards, Ks, reps: int, dom: Domain, target: dict | None = None, **kw
+):
     """RMS over `reps` groups of ||sampled g_ab(K) - exact g_ab|| for each K, plus the exact targets.
     Every group is drawn from beta with `dom.child(K, rep)`; `kw` (caps, normalisation) go to both.
     `target` (default: the exact expectation of the same estimator) is what the error is measured to."""
@@ -256,9 +303,12 @@ def convergence_study(tree: Tree, pi_logits, beta_logits, rewards, Ks, reps: int
         for rep in range(reps):
             idx = sample_responses(tree, beta_logits, int(K), dom.child(int(K), rep).numpy())
             g = sampled_estimators(tree, pi_logits, beta_logits, rewards, idx, **kw)
-            for ab in ESTIMATORS: err[ab].append(np.linalg.norm(g[ab] - target[ab]))
-        for ab in ESTIMATORS: rms[ab].append(float(np.sqrt(np.mean(np.square(err[ab])))))
+            for ab in ESTIMATORS:
+                err[ab].append(np.linalg.norm(g[ab] - target[ab]))
+        for ab in ESTIMATORS:
+            rms[ab].append(float(np.sqrt(np.mean(np.square(err[ab])))))
     return exact, {ab: np.array(v) for ab, v in rms.items()}
+
 
 def loglog_slope(Ks, err) -> float:
     "Least-squares slope of log err against log K."

@@ -22,32 +22,39 @@ __all__ = ['MarginCertificate', 'margin_certificate', 'min_pair_separation', 'ma
 @dataclass(frozen=True)
 class MarginCertificate:
     "Delta_k, e, whether Delta_k > 2e, and the guaranteed separation Delta_k - 2e."
+
     delta_k: float
     e: float
     holds: bool
     separation: float
 
+
 def margin_certificate(true_scores, est_scores, k: int) -> MarginCertificate:
     "The margin certificate (Delta_k > 2e => equal top-k sets) for true scores, estimated scores and 1 <= k < n."
     s, t = np.asarray(true_scores, dtype=np.float64), np.asarray(est_scores, dtype=np.float64)
-    if not 1 <= k < len(s): raise ValueError(f"need 1 <= k < n, got k={k}, n={len(s)}")
+    if not 1 <= k < len(s):
+        raise ValueError(f"need 1 <= k < n, got k={k}, n={len(s)}")
     srt = np.sort(s)[::-1]
     delta, e = float(srt[k - 1] - srt[k]), float(np.abs(t - s).max())
     return MarginCertificate(delta, e, bool(delta > 2 * e), delta - 2 * e)
 
+
 def min_pair_separation(scores, selected) -> float:
     "min over selected i, unselected j of scores_i - scores_j."
     s = np.asarray(scores, dtype=np.float64)
-    m = np.zeros(len(s), bool); m[np.asarray(selected, dtype=int)] = True
+    m = np.zeros(len(s), bool)
+    m[np.asarray(selected, dtype=int)] = True
     return float(s[m].min() - s[~m].max())
 
 # %% ../../nbs/12_margin.ipynb #8108c9a1
 def margin_trial(gen: np.random.Generator):
     "One random instance: (true s, estimate, k, key1, key2)."
-    n = int(gen.integers(2, 10)); k = int(gen.integers(1, n))
+    n = int(gen.integers(2, 10))
+    k = int(gen.integers(1, n))
     s = gen.integers(-5, 6, n).astype(float)
     s_est = s + gen.uniform(-1, 1, n) * gen.choice([0.1, 0.3, 0.5, 1.0, 2.0])
     return s, s_est, k, gen.random(n), gen.random(n)
+
 
 @verify_check
 def check_margin_random(n_trials: int = 3000, seed: int = 0):
@@ -57,24 +64,31 @@ def check_margin_random(n_trials: int = 3000, seed: int = 0):
     for _ in range(n_trials):
         s, t, k, k1, k2 = margin_trial(gen)
         c = margin_certificate(s, t, k)
-        if not c.holds: continue
+        if not c.holds:
+            continue
         n_cert += 1
         T = topk(s, k, k1)
         bad_set += not (np.array_equal(T, topk(t, k, k1)) and np.array_equal(T, topk(t, k, k2)))
         bad_sep += min_pair_separation(t, T) < c.separation - 1e-12
-    return [Check("margin.certificate", "violations of top-k equality when Delta_k > 2e", bad_set, 0),
-            Check("margin.separation", "violations of separation >= Delta_k - 2e", bad_sep, 0),
-            Check("margin.coverage", "fraction of random instances certified", n_cert / n_trials, 0.2, ">=")]
+    return [
+        Check("margin.certificate", "violations of top-k equality when Delta_k > 2e", bad_set, 0),
+        Check("margin.separation", "violations of separation >= Delta_k - 2e", bad_sep, 0),
+        Check("margin.coverage", "fraction of random instances certified", n_cert / n_trials, 0.2, ">="),
+    ]
+
 
 def tightness_example():
     "s = (1, 0), k = 1, estimate (1/2, 1/2): Delta_k = 2e, and the tie-break decides the set."
     s, t = np.array([1.0, 0.0]), np.array([0.5, 0.5])
     return s, t, margin_certificate(s, t, 1), topk(t, 1, [1.0, 0.0]), topk(t, 1, [0.0, 1.0])
 
+
 @verify_check
 def check_margin_tight():
     "At Delta_k = 2e the estimated top-k can differ from the true one under some tie-break."
     s, t, c, a, b = tightness_example()
     differs = float(not np.array_equal(b, topk(s, 1, [0.0, 1.0])))
-    return [Check("margin.tight", "Delta_k - 2e in the tightness example", abs(c.separation), 0.0, "=="),
-            Check("margin.tight", "top-k differs under some tie-break (1 = yes)", differs, 1.0, "==")]
+    return [
+        Check("margin.tight", "Delta_k - 2e in the tightness example", abs(c.separation), 0.0, "=="),
+        Check("margin.tight", "top-k differs under some tie-break (1 = yes)", differs, 1.0, "=="),
+    ]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import Check, topk, verify_check
-from .tree import Tree, seq_probs, seq_logprobs, token_logprobs, policy_gradient
-from .estimators import (sampled_estimators, enumerate_groups, log_ratio_terms,
-                                         normalised_ess)
+from .estimators import enumerate_groups, log_ratio_terms, normalised_ess, sampled_estimators
+from .tree import Tree, policy_gradient, seq_logprobs, seq_probs, token_logprobs
 
-TREE = Tree(2, 2)            # histories: 0 = root, 1 = h0 = (A_1=0), 2 = h1 = (A_1=1); responses 00, 01, 10, 11
-MODELS = ("10", "01")        # which single-correction estimator the rule observes
+TREE = Tree(2, 2)  # histories: 0 = root, 1 = h0 = (A_1=0), 2 = h1 = (A_1=1); responses 00, 01, 10, 11
+MODELS = ("10", "01")  # which single-correction estimator the rule observes
+
 
 def _logits(p_root=0.5, p_h0=0.5, p_h1=0.5):
     "Logit table [3, 2] from the probabilities of token 1 at root, h0, h1."
@@ -35,10 +35,14 @@ def probe_direction(model: str) -> np.ndarray:
     logits (e_{root,1} - e_{root,0}); g_01 model: v moves only step-2 logits
     ((e_{h1,1} - e_{h1,0}) - (e_{h0,1} - e_{h0,0}))."""
     v = np.zeros((3, 2))
-    if model == "10": v[0] = (-1, 1)
-    elif model == "01": v[2], v[1] = (-1, 1), (1, -1)
-    else: raise ValueError(model)
+    if model == "10":
+        v[0] = (-1, 1)
+    elif model == "01":
+        v[2], v[1] = (-1, 1), (1, -1)
+    else:
+        raise ValueError(model)
     return v.reshape(-1)
+
 
 def flip_prompt(model: str, sign: int, delta: float):
     """(pi_logits, beta_logits, R) of the boundary prompt. beta is uniform everywhere; R(a1, a2) = a2.
@@ -46,12 +50,17 @@ def flip_prompt(model: str, sign: int, delta: float):
     g_01 model: pi = beta except pi(1 | root) = 1/2 + sign*delta (step 1: S_t = 1).
     True utility <grad E_pi R, v> = sign*delta/2 (g_10) or sign*delta (g_01)."""
     pi = _logits(p_h1=0.5 + sign * delta) if model == "10" else _logits(p_root=0.5 + sign * delta)
-    return pi, _logits(), np.array([0., 1., 0., 1.])
+    return pi, _logits(), np.array([0.0, 1.0, 0.0, 1.0])
+
 
 def filler_prompt(model: str, high: bool):
     "pi = beta = uniform; binary rewards with utility +1/2 (high) or -1/2 (low) along v."
-    R = {("10", True): [0, 0, 1, 1], ("10", False): [1, 1, 0, 0],
-         ("01", True): [1, 0, 0, 1], ("01", False): [0, 1, 1, 0]}[(model, high)]
+    R = {
+        ("10", True): [0, 0, 1, 1],
+        ("10", False): [1, 1, 0, 0],
+        ("01", True): [1, 0, 0, 1],
+        ("01", False): [0, 1, 1, 0],
+    }[(model, high)]
     return _logits(), _logits(), np.array(R, dtype=float)
 
 # %% ../../nbs/13_nonident.ipynb #c9024566
@@ -59,10 +68,12 @@ def delta_for(eps: float) -> float:
     "Perturbation with KL(pi || beta) ~ eps/4 (g_10) or eps/2 (g_01) < eps (KL_Bern(1/2 + d || 1/2) = 2 d^2 + O(d^4))."
     return float(np.sqrt(eps) / 2)
 
+
 def make_pools(model: str, n: int, k: int, eps: float):
     """Two pools of n prompts: k-1 high fillers, the two boundary prompts (+, -) at positions k-1, k
     (swapped between pools A and B), n-k-1 low fillers. Returns (pool_A, pool_B, v, delta)."""
-    if not (n >= 2 and 1 <= k < n): raise ValueError("need n >= 2 and 1 <= k < n")
+    if not (n >= 2 and 1 <= k < n):
+        raise ValueError("need n >= 2 and 1 <= k < n")
     d = delta_for(eps)
     hi, lo = [filler_prompt(model, True)] * (k - 1), [filler_prompt(model, False)] * (n - k - 1)
     plus, minus = flip_prompt(model, +1, d), flip_prompt(model, -1, d)
@@ -72,6 +83,7 @@ def make_pools(model: str, n: int, k: int, eps: float):
 def true_utilities(pool, v) -> np.ndarray:
     "s_i = <grad E_pi[R], v> (population, unnormalised: the theory's utility)."
     return np.array([policy_gradient(TREE, pi, R) @ v for pi, be, R in pool])
+
 
 def grpo_true_utilities(pool, v, K: int, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "<E over on-policy K-groups of the GRPO gradient, v>, exactly (all N^K groups drawn from pi)."
@@ -92,13 +104,16 @@ def observation_law(prompt, model: str, K: int, std: bool = True, eps: float = 1
     g = sampled_estimators(TREE, pi, be, R, idx, normalise="group", std=std, eps=eps, which=(model,))[model]
     return idx, pr, g
 
+
 def law_tv(values_a, prob_a, values_b, prob_b, decimals: int = 9) -> float:
     "Total-variation distance of two finite laws over vectors (atoms = values rounded to `decimals`)."
+
     def atoms(vals, pr):
         out = {}
-        for x, p in zip(np.round(np.atleast_2d(vals.T).T, decimals) + 0.0, pr):   # +0.0: no -0.0 atoms
+        for x, p in zip(np.round(np.atleast_2d(vals.T).T, decimals) + 0.0, pr):  # +0.0: no -0.0 atoms
             out[x.tobytes()] = out.get(x.tobytes(), 0.0) + p
         return out
+
     A, B = atoms(values_a, prob_a), atoms(values_b, prob_b)
     return 0.5 * sum(abs(A.get(key, 0.0) - B.get(key, 0.0)) for key in A.keys() | B.keys())
 
@@ -107,6 +122,7 @@ def seq_kl(pi, be) -> float:
     "KL(pi || beta) of the response law."
     p = seq_probs(TREE, pi)
     return float(p @ (seq_logprobs(TREE, pi) - seq_logprobs(TREE, be)))
+
 
 def used_weights_ess(prompt, model: str) -> float:
     "Normalised ESS, under beta, of the correction weights the observed estimator uses: P_t (g_10) or S_t (g_01)."
@@ -121,29 +137,64 @@ def nonident_case(model: str, eps: float, K: int, n: int = 4, k: int = 2) -> dic
     """All acceptance quantities of one (model, eps, K, n, k) instance, computed exactly."""
     A, B, v, d = make_pools(model, n, k, eps)
     sA, sB = true_utilities(A, v), true_utilities(B, v)
-    gA, gB = grpo_true_utilities(A[k - 1:k + 1], v, K), grpo_true_utilities(B[k - 1:k + 1], v, K)
+    gA, gB = grpo_true_utilities(A[k - 1 : k + 1], v, K), grpo_true_utilities(B[k - 1 : k + 1], v, K)
     # observation laws: positions differ only at k-1, k; there pool A holds (+, -), pool B (-, +).
     idx, pr, o_plus = observation_law(A[k - 1], model, K)
     _, _, o_minus = observation_law(A[k], model, K)
-    tuple_diff = float(np.abs(o_plus - o_minus).max())        # same beta-tuple, same observation
+    tuple_diff = float(np.abs(o_plus - o_minus).max())  # same beta-tuple, same observation
     tv_vec = law_tv(o_plus, pr, o_minus, pr)
     tv_scalar = law_tv(o_plus @ v, pr, o_minus @ v, pr)
     kl = max(seq_kl(p[0], p[1]) for p in A + B)
     ess = min(used_weights_ess(p, model) for p in A + B)
-    return dict(model=model, eps=eps, K=K, n=n, k=k, delta=d, s_A=sA, s_B=sB,
-                topk_A=topk(sA, k), topk_B=topk(sB, k),
-                grpo_topk_differs=bool(np.sign(gA[0] - gA[1]) != np.sign(gB[0] - gB[1]) and gA[0] != gA[1]),
-                tuple_diff=tuple_diff, tv_vector=tv_vec, tv_scalar=tv_scalar, kl=kl, ess=ess,
-                minimax_error_lb=(1 - tv_vec) / 2, P_homogeneous=float(pr[(idx % 2 == idx[:, :1] % 2).all(-1)].sum()))
+    return dict(
+        model=model,
+        eps=eps,
+        K=K,
+        n=n,
+        k=k,
+        delta=d,
+        s_A=sA,
+        s_B=sB,
+        topk_A=topk(sA, k),
+        topk_B=topk(sB, k),
+        grpo_topk_differs=bool(np.sign(gA[0] - gA[1]) != np.sign(gB[0] - gB[1]) and gA[0] != gA[1]),
+        tuple_diff=tuple_diff,
+        tv_vector=tv_vec,
+        tv_scalar=tv_scalar,
+        kl=kl,
+        ess=ess,
+        minimax_error_lb=(1 - tv_vec) / 2,
+        P_homogeneous=float(pr[(idx % 2 == idx[:, :1] % 2).all(-1)].sum()),
+    )
+
 
 @verify_check
 def check_nonidentifiability(Ks=(2, 3, 4, 5, 6), epss=(1e-1, 1e-2, 1e-3)):
     "Both observation models: identical observation laws, different true top-k, KL <= eps, ESS = 1."
     rows = [nonident_case(m, e, K) for m in MODELS for e in epss for K in Ks]
-    return [Check("nonident.law", "max TV of observed GRPO g_10/g_01 vector laws", max(r["tv_vector"] for r in rows), 1e-12),
-            Check("nonident.law", "max |observation(+) - observation(-)| per beta-tuple", max(r["tuple_diff"] for r in rows), 1e-12),
-            Check("nonident.topk", "cases with equal true top-k (unnormalised or GRPO truth)",
-                  sum(np.array_equal(r["topk_A"], r["topk_B"]) or not r["grpo_topk_differs"] for r in rows), 0),
-            Check("nonident.kl", "max KL(pi||beta) / eps", max(r["kl"] / r["eps"] for r in rows), 1.0),
-            Check("nonident.ess", "min normalised ESS of the used weights", min(r["ess"] for r in rows), 1.0 - 1e-12, ">="),
-            Check("nonident.minimax", "min lower bound (1 - TV)/2 on minimax error", min(r["minimax_error_lb"] for r in rows), 0.5 - 1e-12, ">=")]
+    return [
+        Check(
+            "nonident.law", "max TV of observed GRPO g_10/g_01 vector laws", max(r["tv_vector"] for r in rows), 1e-12
+        ),
+        Check(
+            "nonident.law",
+            "max |observation(+) - observation(-)| per beta-tuple",
+            max(r["tuple_diff"] for r in rows),
+            1e-12,
+        ),
+        Check(
+            "nonident.topk",
+            "cases with equal true top-k (unnormalised or GRPO truth)",
+            sum(np.array_equal(r["topk_A"], r["topk_B"]) or not r["grpo_topk_differs"] for r in rows),
+            0,
+        ),
+        Check("nonident.kl", "max KL(pi||beta) / eps", max(r["kl"] / r["eps"] for r in rows), 1.0),
+        Check("nonident.ess", "min normalised ESS of the used weights", min(r["ess"] for r in rows), 1.0 - 1e-12, ">="),
+        Check(
+            "nonident.minimax",
+            "min lower bound (1 - TV)/2 on minimax error",
+            min(r["minimax_error_lb"] for r in rows),
+            0.5 - 1e-12,
+            ">=",
+        ),
+    ]

@@ -24,21 +24,25 @@ __all__ = ['simulate_latent', 'rho_of', 'spearman_brown', 'corr_mu_reference', '
            'check_overlap_closed_form', 'check_ceiling', 'check_sample_cost']
 
 # %% ../../nbs/14_reliability.ipynb #1177a571
-def simulate_latent(domain: Domain, n: int, tau: float = 1.0, sigma: float = 1.0,
-                    splits=("R", "A", "B"), reps: int | None = None) -> tuple[np.ndarray, dict]:
+def simulate_latent(
+    domain: Domain, n: int, tau: float = 1.0, sigma: float = 1.0, splits=("R", "A", "B"), reps: int | None = None
+) -> tuple[np.ndarray, dict]:
     "Draw mu [reps, n] and X^h = mu + eps^h for each split h (each split from its own child domain)."
     shape = (n,) if reps is None else (reps, n)
     mu = tau * domain.child("mu").numpy().standard_normal(shape)
     return mu, {h: mu + sigma * domain.child("eps", h).numpy().standard_normal(shape) for h in splits}
 
+
 def rho_of(tau: float, sigma: float) -> float:
     "Split-half correlation rho = tau^2 / (tau^2 + sigma^2)."
     return tau**2 / (tau**2 + sigma**2)
+
 
 def spearman_brown(rho, m: float = 2):
     "Reliability of the mean of m parallel splits: m rho / (1 + (m-1) rho)."
     rho = np.asarray(rho, dtype=np.float64)
     return m * rho / (1 + (m - 1) * rho)
+
 
 def corr_mu_reference(rho):
     "corr(mu, (X^A+X^B)/2) = sqrt(2 rho / (1 + rho))."
@@ -49,6 +53,7 @@ def topk_overlap(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     "|top-k(x) ∩ top-k(y)| / k along the last axis (`core.topk_mask`; continuous scores: ties have probability 0)."
     return (topk_mask(x, k) & topk_mask(y, k)).sum(-1) / k
 
+
 def overlap_mc(c: float, n: int, k: int, reps: int, domain: Domain) -> tuple[float, float]:
     "Finite-n overlap O_{n,k}(c) by Monte Carlo: (mean, standard error) over `reps` draws."
     g = domain.numpy()
@@ -57,18 +62,22 @@ def overlap_mc(c: float, n: int, k: int, reps: int, domain: Domain) -> tuple[flo
     o = topk_overlap(z, w, k)
     return float(o.mean()), float(o.std(ddof=1) / np.sqrt(reps))
 
+
 def overlap_limit(c, q: float) -> np.ndarray:
     "n -> inf overlap O(c) = Phi2(-z_q, -z_q; c) / q with z_q = Phi^{-1}(1-q) (scipy bivariate normal CDF)."
     c = np.atleast_1d(np.asarray(c, dtype=np.float64))
     z = stats.norm.isf(q)
     out = np.empty_like(c)
     for i, ci in enumerate(c):
-        if ci >= 1 - 1e-12: out[i] = 1.0
-        elif ci <= -1 + 1e-12: out[i] = max(0.0, 2 * q - 1) / q          # Z' = -Z
+        if ci >= 1 - 1e-12:
+            out[i] = 1.0
+        elif ci <= -1 + 1e-12:
+            out[i] = max(0.0, 2 * q - 1) / q  # Z' = -Z
         else:
             mvn = stats.multivariate_normal(mean=[0, 0], cov=[[1, ci], [ci, 1]], abseps=1e-12, releps=1e-12)
             out[i] = mvn.cdf([-z, -z]) / q
     return out if out.size > 1 else out[0]
+
 
 def overlap_limit_quad(c: float, q: float) -> float:
     "Independent computation of O(c) by 1-D quadrature of phi(x) * P(Z' > z | Z = x)."
@@ -76,6 +85,7 @@ def overlap_limit_quad(c: float, q: float) -> float:
     s = np.sqrt(1 - c * c)
     f = lambda x: stats.norm.pdf(x) * stats.norm.sf((z - c * x) / s)
     return integrate.quad(f, z, np.inf, epsabs=1e-13, epsrel=1e-12)[0] / q
+
 
 def overlap_slope(c: float, q: float) -> float:
     "dO/dc = phi2(z_q, z_q; c) / q (Plackett's identity)."
@@ -86,21 +96,27 @@ def overlap_slope(c: float, q: float) -> float:
 def rho_from_rel(rel: float, q: float) -> float:
     "Invert the population reliability: the rho with O(rho) = rel (rel clipped to [q, 1])."
     rel = float(np.clip(rel, q, 1.0))
-    if rel <= q + 1e-15: return 0.0
-    if rel >= 1 - 1e-15: return 1.0
+    if rel <= q + 1e-15:
+        return 0.0
+    if rel >= 1 - 1e-15:
+        return 1.0
     return float(optimize.brentq(lambda r: overlap_limit(r, q) - rel, 0.0, 1 - 1e-12, xtol=1e-14))
+
 
 def rho_se(rel: float, rel_se: float, q: float) -> float:
     "Delta-method standard error of rho_from_rel."
     return rel_se / overlap_slope(min(rho_from_rel(rel, q), 1 - 1e-9), q)
 
+
 def precision_ceiling(rho, q: float):
     "Oracle expected precision against the A/B reference: O(sqrt(2 rho / (1 + rho)))."
     return overlap_limit(corr_mu_reference(rho), q)
 
+
 def ceiling_from_rel(rel: float, q: float) -> float:
     "The ceiling as a function of the population reliability Rel_k."
     return float(precision_ceiling(rho_from_rel(rel, q), q))
+
 
 def fresh_selector_corr(rho):
     "corr(X^S, (X^A+X^B)/2) for an independent equal-noise split: sqrt(rho) * sqrt(2 rho / (1 + rho))."
@@ -114,21 +130,26 @@ def cert_failure_bounds(m, sigma: float, gap: float, n: int) -> tuple[np.ndarray
     hi = np.minimum(1.0, 2 * n * stats.norm.sf(gap * np.sqrt(m) / (2 * sigma)))
     return lo, hi
 
+
 def m_sufficient(sigma: float, gap: float, n: int, delta: float) -> float:
     "Union-bound sample size 8 sigma^2 / gap^2 * log(n / delta)."
     return 8 * sigma**2 / gap**2 * np.log(n / delta)
+
 
 def m_necessary(sigma: float, gap: float, delta: float) -> float:
     "Two-point lower bound 2 sigma^2 / gap^2 * Phi^{-1}(1 - delta)^2."
     return 2 * sigma**2 / gap**2 * stats.norm.isf(delta) ** 2
 
+
 def cert_failure_sim(mu: np.ndarray, k: int, m: int, sigma: float, reps: int, domain: Domain) -> tuple[float, float]:
     "Monte Carlo failure rate (and SE) of top-k of sample means (m samples, noise sigma) vs top-k(mu)."
     g = domain.numpy()
     hat = mu + sigma / np.sqrt(m) * g.standard_normal((reps, len(mu)))
-    true = np.zeros(len(mu), bool); true[np.argsort(-mu)[:k]] = True
+    true = np.zeros(len(mu), bool)
+    true[np.argsort(-mu)[:k]] = True
     ix = np.argpartition(-hat, k - 1, axis=-1)[:, :k]
-    got = np.zeros(hat.shape, bool); np.put_along_axis(got, ix, True, axis=-1)
+    got = np.zeros(hat.shape, bool)
+    np.put_along_axis(got, ix, True, axis=-1)
     fail = (got != true).any(-1)
     return float(fail.mean()), float(np.sqrt(fail.mean() * (1 - fail.mean()) / reps))
 
@@ -137,11 +158,18 @@ def cert_failure_sim(mu: np.ndarray, k: int, m: int, sigma: float, reps: int, do
 def check_overlap_closed_form():
     "scipy bivariate-normal CDF vs 1-D quadrature, and vs finite-n Monte Carlo."
     D = Domain(0, ("reliability", "check"))
-    diff = max(abs(overlap_limit(c, q) - overlap_limit_quad(c, q)) for c in (-0.5, 0.2, 0.7, 0.95) for q in (0.05, 0.25))
-    zs = [abs(m - overlap_limit(c, 0.1)) / s for c in (0.3, 0.8)
-          for m, s in [overlap_mc(c, 2000, 200, 100, D.child("mc", str(c)))]]
-    return [Check("reliability.overlap", "max |scipy - quadrature| closed-form O(c)", diff, 1e-7),
-            Check("reliability.overlap", "max |MC(n=2000) - O(c)| / SE", max(zs), 4.0)]
+    diff = max(
+        abs(overlap_limit(c, q) - overlap_limit_quad(c, q)) for c in (-0.5, 0.2, 0.7, 0.95) for q in (0.05, 0.25)
+    )
+    zs = [
+        abs(m - overlap_limit(c, 0.1)) / s
+        for c in (0.3, 0.8)
+        for m, s in [overlap_mc(c, 2000, 200, 100, D.child("mc", str(c)))]
+    ]
+    return [
+        Check("reliability.overlap", "max |scipy - quadrature| closed-form O(c)", diff, 1e-7),
+        Check("reliability.overlap", "max |MC(n=2000) - O(c)| / SE", max(zs), 4.0),
+    ]
 
 # %% ../../nbs/14_reliability.ipynb #d5959bd0
 @verify_check
@@ -156,10 +184,17 @@ def check_ceiling():
     z_or = abs(po.mean() - precision_ceiling(rho, 0.1)) / (po.std(ddof=1) / np.sqrt(R))
     z_s = abs(ps.mean() - overlap_limit(fresh_selector_corr(rho), 0.1)) / (ps.std(ddof=1) / np.sqrt(R))
     rt = max(abs(rho_from_rel(overlap_limit(r, 0.1), 0.1) - r) for r in (0.1, 0.5, 0.9))
-    return [Check("reliability.ceiling", "|corr(mu,U) - sqrt(2rho/(1+rho))| (60x2000 draws)", abs(c_mu - corr_mu_reference(rho)), 0.01),
-            Check("reliability.ceiling", "|oracle precision - ceiling| / SE", z_or, 4.0),
-            Check("reliability.ceiling", "|fresh-selector precision - O(c_S)| / SE", z_s, 4.0),
-            Check("reliability.ceiling", "max |rho_from_rel(O(rho)) - rho|", rt, 1e-8)]
+    return [
+        Check(
+            "reliability.ceiling",
+            "|corr(mu,U) - sqrt(2rho/(1+rho))| (60x2000 draws)",
+            abs(c_mu - corr_mu_reference(rho)),
+            0.01,
+        ),
+        Check("reliability.ceiling", "|oracle precision - ceiling| / SE", z_or, 4.0),
+        Check("reliability.ceiling", "|fresh-selector precision - O(c_S)| / SE", z_s, 4.0),
+        Check("reliability.ceiling", "max |rho_from_rel(O(rho)) - rho|", rt, 1e-8),
+    ]
 
 # %% ../../nbs/14_reliability.ipynb #b45d6089
 @verify_check
@@ -172,6 +207,6 @@ def check_sample_cost():
     for m in (4, 16, 64, 160):
         f, _ = cert_failure_sim(mu, k, m, sigma, 4000, D.child("m", m))
         lo, hi = cert_failure_bounds(m, sigma, gap, n)
-        se = lambda p: max(np.sqrt(p * (1 - p) / 4000), 1e-12)           # binomial SE at the bound
+        se = lambda p: max(np.sqrt(p * (1 - p) / 4000), 1e-12)  # binomial SE at the bound
         worst = max(worst, (lo - f) / se(lo), (f - hi) / se(hi))
     return Check("reliability.sample_cost", "max violation of lower/union bounds in binomial SE units", worst, 3.0)

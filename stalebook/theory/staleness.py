@@ -11,8 +11,17 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import binom
 
-from ..core import Check, Domain, verify_check, group_advantages
-from .tree import Tree, token_logprobs, seq_probs, log_policy, policy_gradient, random_logits, sample_responses, _is_torch
+from ..core import Check, Domain, group_advantages, verify_check
+from stalebook.theory.tree import (
+    Tree,
+    _is_torch,
+    log_policy,
+    policy_gradient,
+    random_logits,
+    sample_responses,
+    seq_probs,
+    token_logprobs,
+)
 
 # %% auto #0
 __all__ = ['advantage_table', 'mean_advantage', 'exact_masses', 'sampled_masses', 'surrogate_value', 'token_weights_to_grad',
@@ -29,52 +38,72 @@ def advantage_table(K: int, std: bool = True, eps: float = 1e-6) -> np.ndarray:
             out[R, m] = group_advantages(g, std=std, eps=eps)[0]
     return out
 
+
 def mean_advantage(p, K: int, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "[..., 2]: E_m[A(R, m)], m ~ Binomial(K-1, p): the expected advantage of a response with reward R."
-    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)[..., None]   # a pass rate summed in float can exceed 1 by an ulp
-    pmf = binom.pmf(np.arange(K), K - 1, p)                      # [..., K]
-    return pmf @ advantage_table(K, std, eps).T                   # [..., 2]
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)[
+        ..., None
+    ]  # a pass rate summed in float can exceed 1 by an ulp
+    pmf = binom.pmf(np.arange(K), K - 1, p)  # [..., K]
+    return pmf @ advantage_table(K, std, eps).T  # [..., 2]
+
 
 def exact_masses(tree: Tree, phi, R, K: int, std: bool = True, eps: float = 1e-6):
     """Population advantage masses of K-groups drawn from pi_phi (binary rewards R [..., N]):
     (a_plus, a_minus, m) [..., N] with a_plus/minus = pi_phi(Y) * E[A^+/-(Y)] and m = pi_phi(Y)."""
     q = seq_probs(tree, np.asarray(phi, dtype=np.float64))
     R = np.broadcast_to(np.asarray(R, dtype=np.float64), q.shape)
-    if not np.isin(R, (0.0, 1.0)).all(): raise ValueError("exact_masses needs binary rewards")
-    Abar = mean_advantage((q * R).sum(-1), K, std, eps)          # [..., 2]
+    if not np.isin(R, (0.0, 1.0)).all():
+        raise ValueError("exact_masses needs binary rewards")
+    Abar = mean_advantage((q * R).sum(-1), K, std, eps)  # [..., 2]
     A_Y = np.where(R > 0, Abar[..., 1:2], Abar[..., 0:1])
     return q * np.maximum(A_Y, 0), q * np.minimum(A_Y, 0), q
+
 
 def sampled_masses(tree: Tree, phi, R, K: int, gen: np.random.Generator, std: bool = True, eps: float = 1e-6):
     "One K-group per leading index from pi_phi: (a_plus, a_minus, m) [..., N] = (1/K) sum_k 1[Y_k=Y] (A_k^+, A_k^-, 1)."
     idx = sample_responses(tree, phi, K, gen)
     R = np.broadcast_to(np.asarray(R, dtype=np.float64), idx.shape[:-1] + (tree.N,))
     A = group_advantages(np.take_along_axis(R, idx, -1), std=std, eps=eps)
-    oh = (idx[..., None] == np.arange(tree.N)).astype(np.float64)          # [..., K, N]
-    return (np.einsum("...k,...kn->...n", np.maximum(A, 0), oh) / K,
-            np.einsum("...k,...kn->...n", np.minimum(A, 0), oh) / K, oh.mean(-2))
+    oh = (idx[..., None] == np.arange(tree.N)).astype(np.float64)  # [..., K, N]
+    return (
+        np.einsum("...k,...kn->...n", np.maximum(A, 0), oh) / K,
+        np.einsum("...k,...kn->...n", np.minimum(A, 0), oh) / K,
+        oh.mean(-2),
+    )
 
 # %% ../../nbs/15_staleness.ipynb #87050ad3
 def _ratios(tree, theta, phi, agg):
     "Log-ratio log r [..., N, T] (token) or the GSPO sequence log-ratio broadcast to [..., N, T] (sequence)."
     lr = token_logprobs(tree, theta) - token_logprobs(tree, phi)
-    if agg == "token": return lr
-    if agg == "sequence": return lr.mean(-1, keepdims=True).expand_as(lr) if _is_torch(lr) else np.broadcast_to(lr.mean(-1, keepdims=True), lr.shape)
+    if agg == "token":
+        return lr
+    if agg == "sequence":
+        return (
+            lr.mean(-1, keepdims=True).expand_as(lr)
+            if _is_torch(lr)
+            else np.broadcast_to(lr.mean(-1, keepdims=True), lr.shape)
+        )
     raise ValueError(f"agg must be 'token' or 'sequence', not {agg!r}")
 
-def surrogate_value(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: str = "token",
-                    beta_kl: float = 0.0, ref=None):
+
+def surrogate_value(
+    tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: str = "token", beta_kl: float = 0.0, ref=None
+):
     """L(theta; phi) = sum_Y [a+_Y min(r, clip r) + a-_Y max(r, clip r)] averaged over tokens, minus
     beta_kl * sum_Y m_Y mean_t k3_t (k3 = e^u - u - 1, u = log ref/pi_theta). numpy or torch in theta."""
     ap, am, m = masses
     r = _ratios(tree, theta, phi, agg)
     if _is_torch(r):
-        import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
+        import torch  # lazy: the theory runs on numpy; torch only for autograd checks
+
         ap, am, m = (torch.as_tensor(np.asarray(x), dtype=r.dtype) for x in (ap, am, m))
-        r = r.exp(); rc = r.clamp(1 - clip_eps, 1 + clip_eps)
+        r = r.exp()
+        rc = r.clamp(1 - clip_eps, 1 + clip_eps)
         f = ap[..., None] * torch.minimum(r, rc) + am[..., None] * torch.maximum(r, rc)
     else:
-        r = np.exp(r); rc = np.clip(r, 1 - clip_eps, 1 + clip_eps)
+        r = np.exp(r)
+        rc = np.clip(r, 1 - clip_eps, 1 + clip_eps)
         f = ap[..., None] * np.minimum(r, rc) + am[..., None] * np.maximum(r, rc)
     L = f.mean(-1).sum(-1)
     if beta_kl:
@@ -85,16 +114,22 @@ def surrogate_value(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: 
 
 # %% ../../nbs/15_staleness.ipynb #2324e32e
 _INC = {}
+
+
 def _incidence(tree):
     "One-hot maps from (response, step) to (history, token) and to history."
     key = (tree.V, tree.T)
     if key not in _INC:
         NT = tree.N * tree.T
-        h = tree.hist_index.reshape(-1); a = tree.responses.reshape(-1)
-        E = np.zeros((NT, tree.n_hist * tree.V)); E[np.arange(NT), h * tree.V + a] = 1
-        Hm = np.zeros((NT, tree.n_hist)); Hm[np.arange(NT), h] = 1
+        h = tree.hist_index.reshape(-1)
+        a = tree.responses.reshape(-1)
+        E = np.zeros((NT, tree.n_hist * tree.V))
+        E[np.arange(NT), h * tree.V + a] = 1
+        Hm = np.zeros((NT, tree.n_hist))
+        Hm[np.arange(NT), h] = 1
         _INC[key] = (E, Hm)
     return _INC[key]
+
 
 def token_weights_to_grad(tree: Tree, theta, w) -> np.ndarray:
     "[..., n_hist, V]: sum_{Y,t} w[Y,t] grad_theta log pi(A_t|H_t) for per-token weights w [..., N, T]."
@@ -104,8 +139,17 @@ def token_weights_to_grad(tree: Tree, theta, w) -> np.ndarray:
     return (wf @ E).reshape(wf.shape[:-1] + (tree.n_hist, tree.V)) - (wf @ Hm)[..., None] * p
 
 # %% ../../nbs/15_staleness.ipynb #f16b0870
-def surrogate_grad(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: str = "token",
-                   beta_kl: float = 0.0, ref=None, return_clip: bool = False):
+def surrogate_grad(
+    tree: Tree,
+    theta,
+    phi,
+    masses,
+    clip_eps: float = 0.2,
+    agg: str = "token",
+    beta_kl: float = 0.0,
+    ref=None,
+    return_clip: bool = False,
+):
     """H = grad_theta L(theta; phi) with the behaviour law (the masses) held fixed: [..., n_hist, V].
     With `return_clip`, also the behaviour-weighted fraction of clipped (zero-gradient) token terms."""
     ap, am, m = masses
@@ -117,7 +161,8 @@ def surrogate_grad(tree: Tree, theta, phi, masses, clip_eps: float = 0.2, agg: s
         u = token_logprobs(tree, ref) - token_logprobs(tree, theta)
         w = w - beta_kl * m[..., None] * (1 - np.exp(u)) / tree.T
     G = token_weights_to_grad(tree, theta, w)
-    if not return_clip: return G
+    if not return_clip:
+        return G
     clipped = np.where(ap[..., None] > 0, ~act_p, 0) + np.where(am[..., None] < 0, ~act_m, 0)
     return G, (m[..., None] * clipped).mean(-1).sum(-1)
 
@@ -126,6 +171,7 @@ def H_exact(tree: Tree, theta, phi, R, K: int, std: bool = True, **kw) -> np.nda
     "H(theta, phi) [..., D]: exact surrogate gradient, K-groups from pi_phi (binary rewards)."
     G = surrogate_grad(tree, theta, phi, exact_masses(tree, phi, R, K, std), **kw)
     return G.reshape(G.shape[:-2] + (tree.D,))
+
 
 def decompose(tree: Tree, theta, phi, R, K: int, gen: np.random.Generator, std: bool = True, **kw) -> dict:
     "g = H_on(theta) + xi + delta, each term computed separately ([..., D] each): g from one sampled K-group."
@@ -141,7 +187,7 @@ def _brute_surrogate(tree, theta, phi, R, K, **kw):
     groups = np.stack(np.meshgrid(*[np.arange(tree.N)] * K, indexing="ij"), -1).reshape(-1, K)
     pg = q[groups].prod(-1)
     A = group_advantages(R[groups])
-    oh = (groups[..., None] == np.arange(tree.N))
+    oh = groups[..., None] == np.arange(tree.N)
     ap = (pg[:, None, None] * np.maximum(A, 0)[..., None] * oh).sum((0, 1)) / K
     am = (pg[:, None, None] * np.minimum(A, 0)[..., None] * oh).sum((0, 1)) / K
     return surrogate_value(tree, theta, phi, (ap, am, q), **kw)
@@ -150,28 +196,40 @@ def _brute_surrogate(tree, theta, phi, R, K, **kw):
 @verify_check
 def check_surrogate_gradient(seed: int = 0):
     "Analytic H vs autograd; binomial vs brute-force group expectation; on-policy H_on vs tree policy gradient."
-    import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
     g = Domain(seed, ("check", "staleness")).numpy()
     tr = Tree(2, 3)
-    th = random_logits(tr, g, (2,)); ph = th + 0.4 * random_logits(tr, g, (2,)); ref = random_logits(tr, g, (2,))
-    R = (g.random((2, tr.N)) < 0.4).astype(float); R[:, 0] = 1.0
+    th = random_logits(tr, g, (2,))
+    ph = th + 0.4 * random_logits(tr, g, (2,))
+    ref = random_logits(tr, g, (2,))
+    R = (g.random((2, tr.N)) < 0.4).astype(float)
+    R[:, 0] = 1.0
     err_ag = 0.0
     for agg in ("token", "sequence"):
         for beta in (0.0, 0.1):
             ms = exact_masses(tr, ph, R, 4)
             t = torch.tensor(th, requires_grad=True)
             surrogate_value(tr, t, torch.tensor(ph), ms, agg=agg, beta_kl=beta, ref=torch.tensor(ref)).sum().backward()
-            err_ag = max(err_ag, np.abs(surrogate_grad(tr, th, ph, ms, agg=agg, beta_kl=beta, ref=ref) - t.grad.numpy()).max())
+            err_ag = max(
+                err_ag, np.abs(surrogate_grad(tr, th, ph, ms, agg=agg, beta_kl=beta, ref=ref) - t.grad.numpy()).max()
+            )
     tr2 = Tree(2, 2)
-    th2, ph2 = random_logits(tr2, g), random_logits(tr2, g); R2 = np.array([1., 0, 1, 0])
-    err_bf = max(abs(_brute_surrogate(tr2, th2, ph2, R2, 3, agg=agg) -
-                     surrogate_value(tr2, th2, ph2, exact_masses(tr2, ph2, R2, 3), agg=agg)) for agg in ("token", "sequence"))
+    th2, ph2 = random_logits(tr2, g), random_logits(tr2, g)
+    R2 = np.array([1.0, 0, 1, 0])
+    err_bf = max(
+        abs(
+            _brute_surrogate(tr2, th2, ph2, R2, 3, agg=agg)
+            - surrogate_value(tr2, th2, ph2, exact_masses(tr2, ph2, R2, 3), agg=agg)
+        )
+        for agg in ("token", "sequence")
+    )
     K = 5
     Hon = H_exact(tr, th, th, R, K, std=False)
     err_on = np.abs(Hon - (1 - 1 / K) / tr.T * policy_gradient(tr, th, R)).max()
-    return [Check("staleness.grad", "max |analytic H - autograd| (token/seq, KL on/off)", err_ag, 1e-12),
-            Check("staleness.groups", "|binomial - brute-force N^K group surrogate|", err_bf, 1e-12),
-            Check("staleness.on_policy", "max |H_on - (1-1/K)/T grad J| (std=False)", err_on, 1e-12)]
+    return [
+        Check("staleness.grad", "max |analytic H - autograd| (token/seq, KL on/off)", err_ag, 1e-12),
+        Check("staleness.groups", "|binomial - brute-force N^K group surrogate|", err_bf, 1e-12),
+        Check("staleness.on_policy", "max |H_on - (1-1/K)/T grad J| (std=False)", err_on, 1e-12),
+    ]
 
 # %% ../../nbs/15_staleness.ipynb #20fa7382
 @verify_check
@@ -179,13 +237,17 @@ def check_noise_zero_mean(seed: int = 0, n: int = 2000):
     "xi = g - H(theta, phi) has mean zero: max over coordinates of |mean xi| / standard error."
     g = Domain(seed, ("check", "staleness", "xi")).numpy()
     tr = Tree(2, 2)
-    th = random_logits(tr, g); ph = th + 0.5 * random_logits(tr, g); R = np.array([0., 1, 0, 1])
+    th = random_logits(tr, g)
+    ph = th + 0.5 * random_logits(tr, g)
+    R = np.array([0.0, 1, 0, 1])
     d = decompose(tr, np.broadcast_to(th, (n,) + th.shape), np.broadcast_to(ph, (n,) + ph.shape), R, 4, g)
     xi = d["xi"]
     z = np.abs(xi.mean(0)) / (xi.std(0) / np.sqrt(n) + 1e-300)
     gap = np.abs(d["g"] - (d["H_on"] + d["xi"] + d["delta"])).max()
-    return [Check("staleness.xi", "max_d |mean xi_d| / s.e. (2000 groups)", float(z[xi.std(0) > 0].max()), 4.5),
-            Check("staleness.decomp", "max |g - (H_on + xi + delta)|", gap, 1e-12)]
+    return [
+        Check("staleness.xi", "max_d |mean xi_d| / s.e. (2000 groups)", float(z[xi.std(0) > 0].max()), 4.5),
+        Check("staleness.decomp", "max |g - (H_on + xi + delta)|", gap, 1e-12),
+    ]
 
 # %% ../../nbs/15_staleness.ipynb #a044ccaf
 def stability_bound(G_upd, R_batch, R_crit, S, T, c: float = 1.0) -> dict:
@@ -194,22 +256,31 @@ def stability_bound(G_upd, R_batch, R_crit, S, T, c: float = 1.0) -> dict:
     local = c * np.asarray(R_batch, float) / (np.asarray(S, float) * G_upd)
     horizon = c * np.asarray(R_crit, float) / (np.asarray(T, float) * G_upd)
     local, horizon = np.broadcast_arrays(local, horizon)
-    return dict(local=local, horizon=horizon, eta=np.minimum(local, horizon),
-                binding=np.where(local <= horizon, "local", "horizon"))
+    return dict(
+        local=local,
+        horizon=horizon,
+        eta=np.minimum(local, horizon),
+        binding=np.where(local <= horizon, "local", "horizon"),
+    )
+
 
 def estimate_G_upd(gnorm, q: float = 0.95) -> float:
     "HEURISTIC: G_upd = the q-quantile of the logged per-step update norms ||g_t|| (finite entries)."
-    g = np.asarray(gnorm, float); g = g[np.isfinite(g)]
+    g = np.asarray(gnorm, float)
+    g = g[np.isfinite(g)]
     return float(np.quantile(g, q)) if g.size else float("nan")
+
 
 def estimate_R_batch(lagdist, logratio, clip_eps: float = 0.2) -> float:
     """HEURISTIC: the behaviour lag distance ||theta - phi|| at which the behaviour-weighted mean |log r_t|
     reaches the clip radius eps, from a least-squares line through the origin of mean|log r| on ||theta-phi||."""
     x, y = np.asarray(lagdist, float).ravel(), np.asarray(logratio, float).ravel()
     ok = np.isfinite(x) & np.isfinite(y) & (x > 0)
-    if not ok.any(): return float("inf")
+    if not ok.any():
+        return float("inf")
     slope = (x[ok] * y[ok]).sum() / (x[ok] ** 2).sum()
     return float(clip_eps / slope) if slope > 0 else float("inf")
+
 
 def estimate_R_crit(drift, J, t_collapse) -> float:
     """HEURISTIC: the median, over collapsed runs, of the cumulative drift ||theta_t - theta_0|| at the step where
@@ -218,7 +289,7 @@ def estimate_R_crit(drift, J, t_collapse) -> float:
     drift, J, tc = np.atleast_2d(drift), np.atleast_2d(J), np.asarray(t_collapse).ravel()
     vals = []
     for i in np.flatnonzero(tc >= 0):
-        j = np.nan_to_num(J[i, :max(int(tc[i]), 1)], nan=-np.inf)
+        j = np.nan_to_num(J[i, : max(int(tc[i]), 1)], nan=-np.inf)
         vals.append(drift[i, int(np.argmax(j))])
     vals = [v for v in vals if np.isfinite(v)]
     return float(np.median(vals)) if vals else float("inf")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy.stats import chisquare
 from scipy.special import log_softmax as _np_log_softmax
+from scipy.stats import chisquare
 
 from ..core import Check, Domain, verify_check
 
@@ -26,23 +26,30 @@ __all__ = ['Tree', 'log_policy', 'token_logprobs', 'seq_logprobs', 'seq_probs', 
 @dataclass(frozen=True)
 class Tree:
     "The complete response tree of vocabulary `V` and horizon `T`."
+
     V: int
     T: int
 
     def __post_init__(self):
-        if self.V < 1 or self.T < 1: raise ValueError("V and T must be >= 1")
+        if self.V < 1 or self.T < 1:
+            raise ValueError("V and T must be >= 1")
 
     @cached_property
     def offsets(self) -> np.ndarray:
         "offset_t = number of histories shorter than t, for t = 0..T."
-        return np.concatenate([[0], np.cumsum([self.V ** t for t in range(self.T)])]).astype(np.int64)
+        return np.concatenate([[0], np.cumsum([self.V**t for t in range(self.T)])]).astype(np.int64)
 
     @property
-    def n_hist(self) -> int: return int(self.offsets[-1])
+    def n_hist(self) -> int:
+        return int(self.offsets[-1])
+
     @property
-    def N(self) -> int: return self.V ** self.T
+    def N(self) -> int:
+        return self.V**self.T
+
     @property
-    def D(self) -> int: return self.n_hist * self.V
+    def D(self) -> int:
+        return self.n_hist * self.V
 
     @cached_property
     def responses(self) -> np.ndarray:
@@ -63,24 +70,30 @@ class Tree:
         return slice(int(self.offsets[t]), int(self.offsets[t + 1]))
 
 # %% ../../nbs/10_tree.ipynb #42219bd8
-def _is_torch(x) -> bool: return type(x).__module__.startswith("torch")
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
 
 def log_policy(logits):
     "log pi(.|h) for every history: log-softmax over the last axis (numpy or torch)."
     return logits.log_softmax(-1) if _is_torch(logits) else _np_log_softmax(logits, axis=-1)
+
 
 def token_logprobs(tree: Tree, logits):
     "[..., N, T]: log pi(A_t | H_t) for every response and step."
     lp = log_policy(logits)
     h, a = tree.hist_index, tree.responses
     if _is_torch(lp):
-        import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
+        import torch  # lazy: the theory runs on numpy; torch only for autograd checks
+
         h, a = torch.as_tensor(h), torch.as_tensor(a)
     return lp[..., h, a]
+
 
 def seq_logprobs(tree: Tree, logits):
     "[..., N]: log pi(Y) = sum_t log pi(A_t | H_t)."
     return token_logprobs(tree, logits).sum(-1)
+
 
 def seq_probs(tree: Tree, logits):
     "[..., N]: pi(Y), exactly normalised."
@@ -90,7 +103,7 @@ def seq_probs(tree: Tree, logits):
 # %% ../../nbs/10_tree.ipynb #47b67cd0
 def score_vectors(tree: Tree, logits) -> np.ndarray:
     "[..., N, T, D]: z_t = grad_theta log pi(A_t|H_t) w.r.t. the flattened logit table (numpy)."
-    p = np.exp(log_policy(np.asarray(logits, dtype=np.float64)))            # [..., n_hist, V]
+    p = np.exp(log_policy(np.asarray(logits, dtype=np.float64)))  # [..., n_hist, V]
     batch = p.shape[:-2]
     z = np.zeros(batch + (tree.N, tree.T, tree.n_hist, tree.V))
     n_idx, t_idx = np.meshgrid(np.arange(tree.N), np.arange(tree.T), indexing="ij")
@@ -106,6 +119,7 @@ def sample_responses(tree: Tree, logits, K: int, gen: np.random.Generator) -> np
     u = gen.random(c.shape[:-1] + (K,)) * c[..., -1:]
     return np.minimum((u[..., :, None] >= c[..., None, :]).sum(-1), tree.N - 1)
 
+
 def random_logits(tree: Tree, gen: np.random.Generator, batch=(), scale: float = 1.0) -> np.ndarray:
     "Gaussian logits N(0, scale^2) for every history: a random full-support tabular policy."
     return scale * gen.standard_normal(tuple(batch) + (tree.n_hist, tree.V))
@@ -119,9 +133,10 @@ def q_values(tree: Tree, logits, rewards) -> np.ndarray:
     v_next = R
     for t in reversed(range(tree.T)):
         sl = tree.level(t)
-        Q[..., sl, :] = v_next.reshape(p.shape[:-2] + (tree.V ** t, tree.V))
+        Q[..., sl, :] = v_next.reshape(p.shape[:-2] + (tree.V**t, tree.V))
         v_next = (p[..., sl, :] * Q[..., sl, :]).sum(-1)
     return Q
+
 
 def reach_probs(tree: Tree, logits) -> np.ndarray:
     "[..., n_hist]: probability that pi reaches each history."
@@ -133,9 +148,11 @@ def reach_probs(tree: Tree, logits) -> np.ndarray:
         d[..., nx] = (d[..., sl, None] * p[..., sl, :]).reshape(p.shape[:-2] + (-1,))
     return d
 
+
 def expected_reward(tree: Tree, logits, rewards):
     "E_pi[R] by enumeration (numpy or torch, differentiable in torch)."
     return (seq_probs(tree, logits) * rewards).sum(-1)
+
 
 def policy_gradient(tree: Tree, logits, rewards) -> np.ndarray:
     "[..., D]: analytic grad_theta E_pi[R] = sum_h d(h) sum_a pi(a|h) (Q(h,a) - V(h)) e_{h,a}."
@@ -147,10 +164,10 @@ def policy_gradient(tree: Tree, logits, rewards) -> np.ndarray:
 
 # %% ../../nbs/10_tree.ipynb #e47b4ec7
 def _autograd_grad(tree, logits, R):
-    import torch                                  # lazy: the theory runs on numpy; torch only for autograd checks
     th = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(logits)[:-2] + (tree.D,))
+
 
 @verify_check
 def check_tree_gradients(n_trees: int = 20, seed: int = 0):
@@ -168,9 +185,11 @@ def check_tree_gradients(n_trees: int = 20, seed: int = 0):
         reinforce = np.einsum("bn,bn,bntd->bd", seq_probs(tr, th), R, z)
         err_r = max(err_r, np.abs(reinforce - ga).max())
         err_norm = max(err_norm, np.abs(seq_probs(tr, th).sum(-1) - 1).max())
-    return [Check("tree.gradient", "max |analytic - autograd|", err_a, 1e-12),
-            Check("tree.gradient", "max |REINFORCE(enumerated) - autograd|", err_r, 1e-12),
-            Check("tree.law", "max |sum_Y pi(Y) - 1|", err_norm, 1e-12)]
+    return [
+        Check("tree.gradient", "max |analytic - autograd|", err_a, 1e-12),
+        Check("tree.gradient", "max |REINFORCE(enumerated) - autograd|", err_r, 1e-12),
+        Check("tree.law", "max |sum_Y pi(Y) - 1|", err_norm, 1e-12),
+    ]
 
 # %% ../../nbs/10_tree.ipynb #5094de07
 @verify_check
