@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup demo study test sync-check nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup demo study test sync-check lint format nbtest pytest readme verify clean-runs docs lab
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,24 @@ demo: setup
 study: setup
 	$(BIN)/stalebook demo tiny
 
-# notebooks clean and in sync with the package, then the notebook tests and pytest.
-test: setup sync-check nbtest pytest
+# notebooks clean and in sync with the package, one format for all code, then the notebook tests and pytest.
+test: setup sync-check lint nbtest pytest
+
+# ruff (pinned in the dev extra; rules in pyproject.toml) on the sources: the notebooks, tests/, benchmarks/,
+# tools/. stalebook/ is generated from the notebooks; tests/test_format.py checks what they settle there (no line
+# over 120 characters, one statement per line).
+lint: setup
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+	@echo "ruff: formatted and lint-clean"
+
+# what can be fixed by a tool: ruff's safe fixes and its formatter, then the package re-exported and the
+# notebooks cleaned, so the tree is what `make test` expects; `make lint` then shows what is left to do by hand.
+format: setup
+	$(BIN)/ruff check --fix-only --quiet . || true
+	$(BIN)/ruff format --quiet .
+	$(BIN)/nbdev-export
+	$(BIN)/nbdev-clean
 
 sync-check: setup
 	@before=$$(git status --porcelain | md5sum); \

@@ -1,14 +1,16 @@
 """Time and peak memory of BOLT's training against online GRPO's, measured side by side in one run.
 
-Both arms train the study's math budget (registry configs/registries/bolt-tiny.yaml, section `study.math`: 100 updates of 16 prompts x
-16 completions, same LoRA, same prompt schedule; GRPO with the k3 KL at the same beta). Each measurement is a fresh
-subprocess (`stalebook.bolt.train_arm` with a `Meter`) with its own store root, so BOLT samples its reference
-dataset every time; repeats alternate the order (BOLT first, then GRPO first) so a drifting machine load hits both.
-Reported per arm: the training phase's wall time and CPU time (process + finished children), BOLT's reference-sampling phase, and the training phase's peak
-RSS (Linux VmHWM, reset at the phase start) and its own allocation (peak minus the RSS at the phase start); on CUDA
-also torch's peak allocated bytes. The ratios are medians over repeats of BOLT / GRPO.
+Both arms train the study's math budget (registry configs/registries/bolt-tiny.yaml, section `study.math`: 100
+updates of 16 prompts x 16 completions, same LoRA, same prompt schedule; GRPO with the k3 KL at the same beta). Each
+measurement is a fresh subprocess (`stalebook.bolt.train_arm` with a `Meter`) with its own store root, so BOLT samples
+its reference dataset every time; repeats alternate the order (BOLT first, then GRPO first) so a drifting machine load
+hits both. Reported per arm: the training phase's wall time and CPU time (process + finished children), BOLT's
+reference-sampling phase, and the training phase's peak RSS (Linux VmHWM, reset at the phase start) and its own
+allocation (peak minus the RSS at the phase start); on CUDA also torch's peak allocated bytes. The ratios are medians
+over repeats of BOLT / GRPO.
 
-    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--repeats 2] [--steps 100] [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
+    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--repeats 2] [--steps 100]
+                                                 [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
 
 The paper reports BOLT at about 0.15-0.25x GRPO's training time and 0.69-0.82x its peak memory (7B models, GPU).
 """
@@ -34,7 +36,8 @@ from stalebook.registry import load_registry
 reg, arm, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 base = load_registry(reg).spec.math
 at = base.eval.at if steps % base.eval.at == 0 else 1
-cfg = dataclasses.replace(base, arm=arm, rounds=1, stores=out + "/stores", train=dataclasses.replace(base.train, steps=steps),
+cfg = dataclasses.replace(base, arm=arm, rounds=1, stores=out + "/stores",
+                          train=dataclasses.replace(base.train, steps=steps),
                           eval=dataclasses.replace(base.eval, at=at))
 m = Meter(cfg.train.device)
 tr = train_arm(cfg, out + "/arm", meter=m)
@@ -79,9 +82,11 @@ def main():
             r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
             ph = r["phases"]
             print(
-                f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s ({ph['train']['cpu_seconds']:6.1f} CPU s)"
+                f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s "
+                f"({ph['train']['cpu_seconds']:6.1f} CPU s)"
                 + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
-                + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB (phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)",
+                + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB "
+                f"(phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)",
                 flush=True,
             )
             runs.append(dict(repeat=rep, **r))

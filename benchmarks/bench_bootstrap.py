@@ -88,14 +88,17 @@ def main(argv=None):
         + (" (extrapolated, linear)" if nr < a.reps else "")
     )
     print(
-        f"speed-up, bootstrap alone: {t_naive / t_gram:.1f}x   max |Gram - naive| over the first {nr} replicates: {err:.2e}"
+        f"speed-up, bootstrap alone: {t_naive / t_gram:.1f}x   "
+        f"max |Gram - naive| over the first {nr} replicates: {err:.2e}"
     )
     print(
-        f"analyse_point, bound={DEFAULT_BOUND} (observed stats, bootstrap + control, model world, jackknife, Gaussian SDs; "
+        f"analyse_point, bound={DEFAULT_BOUND} (observed stats, "
+        "bootstrap + control, model world, jackknife, Gaussian SDs; "
         f"{a.reps} replicates): {t_point:.2f} s -> speed-up over the naive bootstrap alone: {t_naive / t_point:.1f}x"
     )
     print(
-        f"Rel_k {res.rel:.3f} bounds {np.round(res.bounds('rel'), 3)}, fresh gain {res.gain_fresh:.4f} bounds {np.round(res.bounds('gain_fresh'), 4)}"
+        f"Rel_k {res.rel:.3f} bounds {np.round(res.bounds('rel'), 3)}, "
+        f"fresh gain {res.gain_fresh:.4f} bounds {np.round(res.bounds('gain_fresh'), 4)}"
     )
     atomic_write_json(
         a.out,

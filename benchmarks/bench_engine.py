@@ -217,7 +217,8 @@ def main(argv=None):
         g = bench_generation(model, tok, tasks, a.prompts, a.group_size, a.max_new_tokens, a.gen_reps)
         res[f"generation_{dom}"] = g
         print(
-            f"generation ({dom} prompts, {g['batch_rows']} rows = {a.prompts} x {a.group_size}, max_new_tokens {a.max_new_tokens}): "
+            f"generation ({dom} prompts, {g['batch_rows']} rows = {a.prompts} x {a.group_size}, "
+            f"max_new_tokens {a.max_new_tokens}): "
             f"{g['s_per_batch'] * 1e3:.0f} ms/batch, {g['completion_tokens_per_s']:.0f} completion tokens/s "
             f"(mean length {g['mean_completion_len']:.1f}), {g['row_steps_per_s']:.0f} row-steps/s; "
             f"plain generate(do_sample) {g['plain_generate_row_steps_per_s']:.0f} row-steps/s",
@@ -230,8 +231,10 @@ def main(argv=None):
         t = bench_train(cfgp, a.steps, snap, None)
         res[f"train_{name}"] = t
         print(
-            f"train step ({t['domain']}, {t['prompts_per_step']} prompts x {t['group_size']}, max_new_tokens {t['max_new_tokens']}, "
-            f"{t['tokens_per_step']:.0f} completion tokens/step, {t['n_trainable']:,} LoRA of {t['n_params']:,} params): "
+            f"train step ({t['domain']}, {t['prompts_per_step']} prompts x {t['group_size']}, "
+            f"max_new_tokens {t['max_new_tokens']}, "
+            f"{t['tokens_per_step']:.0f} completion tokens/step, "
+            f"{t['n_trainable']:,} LoRA of {t['n_params']:,} params): "
             f"{t['s_per_step'] * 1e3:.0f} ms/step over {t['steps']} steps"
         )
         for k, v in sorted(t["breakdown_s"].items(), key=lambda kv: -kv[1]):

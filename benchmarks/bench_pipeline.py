@@ -33,7 +33,9 @@ def _cfg(domain, out, steps, pipelined, P, K, L):
     from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import AsyncConfig, TrainConfig
 
-    a = AsyncConfig(mode="pipelined", max_staleness=1, on_stale="block", queue_size=2) if pipelined else AsyncConfig()
+    async_cfg = (
+        AsyncConfig(mode="pipelined", max_staleness=1, on_stale="block", queue_size=2) if pipelined else AsyncConfig()
+    )
     return TrainConfig(
         out=str(out),
         domain=domain,
@@ -44,7 +46,7 @@ def _cfg(domain, out, steps, pipelined, P, K, L):
         sampling=SamplingConfig(group_size=K, max_new_tokens=L, groups_per_batch=P),
         lineage_steps=(0,),
         checkpoint_every=max(steps, 1),
-        async_training=a,
+        async_training=async_cfg,
         threads=1,
     )
 
@@ -118,7 +120,7 @@ def main(argv=None):
     ap.add_argument("-P", type=int, default=8)
     ap.add_argument("-K", type=int, default=8)
     ap.add_argument("--json", default=str(HERE / "results" / "bench_pipeline.json"))
-    a = ap.parse_args(argv)
+    args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
@@ -126,26 +128,27 @@ def main(argv=None):
     out = dict(
         machine=f"{os.cpu_count()} CPUs, shared with other workers (load average at start {os.getloadavg()[0]:.1f})",
         verifier=verifier_id(),
-        P=a.P,
-        K=a.K,
-        warm=a.warm,
+        P=args.P,
+        K=args.K,
+        warm=args.warm,
         domains={},
     )
     t_all = time.time()
-    for dom in a.domains:
-        steps, L = (a.steps_math, 8) if dom == "math" else (a.steps_code, 12)
-        kw = dict(P=a.P, K=a.K, L=L)
+    for dom in args.domains:
+        steps, L = (args.steps_math, 8) if dom == "math" else (args.steps_code, 12)
+        kw = dict(P=args.P, K=args.K, L=L)
         runs = {"sync": [], "pipelined": []}
-        for rep in range(a.repeats):
+        for rep in range(args.repeats):
             for mode, fn in (("sync", run_sync), ("pipelined", run_pipe)):
                 d = tmp / f"{dom}-{mode}-{rep}"
-                r = fn(dom, d, steps, a.warm, **kw)
+                r = fn(dom, d, steps, args.warm, **kw)
                 shutil.rmtree(d, ignore_errors=True)
                 runs[mode].append(r)
                 print(
-                    f"{dom} {mode:9s} rep {rep}: {r['steps_per_s']:.3f} steps/s ({r['steady_steps_per_s']:.3f} steady), "
-                    f"{r['tokens_per_s']:.0f} tokens/s ({r['steady_tokens_per_s']:.0f} steady), wall {r['wall_s']:.1f} s"
-                    + (f", lags {r['lag_histogram']}" if mode == "pipelined" else ""),
+                    f"{dom} {mode:9s} rep {rep}: "
+                    f"{r['steps_per_s']:.3f} steps/s ({r['steady_steps_per_s']:.3f} steady), "
+                    f"{r['tokens_per_s']:.0f} tokens/s ({r['steady_tokens_per_s']:.0f} steady), "
+                    f"wall {r['wall_s']:.1f} s" + (f", lags {r['lag_histogram']}" if mode == "pipelined" else ""),
                     flush=True,
                 )
         med = {
@@ -160,16 +163,17 @@ def main(argv=None):
             steps=steps, max_new_tokens=L, runs=runs, median=med, ratio_pipelined_over_sync=ratio
         )
         print(
-            f"{dom}: pipelined / synchronous (median of {a.repeats}): steps/s x{ratio['steps_per_s']:.2f} "
-            f"(steady x{ratio['steady_steps_per_s']:.2f}), tokens/s x{ratio['tokens_per_s']:.2f} (steady x{ratio['steady_tokens_per_s']:.2f})",
+            f"{dom}: pipelined / synchronous (median of {args.repeats}): steps/s x{ratio['steps_per_s']:.2f} "
+            f"(steady x{ratio['steady_steps_per_s']:.2f}), "
+            f"tokens/s x{ratio['tokens_per_s']:.2f} (steady x{ratio['steady_tokens_per_s']:.2f})",
             flush=True,
         )
     out["wall_s"] = round(time.time() - t_all, 1)
     from stalebook.core import atomic_write_json
 
-    atomic_write_json(a.json, json.loads(json.dumps(out, default=float)))
+    atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {a.json} ({out['wall_s']:.0f} s)")
+    print(f"wrote {args.json} ({out['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -129,11 +129,13 @@ if __name__ == "__main__":
     )
     r = bench_scoring(snap, a.rows)
     print(
-        f"(a) {r['rollouts']} rollouts, {r['tokens']} tokens, D={r['lora_dim']}: four estimators {r['score4_s'] * 1e3:.0f} ms vs "
+        f"(a) {r['rollouts']} rollouts, {r['tokens']} tokens, D={r['lora_dim']}: "
+        f"four estimators {r['score4_s'] * 1e3:.0f} ms vs "
         f"one training fwd+bwd {r['train_fwd_bwd_s'] * 1e3:.0f} ms -> {r['score4_over_train']:.2f}x (goal <= 3.5x)"
     )
     print(
-        f"(c) stale scoring {r['score4_s'] * 1e3:.0f} ms vs fresh (generation {r['generation_s'] * 1e3:.0f} ms + scoring "
+        f"(c) stale scoring {r['score4_s'] * 1e3:.0f} ms "
+        f"vs fresh (generation {r['generation_s'] * 1e3:.0f} ms + scoring "
         f"{r['fresh_score_s'] * 1e3:.0f} ms) -> stale/fresh = {r['stale_over_fresh_incl_gen']:.2f}x"
     )
     print(json.dumps(dict(sketch=s, scoring=r)))

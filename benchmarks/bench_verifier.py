@@ -1,8 +1,9 @@
 """Code-verifier throughput: the fork server against a fresh sandbox per program, and what it buys a GRPO step.
 
 1. Verifier: the same 200 distinct programs (100 synthetic code tasks of level 1 with distinct reference
-   expressions, each with its reference completion and a wrong one: half correct) verified by `tasks.rewards` with 2 workers, once through a pool
-   of fork servers and once through fresh per-program sandboxes, side by side in one run and interleaved
+   expressions, each with its reference completion and a wrong one: half correct) verified by `tasks.rewards` with
+   2 workers, once through a pool of fork servers and once through fresh per-program sandboxes, side by side in one
+   run and interleaved
    (per-program, fork, per-program, fork, ...). Fork-server timings are *cold*: the pool is new, so they
    include starting its templates; a second, warm pass on the same pool is reported too. Both paths must
    give byte-identical rewards and details (checked).
@@ -26,7 +27,8 @@
    ratios (each round runs every arm once, so a round's ratio compares steps seconds apart). Goal: code step
    <= 2x math step, with the same trainer settings.
 
-    PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--criterion-steps 16] [--snapshot $STALEBOOK_TINY]
+    PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--criterion-steps 16]
+                                                    [--snapshot $STALEBOOK_TINY]
                                                     [--json benchmarks/results/bench_verifier.json] [--append]
 
 The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
@@ -46,11 +48,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from stalebook import sandbox  # noqa: E402
-from stalebook import tasks as T
-from stalebook import trainer as TR
-from stalebook.core import Domain  # noqa: E402
-from stalebook.rollouts import SamplingConfig  # noqa: E402
+from stalebook import sandbox  # noqa: E402 (after the sys.path insert above)
+from stalebook import tasks as T  # noqa: E402 (after the sys.path insert above)
+from stalebook import trainer as TR  # noqa: E402 (after the sys.path insert above)
+from stalebook.core import Domain  # noqa: E402 (after the sys.path insert above)
+from stalebook.rollouts import SamplingConfig  # noqa: E402 (after the sys.path insert above)
 
 
 def programs(n_tasks: int = 100):
@@ -106,7 +108,8 @@ def bench_verifier(repeat: int, workers: int) -> dict:
         runs.append(run)
         print(
             f"verifier rep {rep + 1}/{repeat}: per-program {run['per_program_pps']:.0f} programs/s | fork server "
-            f"{run['fork_cold_pps']:.0f}/s cold, {run['fork_warm_pps']:.0f}/s warm | ratio {run['ratio_cold']:.1f}x cold, "
+            f"{run['fork_cold_pps']:.0f}/s cold, {run['fork_warm_pps']:.0f}/s warm | "
+            f"ratio {run['ratio_cold']:.1f}x cold, "
             f"{run['ratio_warm']:.1f}x warm",
             flush=True,
         )
@@ -156,10 +159,11 @@ CRITERION = [
 
 
 def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
-    """Rounds of one train_step per arm (`arms`: name, domain, verifier, shared prefix), after one warm-up round: each arm's
-    per-step rows and mean prompt length. Verifiers: `process` (the trainer's own, a VerifierProcess on the cores the model
-    leaves, fork servers), `process-per-program` (the same with fresh sandboxes), `thread` (its verifier thread calling
-    `tasks.rewards` in this process: what the trainer did before), `replay:ARM` (ARM's verdicts of this round, looked up)."""
+    """Rounds of one train_step per arm (`arms`: name, domain, verifier, shared prefix), after one warm-up round: each
+    arm's per-step rows and mean prompt length. Verifiers: `process` (the trainer's own, a VerifierProcess on the cores
+    the model leaves, fork servers), `process-per-program` (the same with fresh sandboxes), `thread` (its verifier
+    thread calling `tasks.rewards` in this process: what the trainer did before), `replay:ARM` (ARM's verdicts of this
+    round, looked up)."""
     spent = {"t": 0.0, "programs": 0, "arm": None, "missed": 0}
     verdicts = {name: {} for name, *_ in arms}  # (task id, text) -> the arm's verdict this round
     real = TR.batch_rewards
@@ -246,7 +250,8 @@ def ratios(rows: dict, a: str, b: str) -> tuple[float, float]:
 
 def bench_criterion(steps: int, snapshot: str) -> dict:
     """The criterion's measurement: the trainer on code against the trainer on math, whole rows and shared prefix, and
-    nothing else in the rounds (the diagnostic arms' fresh sandboxes and extra processes would share the same 2 cores)."""
+    nothing else in the rounds (the diagnostic arms' fresh sandboxes and extra processes would share the same 2
+    cores)."""
     rows, _ = run_arms(CRITERION, steps, snapshot)
     return dict(
         steps=steps,
@@ -340,8 +345,10 @@ def main(argv=None):
     if "criterion" in inv:
         c = inv["criterion"]
         print(
-            f"the criterion's arms alone, {c['steps']} rounds: code / math {c['code_to_math']['medians']:.2f}x (per round "
-            f"{c['code_to_math']['per_round']:.2f}x) whole rows, {c['code_to_math_shared_prefix']['medians']:.2f}x (per round "
+            f"the criterion's arms alone, {c['steps']} rounds: "
+            f"code / math {c['code_to_math']['medians']:.2f}x (per round "
+            f"{c['code_to_math']['per_round']:.2f}x) whole rows, "
+            f"{c['code_to_math_shared_prefix']['medians']:.2f}x (per round "
             f"{c['code_to_math_shared_prefix']['per_round']:.2f}x) shared prefix; median steps "
             + ", ".join(f"{k} {v:.2f}s" for k, v in c["median_step_s"].items())
         )
@@ -349,11 +356,16 @@ def main(argv=None):
         s = inv["step"]
         m = s["median_step_s"]
         print(
-            f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s ({s['ratio_code_to_math']:.2f}x math; "
-            f"per-program sandboxes {m['code_per_program']:.2f}s, {s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
-            f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s ({s['ratio_code_to_math_shared_prefix']:.2f}x math; "
-            f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s, {s['ratio_code_in_process_to_math_shared_prefix']:.2f}x) | "
-            f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, overlapping the model's passes"
+            f"GRPO 16x16 step (median): math {m['math']:.2f}s, code {m['code']:.2f}s "
+            f"({s['ratio_code_to_math']:.2f}x math; "
+            f"per-program sandboxes {m['code_per_program']:.2f}s, "
+            f"{s['ratio_code_per_program_to_math']:.2f}x) | shared prefix: "
+            f"math {m['math_shared_prefix']:.2f}s, code {m['code_shared_prefix']:.2f}s "
+            f"({s['ratio_code_to_math_shared_prefix']:.2f}x math; "
+            f"verifier in this process {m['code_shared_prefix_in_process']:.2f}s, "
+            f"{s['ratio_code_in_process_to_math_shared_prefix']:.2f}x) | "
+            f"verification {s['median_reward_s']['code_shared_prefix']:.2f}s per code step, "
+            "overlapping the model's passes"
         )
         print(
             f"the same trajectory with its verdicts replayed (no verification): code {m['code_replayed']:.2f}s "

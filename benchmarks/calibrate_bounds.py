@@ -11,7 +11,8 @@ alone (a one-point pilot).
 Writes the per-cell counts to benchmarks/results/calibrate_bounds.json (deterministic: seeded, no times)
 and the wall time to benchmarks/results/calibrate_bounds_timings.json. The notebook reads the former.
 
-    python benchmarks/calibrate_bounds.py [--pools 5] [--seeds 15] [--n-boot 1000] [--only "low-rel/large-gain n=64 K=4" --out /tmp/x.json]
+    python benchmarks/calibrate_bounds.py [--pools 5] [--seeds 15] [--n-boot 1000]
+                                          [--only "low-rel/large-gain n=64 K=4" --out /tmp/x.json]
 
 The committed run: 1,800 points, 36 min wall / 13 min CPU on the shared 2-core machine (one BLAS thread).
 """
@@ -90,7 +91,8 @@ def main(argv=None):
         m = s["methods"][DEFAULT_BOUND]
         print(
             f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f}, "
-            f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / s['points']:.2f} fresh {m['lb_cover']['gain_fresh'] / s['points']:.2f}, "
+            f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / s['points']:.2f} "
+            f"fresh {m['lb_cover']['gain_fresh'] / s['points']:.2f}, "
             f"gate {m['gate'] / s['points']:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f}) "
             f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)",
             flush=True,

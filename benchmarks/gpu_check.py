@@ -333,7 +333,6 @@ def main(argv=None):
         tr, info = grpo_steps(train_cfg(out / "cpu-ref", snap, "cpu", "float32", 2, lineage=(0, 2)))
         ck = out / "cpu-ref" / "lineage" / "step-000002"
         m, tok = load_run_policy(snap, str(ck), "cpu", "float32")
-        rec = tr.log.records[-1]
         return dict(adapter=str(ck), policy_hash=policy_hash(m), grpo=info)
 
     ref = cpu_ref()
@@ -359,7 +358,7 @@ def main(argv=None):
     for dt in a.dtypes:
 
         @section(f"tiny_{dt}_agreement")
-        def agree():
+        def agree(dt=dt):
             r = {}
             fresh = policy_hash(load_run_policy(snap, "", dev, dt)[0])
             r["fresh_lora_hash_equal_cpu_f32"] = fresh == fresh_cpu
@@ -381,7 +380,7 @@ def main(argv=None):
         agree()
 
         @section(f"tiny_{dt}_grpo")
-        def tiny_grpo():
+        def tiny_grpo(dt=dt):
             tr, info = grpo_steps(train_cfg(out / f"tiny-{dt}", snap, dev, dt, 2 if a.small else 3))
             g, _ = generation(tr.model, tr.tok, dev, reps=2 if a.small else 5)
             info["generation"] = g
@@ -475,7 +474,8 @@ def finish(out, T0):
     RES["ok"] = not RES["errors"]
     (out / "gpu_check.json").write_text(json.dumps(RES, indent=1, default=str) + "\n")
     log(
-        f"=== gpu_check {'OK' if RES['ok'] else 'with errors: ' + ', '.join(RES['errors'])} in {RES['total_s']} s -> {out / 'gpu_check.json'}"
+        f"=== gpu_check {'OK' if RES['ok'] else 'with errors: ' + ', '.join(RES['errors'])} in {RES['total_s']} s "
+        f"-> {out / 'gpu_check.json'}"
     )
     return 0 if RES["ok"] else 1
 

@@ -179,8 +179,10 @@ def run_domain(domain: str, args) -> dict:
     )
     W = ts["window"]
     print(
-        f"{domain}: training reward  first {W} steps {ts['start']:.3f} ± {ts['start_se']:.3f} ({ts['start_groups']} groups)"
-        f"  ->  last {W} steps {ts['end']:.3f} ± {ts['end_se']:.3f}   diff {ts['diff']:+.3f} ± {ts['diff_se']:.3f} (z = {ts['z']:.1f})"
+        f"{domain}: training reward  first {W} steps {ts['start']:.3f} ± {ts['start_se']:.3f} "
+        f"({ts['start_groups']} groups)"
+        f"  ->  last {W} steps {ts['end']:.3f} ± {ts['end_se']:.3f}   "
+        f"diff {ts['diff']:+.3f} ± {ts['diff_se']:.3f} (z = {ts['z']:.1f})"
     )
     print(
         f"{domain}: zero-advantage groups  first {W} steps {ts['zero_adv_start']}/{ts['start_groups']}, "
@@ -188,8 +190,10 @@ def run_domain(domain: str, args) -> dict:
     )
     for name, ev in evs.items():
         print(
-            f"{domain}: {name} pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
-            f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})"
+            f"{domain}: {name} pass rate (n={ev['n_prompts']} prompts x K={ev['k']})  "
+            f"ckpt 0 {ev['before']:.3f} ± {ev['before_se']:.3f}"
+            f"  ->  ckpt {last} {ev['after']:.3f} ± {ev['after_se']:.3f}   "
+            f"paired diff {ev['diff']:+.3f} ± {ev['diff_se']:.3f} (z = {ev['z']:.1f})"
         )
     print(
         f"{domain}: wall time  train {t_train:.0f} s ({ts['t_step_mean']:.2f} s/step as logged), eval {t_eval:.0f} s",

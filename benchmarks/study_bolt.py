@@ -37,7 +37,8 @@ def unit_folder(root: Path, uid: str, legacy: bool) -> Path:
 
 
 def collect(reg, root: Path, legacy: bool):
-    "Results and timings of the arm units, sweep rows, and which units were counted (passing, or present for a legacy root)."
+    """Results and timings of the arm units, sweep rows, and which units were counted (passing, or present for a
+    legacy root)."""
     from stalebook.contracts import registry_status
 
     if legacy:
@@ -47,17 +48,17 @@ def collect(reg, root: Path, legacy: bool):
         ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
     arms, sweeps = {}, {}
     for uid, u in reg.units().items():
-        d = unit_folder(root, uid, legacy)
+        folder = unit_folder(root, uid, legacy)
         if ok is not None and uid not in ok:
             continue
-        if u.kind == "arm" and (d / "result.json").exists():
-            tf = d / "timings.json"
+        if u.kind == "arm" and (folder / "result.json").exists():
+            tf = folder / "timings.json"
             arms[uid] = dict(
-                result=json.loads((d / "result.json").read_text()),
+                result=json.loads((folder / "result.json").read_text()),
                 timings=json.loads(tf.read_text()) if tf.exists() else None,
             )
-        elif u.kind == "sweep" and (d / "sweep.json").exists():
-            sweeps[uid] = json.loads((d / "sweep.json").read_text())
+        elif u.kind == "sweep" and (folder / "sweep.json").exists():
+            sweeps[uid] = json.loads((folder / "sweep.json").read_text())
     return arms, sweeps, state
 
 
@@ -107,7 +108,10 @@ def figures(agg, sweeps, study, tag=""):
                     label=f"{'one-shot' if arm == 'bolt' else 'iterative'} BOLT, {pool.split()[0]} prompts",
                 )
         a_.set(
-            xlabel=f"optimizer step (iterative: a new reference every {getattr(study, d).train.steps // study.rounds} steps)",
+            xlabel=(
+                "optimizer step (iterative: a new reference every "
+                f"{getattr(study, d).train.steps // study.rounds} steps)"
+            ),
             ylabel="pass rate",
             title=f"{tag}{d}: one-shot vs iterative BOLT",
         )
@@ -236,7 +240,8 @@ def main():
         print(f"\n## {d}\n{t}")
     print("\n" + claim_table(rows))
     print(
-        f"\n{reg.name}: {n_done}/{n_units} units counted ({state}); arm units' measured phases {sum(secs.values()) / 3600:.2f} h -> {a.json}"
+        f"\n{reg.name}: {n_done}/{n_units} units counted ({state}); "
+        f"arm units' measured phases {sum(secs.values()) / 3600:.2f} h -> {a.json}"
     )
 
 

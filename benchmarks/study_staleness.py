@@ -1,4 +1,5 @@
-"""The staleness x learning-rate study on the embedded tiny model, through the registry (configs/registries/staleness-tiny.yaml).
+"""The staleness x learning-rate study on the embedded tiny model, through the registry \
+(configs/registries/staleness-tiny.yaml).
 
 Every cell (optimizer, S, eta, seed) is one unit of the `staleness` kind (stalebook.staleness_study): `units.run_unit`
 runs, resumes or reads back its exact-lag (`sync-every`) GRPO run, judged by the collapse criterion fixed in
@@ -52,7 +53,8 @@ def run_all(spec: str, root: Path, jobs: int, max_cells: int | None) -> None:
     def report(i, got):
         uid, how, tc, done, dt = got
         print(
-            f"[{i + 1}/{len(todo)}] {uid}: {how}, t_collapse {tc}, {done} steps, {dt:.0f} s (elapsed {time.time() - t0:.0f} s)",
+            f"[{i + 1}/{len(todo)}] {uid}: {how}, t_collapse {tc}, {done} steps, "
+            f"{dt:.0f} s (elapsed {time.time() - t0:.0f} s)",
             flush=True,
         )
 
@@ -116,7 +118,8 @@ def analyse(spec: str, root: Path, frozen: dict, json_path: Path, fig_prefix: st
         print(
             f"[{opt}] eta_max(S)={o['eta_max_median']} slope CI={o['slope_boot_ci']} CV(S eta_max)={o['cv_S_eta_max']} "
             f"t_c coef={o['tc_coef_a_b_logeta_c_logS']} M S eta={o['MSeta_mean']} (CV {o['MSeta_cv']}) "
-            f"cos coll/stable={o['grad_cos_collapsed']}/{o['grad_cos_stable']} rule G={r['G_upd']} Rb={r['R_batch']} Rc={r['R_crit']} "
+            f"cos coll/stable={o['grad_cos_collapsed']}/{o['grad_cos_stable']} "
+            f"rule G={r['G_upd']} Rb={r['R_batch']} Rc={r['R_crit']} "
             f"pred={r['eta']}",
             flush=True,
         )
@@ -152,7 +155,8 @@ def main(argv=None):
     if st["state"] != "partial":
         fr = freeze(a.registry, root)
         print(
-            f"[freeze] {'frozen' if fr['written'] else 'already frozen, identical'}: {fr['dir']} (content hash {fr['content_hash'][:16]})"
+            f"[freeze] {'frozen' if fr['written'] else 'already frozen, identical'}: {fr['dir']} "
+            f"(content hash {fr['content_hash'][:16]})"
         )
         analyse(a.registry, root, fr, Path(a.json), a.figures)
     print(f"wall {time.time() - t0:.0f} s", flush=True)

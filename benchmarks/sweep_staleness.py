@@ -93,9 +93,11 @@ def main(argv=None):
             rule={k: rc[k] for k in ("G_upd", "R_batch", "R_crit", "local", "horizon", "binding")},
         )
         print(
-            f"[{name}] {time.time() - ts:.1f}s  eta_max(S)={np.round(an['eta_max_median'], 3)}  slope={np.round(an['slope_boot_ci'], 3)}"
+            f"[{name}] {time.time() - ts:.1f}s  eta_max(S)={np.round(an['eta_max_median'], 3)}  "
+            f"slope={np.round(an['slope_boot_ci'], 3)}"
             f"  CV(S eta_max)={an['cv_S_eta_max']:.2f}  t_c coef(a,b,c)={np.round(an['tc_coef'], 2)}"
-            f"  M S eta={an['MSeta_mean']:.3g} (CV {an['MSeta_cv']:.2f})  cos coll/stable={out[name]['cos_collapsed_mean']}/{out[name]['cos_stable_mean']}",
+            f"  M S eta={an['MSeta_mean']:.3g} (CV {an['MSeta_cv']:.2f})  "
+            f"cos coll/stable={out[name]['cos_collapsed_mean']}/{out[name]['cos_stable_mean']}",
             flush=True,
         )
     bias = bias_vs_lag(env, [1, 2, 4, 8, 16, 32], np.geomspace(1e-3, 3, 10), **SETTINGS["grpo"]["sim"])
@@ -109,7 +111,8 @@ def main(argv=None):
     total = time.time() - t0
     out["seconds_total"] = total
     print(
-        f"bias: limit {bias['limit']:.4g}, slope of log||delta|| on log S at eta=1e-3: {out['bias']['slope_in_S_smallest_eta']:.4f}"
+        f"bias: limit {bias['limit']:.4g}, "
+        f"slope of log||delta|| on log S at eta=1e-3: {out['bias']['slope_in_S_smallest_eta']:.4f}"
     )
     print(f"total {total:.1f}s")
     if a.quick:

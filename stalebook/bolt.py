@@ -110,7 +110,8 @@ def reference_store(
 
 
 def open_reference(path, policy_hash: str) -> RolloutStore:
-    "A complete rollout store at `path` used as a reference dataset; refused unless it was sampled by the policy `policy_hash`."
+    """A complete rollout store at `path` used as a reference dataset; refused unless it was sampled by the policy
+    `policy_hash`."""
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.is_file():
@@ -141,7 +142,8 @@ WEIGHTINGS = ("bolt", "refit")
 
 
 def reference_rewards(store: RolloutStore) -> np.ndarray:
-    "[G, N] float64 verifier rewards of a reference store; an empty or ragged group or a non-finite reward is refused, naming its line."
+    """[G, N] float64 verifier rewards of a reference store; an empty or ragged group or a non-finite reward is
+    refused, naming its line."""
     f, N, R = store.path / "groups.jsonl", store.sampling.group_size, []
     for i, rec in enumerate(store.records):
         r, c = rec.get("rewards") or [], rec.get("tokens") or []
@@ -177,13 +179,15 @@ def sample_log_weights(R, weighting: str, beta: float) -> np.ndarray:
 
 # %% ../nbs/30_bolt.ipynb #920513e7
 def reference_stats(R, beta: float) -> dict:
-    "Per prompt: log Z-hat (log-mean-exp), the ESS fraction of its BOLT weights, its mean reward, and whether no sample passed."
+    """Per prompt: log Z-hat (log-mean-exp), the ESS fraction of its BOLT weights, its mean reward, and whether no
+    sample passed."""
     lw = sample_log_weights(R, "bolt", beta)
     return dict(log_Z=mc_log_Z(R, beta), ess_frac=ess(lw) / R.shape[1], mean_reward=R.mean(1), no_pass=R.max(1) <= 0)
 
 
 def reference_summary(store: RolloutStore, R, weighting: str, beta: float) -> dict:
-    "The weighted dataset as a record: its binding (store, policy hash, groups sha256, weighting, beta), totals and per-prompt values."
+    """The weighted dataset as a record: its binding (store, policy hash, groups sha256, weighting, beta), totals
+    and per-prompt values."""
     st, lw = reference_stats(R, beta), sample_log_weights(R, weighting, beta)
     return dict(
         kind="stalebook.bolt.reference",
@@ -213,7 +217,8 @@ def _bind(f: Path, rec: dict) -> None:
     if f.exists() and (old := json.loads(f.read_text())) != rec:
         diff = [k for k in rec if old.get(k) != rec[k]]
         raise StalebookError(
-            f"{f}: run was started with another {', '.join(diff)} ({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new folder"
+            f"{f}: run was started with another {', '.join(diff)} "
+            f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new folder"
         )
     f.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(f, rec)
@@ -255,7 +260,8 @@ class ReferenceTrainer(Trainer):
 # %% ../nbs/30_bolt.ipynb #016444b3
 @patch
 def reference(self: ReferenceTrainer, k: int) -> dict:
-    "Round k's weighted dataset {store, R, logw, index}, sampled by lineage checkpoint k*round_len (generated now if the model is it)."
+    """Round k's weighted dataset {store, R, logw, index}, sampled by lineage checkpoint k*round_len (generated now
+    if the model is it)."""
     if k in self.refs:
         return self.refs[k]
     step, t0 = k * self.round_len, time.perf_counter()
@@ -300,7 +306,8 @@ def reference(self: ReferenceTrainer, k: int) -> dict:
 # %% ../nbs/30_bolt.ipynb #8e8ee569
 @patch
 def _generate(self: ReferenceTrainer, batch, ph: str):
-    "The step's prompts' stored completions in the round's reference (nothing is sampled); their rewards and weights are kept for the step."
+    """The step's prompts' stored completions in the round's reference (nothing is sampled); their rewards and
+    weights are kept for the step."""
     self.round = min(self.step // self.round_len, self.rounds - 1)
     ref = self.reference(self.round)
     rows = [ref["index"][t.id] for t in batch]
@@ -340,8 +347,8 @@ ARMS = ("bolt", "refit", "positive", "grpo", "iterative")
 
 
 def _bolt_train() -> TrainConfig:
-    # the tiny model's learning setting (16 prompts x 16 samples, lr 3e-3: benchmarks/learn_tiny.py); unnormalised advantages
-    # so that GRPO's kl_beta and BOLT's beta weigh the same E[r] - beta KL
+    # the tiny model's learning setting (16 prompts x 16 samples, lr 3e-3: benchmarks/learn_tiny.py);
+    # unnormalised advantages so that GRPO's kl_beta and BOLT's beta weigh the same E[r] - beta KL
     return TrainConfig(
         out="",
         steps=100,
@@ -403,7 +410,8 @@ def eval_steps(cfg: BoltConfig) -> list[int]:
 
 
 def arm_train_config(cfg: BoltConfig, out_dir) -> TrainConfig:
-    "The arm's TrainConfig: `train` with its run folder, objective, KL coefficient and every round start and measured step as lineage steps."
+    """The arm's TrainConfig: `train` with its run folder, objective, KL coefficient and every round start and
+    measured step as lineage steps."""
     S, R = cfg.train.steps, cfg.rounds
     marks = set(eval_steps(cfg)) | {k * S // R for k in range(R)}
     return dataclasses.replace(
@@ -416,7 +424,8 @@ def arm_train_config(cfg: BoltConfig, out_dir) -> TrainConfig:
 
 
 def stores_root(cfg: BoltConfig, out_dir) -> Path:
-    "Where an arm's reference and evaluation stores live: `stores` (a relative path is taken from the arm's folder), else <out>/stores."
+    """Where an arm's reference and evaluation stores live: `stores` (a relative path is taken from the arm's
+    folder), else <out>/stores."""
     return Path(out_dir) / (cfg.stores or "stores")
 
 # %% ../nbs/30_bolt.ipynb #55bf81a9
@@ -430,8 +439,8 @@ def _status_kib(key: str) -> int | None:
 
 def _cpu_seconds() -> float:
     "CPU seconds of this process and its finished children (the sandboxed verifier runs in child processes)."
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    self_usage, child_usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_usage.ru_utime + self_usage.ru_stime + child_usage.ru_utime + child_usage.ru_stime
 
 
 def _reset_peak_rss() -> bool:
@@ -508,7 +517,8 @@ def eval_sampling(cfg: BoltConfig) -> SamplingConfig:
 
 # %% ../nbs/30_bolt.ipynb #f021a2a8
 def sequence_logprobs(model, tok, records, micro_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    "Per-sample sequence log-probs [G, K] of stored groups under the model with its adapter (pi) and without it (pi_ref), same batching."
+    """Per-sample sequence log-probs [G, K] of stored groups under the model with its adapter (pi) and without it
+    (pi_ref), same batching."""
     pids = [r["prompt_ids"] for r in records for _ in r["tokens"]]
     comps = [c for r in records for c in r["tokens"]]
     with torch.no_grad():
@@ -535,7 +545,8 @@ def pool_metrics(R, lp, lr, beta: float) -> dict:
 
 # %% ../nbs/30_bolt.ipynb #300b1e09
 def retention_pairs(snapshot, n: int) -> dict:
-    "The first n warm-start (prompt, answer) pairs per domain of a tiny snapshot's SFT pools ({} for another snapshot, or n = 0)."
+    """The first n warm-start (prompt, answer) pairs per domain of a tiny snapshot's SFT pools ({} for another
+    snapshot, or n = 0)."""
     f = Path(snapshot) / BUILD_FILE
     if n <= 0 or not f.is_file() or (rec := json.loads(f.read_text())).get("kind") != "stalebook-tiny":
         return {}
@@ -585,7 +596,8 @@ def measure_policy(
 
 
 def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, reward_fn=None) -> list[dict]:
-    "Measure every evaluation step of a trained arm; each step's record is cached in <out>/eval, bound to its policy hash."
+    """Measure every evaluation step of a trained arm; each step's record is cached in <out>/eval, bound to its
+    policy hash."""
     out = Path(out_dir)
     pools, pairs = (
         eval_pools(cfg, tr.tasks),
@@ -608,7 +620,8 @@ def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, 
 
 # %% ../nbs/30_bolt.ipynb #7d01e6f9
 def arm_trainer(cfg: BoltConfig, out_dir, reward_fn=None) -> Trainer:
-    "The arm's trainer, restored at its last checkpoint: the stock `Trainer` for grpo and positive, `ReferenceTrainer` for the weighted-SFT arms."
+    """The arm's trainer, restored at its last checkpoint: the stock `Trainer` for grpo and positive,
+    `ReferenceTrainer` for the weighted-SFT arms."""
     tcfg = arm_train_config(cfg, out_dir)
     if cfg.arm in ("grpo", "positive"):
         return Trainer(tcfg, reward_fn=reward_fn)
@@ -624,7 +637,8 @@ def arm_trainer(cfg: BoltConfig, out_dir, reward_fn=None) -> Trainer:
 
 
 def train_arm(cfg: BoltConfig, out_dir, progress: bool = False, reward_fn=None, meter: Meter | None = None) -> Trainer:
-    "Train (or resume) an arm's lineage: 'reference' (static arms: sampling the round-0 dataset) and 'train' phases on `meter`."
+    """Train (or resume) an arm's lineage: 'reference' (static arms: sampling the round-0 dataset) and 'train'
+    phases on `meter`."""
     meter, tr = meter or Meter(cfg.train.device), arm_trainer(cfg, out_dir, reward_fn)
     if isinstance(tr, ReferenceTrainer):
         with meter.phase("reference"):
@@ -648,9 +662,11 @@ def prompt_schedule(tcfg: TrainConfig, tasks) -> list[list[str]]:
 def _bind_config(cfg: BoltConfig, f: Path) -> None:
     "Record the arm's config in `f`, or refuse if the folder was started under another one."
     if f.exists() and config_hash(old := load_config(BoltConfig, f)) != config_hash(cfg):
-        a, b = config_dict(cfg), config_dict(old)
+        new_fields, old_fields = config_dict(cfg), config_dict(old)
         raise StalebookError(
-            f"{f}: arm was started with another config (fields differ: {', '.join(k for k in a if a[k] != b.get(k))}); use a new out_dir"
+            f"{f}: arm was started with another config "
+            f"(fields differ: {', '.join(k for k in new_fields if new_fields[k] != old_fields.get(k))}); "
+            "use a new out_dir"
         )
     save_config(cfg, f)
 
@@ -675,7 +691,8 @@ def arm_budget(cfg: BoltConfig, tr: Trainer) -> dict:
 
 
 def arm_timings(cfg: BoltConfig, tr: Trainer, phases: dict) -> dict:
-    "Timing sidecar: the measured phases, reference-generation seconds per round, cumulative seconds at each measured step."
+    """Timing sidecar: the measured phases, reference-generation seconds per round, cumulative seconds at each
+    measured step."""
     tf = tr.dir / "reference-timings.json"
     ref = json.loads(tf.read_text()) if tf.exists() else {}
     cum = np.cumsum([0.0] + [r["t_step"] for r in tr.log.records])
@@ -701,7 +718,8 @@ def _meter_sidecar(out: Path, meter: Meter) -> dict:
 
 
 def _content_config(cfg: BoltConfig) -> BoltConfig:
-    "The config as the result records it: the snapshot is named by its revision (`snapshot_revision`), not by where it lies."
+    """The config as the result records it: the snapshot is named by its revision (`snapshot_revision`), not by
+    where it lies."""
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=""))
 
 
@@ -744,8 +762,9 @@ def arm_stage(
     log=print,
     trainer: Trainer | None = None,
 ) -> Trainer:
-    """One stage of an arm, idempotent and resumable, in this process or another: 'train' (the round-0 reference dataset and
-    the lineage), 'eval' (every measured step, cached per step), 'result' (<out>/result.json and the <out>/timings.json sidecar)."""
+    """One stage of an arm, idempotent and resumable, in this process or another: 'train' (the round-0 reference
+    dataset and the lineage), 'eval' (every measured step, cached per step), 'result' (<out>/result.json and the
+    <out>/timings.json sidecar)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if stage not in ARM_STAGES:
@@ -773,13 +792,15 @@ def arm_stage(
     atomic_write_json(out / "result.json", arm_result(cfg, tr, ev))
     h, e0 = ev[-1]["heldout"], ev[0]["heldout"]
     log(
-        f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> {h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}"
+        f"{out}: {cfg.arm} held-out pass {e0['pass_rate']:.3f} -> "
+        f"{h['pass_rate']:.3f} ± {h['pass_rate_se']:.3f}, KL {h['kl']:.4f}"
     )
     return tr
 
 
 def run_arm(cfg: BoltConfig, out_dir, progress: bool = False, log=print, reward_fn=None) -> dict:
-    """One arm as one idempotent, resumable unit: its stages in order (`arm_stage`). A finished arm returns its result untouched."""
+    """One arm as one idempotent, resumable unit: its stages in order (`arm_stage`). A finished arm returns its
+    result untouched."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _bind_config(cfg, out / "bolt.yaml")
@@ -792,7 +813,8 @@ def run_arm(cfg: BoltConfig, out_dir, progress: bool = False, log=print, reward_
 
 # %% ../nbs/30_bolt.ipynb #b31936ea
 def beta_sweep(R_a, R_b, R_c, betas) -> dict:
-    "ESS fraction and pooled relative variance of Z-hat against beta (datasets A, B) with binary closed forms at pass rates from C."
+    """ESS fraction and pooled relative variance of Z-hat against beta (datasets A, B) with binary closed forms at
+    pass rates from C."""
     N, p = R_a.shape[1], np.asarray(R_c, np.float64).mean(1)
     ups, inv = np.unique(p, return_inverse=True)
     rows = []
@@ -822,7 +844,8 @@ def beta_sweep(R_a, R_b, R_c, betas) -> dict:
 
 
 def run_sweep(cfg: BoltConfig, out_dir, betas, progress: bool = False) -> dict:
-    "The beta-sweep unit: reference datasets A, B, C from the arm's pi_ref (A shared with the arms), then `beta_sweep`; <out>/sweep.json."
+    """The beta-sweep unit: reference datasets A, B, C from the arm's pi_ref (A shared with the arms), then
+    `beta_sweep`; <out>/sweep.json."""
     out = Path(out_dir)
     f = out / "sweep.json"
     if f.exists() and (have := json.loads(f.read_text()))["betas"] == list(betas):
@@ -868,15 +891,16 @@ class BoltStudy:
 
 
 def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, str, BoltConfig]]:
-    """(id, kind 'arm' | 'sweep', config) of every unit, id `<domain>-s<seed>-<label>` (label: the arm, `bolt-beta<b>`, or
-    `sweep`); all units share the store root `stores` (relative to a unit's folder: <root>/units/<id> -> <root>/stores)."""
+    """(id, kind 'arm' | 'sweep', config) of every unit, id `<domain>-s<seed>-<label>` (label: the arm,
+    `bolt-beta<b>`, or `sweep`); all units share the store root `stores` (relative to a unit's folder:
+    <root>/units/<id> -> <root>/stores)."""
     units = []
     for d in s.domains:
         base = getattr(s, d)
         if base.train.domain != d:
             raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
         for seed in s.seeds:
-            mk = lambda **kw: dataclasses.replace(
+            mk = lambda base=base, seed=seed, **kw: dataclasses.replace(
                 base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw
             )
             units += [
@@ -929,15 +953,20 @@ def paired(D: dict, a: str, b: str, m: str) -> list:
 
 # %% ../nbs/30_bolt.ipynb #039c1e83
 def aggregate_study(units: dict) -> dict:
-    """{unit id: {'result', 'timings' (or None)}} of a study's arm units -> per domain and arm: final-step metrics over seeds,
-    per-seed values, seconds (NaN without timings) and curves."""
+    """{unit id: {'result', 'timings' (or None)}} of a study's arm units -> per domain and arm: final-step metrics
+    over seeds, per-seed values, seconds (NaN without timings) and curves."""
     by, out = {}, {}
     for name, u in units.items():
         d, s, label = unit_label(name)
         by.setdefault(d, {}).setdefault(label, {})[s] = u
     for d, arms in by.items():
         names = list(METRICS) + sorted(
-            {f"dNLL {k}" for a in arms.values() for u in a.values() for k in u["result"]["eval"][-1]["retention"]}
+            {
+                f"dNLL {k}"
+                for seeds in arms.values()
+                for u in seeds.values()
+                for k in u["result"]["eval"][-1]["retention"]
+            }
         )
         D = out[d] = {}
         for a, seeds in arms.items():
@@ -972,7 +1001,8 @@ def aggregate_study(units: dict) -> dict:
 
 # %% ../nbs/30_bolt.ipynb #926cf696
 def arm_table(agg: dict, domain: str, metrics=None) -> str:
-    "Markdown table arm x metric (mean ± SE over seeds) of one domain's aggregate, with pi_ref's values and the training seconds."
+    """Markdown table arm x metric (mean ± SE over seeds) of one domain's aggregate, with pi_ref's values and the
+    training seconds."""
     D = agg[domain]
     metrics = metrics or list(next(iter(D.values()))["metrics"])
     f = lambda v: f"{v[0]:.3f} ± {v[1]:.3f}" if v[2] else "–"
@@ -988,7 +1018,8 @@ def arm_table(agg: dict, domain: str, metrics=None) -> str:
 
 
 def _verdict(v, sign: int = +1) -> str:
-    "A paired difference [mean, SE, n] against a claimed direction: > 2 SE that way 'supported', > 2 SE the other 'contradicted'."
+    """A paired difference [mean, SE, n] against a claimed direction: > 2 SE that way 'supported', > 2 SE the other
+    'contradicted'."""
     m, se, n = v
     if n < 2 or m != m:
         return "not measured"
@@ -998,7 +1029,8 @@ def _verdict(v, sign: int = +1) -> str:
 
 # %% ../nbs/30_bolt.ipynb #c63701fe
 def claim_rows(agg: dict, bench: dict | None = None) -> list[tuple[str, str, str, str]]:
-    "(claim, paper, embedded model, verdict) rows for the BOLT paper's empirical claims, from a study aggregate and the bench ratios."
+    """(claim, paper, embedded model, verdict) rows for the BOLT paper's empirical claims, from a study aggregate
+    and the bench ratios."""
     fm = lambda v: f"{v[0]:+.3f} ± {v[1]:.3f} (n={v[2]})"
     rows = []
     for d, D in agg.items():

@@ -150,7 +150,10 @@ def bolt_missing(u: Unit) -> str | None:
         return "sweep (not run)"
     if not record_path(u.dir, "train").is_file():
         steps = u.dir / "train" / "steps.jsonl"
-        return f"train (step {len(read_jsonl(steps, warn=False).records) if steps.is_file() else 0}/{u.config.arm.train.steps})"
+        return (
+            f"train (step {len(read_jsonl(steps, warn=False).records) if steps.is_file() else 0}"
+            f"/{u.config.arm.train.steps})"
+        )
     return "eval" if not record_path(u.dir, "eval").is_file() else "result"
 
 
@@ -197,7 +200,8 @@ def bolt_lineage(u: Unit) -> list[str]:
             probs.append(f"step {s}: {'checkpoint meta.json' if m is None else 'evaluation record'} missing")
         elif e.get("policy_hash") != m.get("policy_hash"):
             probs.append(
-                f"eval/step-{s:06d}.json measured policy {str(e.get('policy_hash'))[:12]}, not the lineage's {str(m.get('policy_hash'))[:12]}"
+                f"eval/step-{s:06d}.json measured policy {str(e.get('policy_hash'))[:12]}, "
+                f"not the lineage's {str(m.get('policy_hash'))[:12]}"
             )
     return probs
 
@@ -215,8 +219,8 @@ def bolt_reference(u: Unit) -> list[str]:
             continue
         if r["policy_hash"] != m["policy_hash"]:
             probs.append(
-                f"round {k}: the reference dataset was sampled by policy {r['policy_hash'][:12]}, not by the round's pi_ref "
-                f"(step {k * L}, {m['policy_hash'][:12]})"
+                f"round {k}: the reference dataset was sampled by policy {r['policy_hash'][:12]}, "
+                f"not by the round's pi_ref (step {k * L}, {m['policy_hash'][:12]})"
             )
         sd = stores_root(cfg, u.dir) / r["store"]
         sm, done = _json(sd / "manifest.json"), _json(sd / "complete.json")
@@ -227,7 +231,8 @@ def bolt_reference(u: Unit) -> list[str]:
             probs.append(f"round {k}: store {r['store']} is bound to policy {str(sm.get('policy_hash'))[:12]}")
         if hash_file(sd / "groups.jsonl") != r["groups_sha256"]:
             probs.append(
-                f"round {k}: store {r['store']}/groups.jsonl is not the data the weights were computed on (sha256 changed)"
+                f"round {k}: store {r['store']}/groups.jsonl "
+                "is not the data the weights were computed on (sha256 changed)"
             )
     return probs
 
@@ -323,7 +328,10 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
         if uid in ok
     }
     return dict(
-        title=f"BOLT vs Refit, positive-only SFT, online GRPO and iterative BOLT at a matched budget (model '{reg.spec.model}')",
+        title=(
+            "BOLT vs Refit, positive-only SFT, online GRPO and iterative BOLT at a matched budget "
+            f"(model '{reg.spec.model}')"
+        ),
         columns=list(BOLT_COLUMNS),
         rows=[{c: r[c] for c in BOLT_COLUMNS} for r in rows],
         claims=[list(x) for x in claim_rows(core)],

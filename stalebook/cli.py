@@ -52,7 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "work": (
         "stalebook.executors:cmd_work",
-        "this node's workers of a registry on a shared volume (REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])",
+        (
+            "this node's workers of a registry on a shared volume "
+            "(REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])"
+        ),
     ),
     "status": (
         "stalebook.contracts:cmd_status",
@@ -68,7 +71,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "design": (
         "stalebook.protocol:cmd_design",
-        "gate power and verdict probabilities from a pilot result.json or --rho, and the smallest design reaching a target",
+        (
+            "gate power and verdict probabilities from a pilot result.json or --rho, "
+            "and the smallest design reaching a target"
+        ),
     ),
     "demo": (
         "stalebook.report:cmd_demo",
@@ -158,11 +164,11 @@ def cmd_verify(argv) -> int:
     p = CommandParser(prog="stalebook verify", description="Run every numerical check of the theory notebooks.")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--only", default="", help="run only checks whose name contains this substring")
-    a = p.parse_args(argv)
+    args = p.parse_args(argv)
     load_check_modules()
-    fns = [(k, f) for k, f in CHECKS.items() if a.only in k]
+    fns = [(k, f) for k, f in CHECKS.items() if args.only in k]
     rows = run_checks(fns)
-    if a.json:
+    if args.json:
         print(json.dumps([r.row() for r in rows], indent=1))
     else:
         print(repr(CheckRows(rows)))

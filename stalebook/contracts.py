@@ -163,7 +163,8 @@ def item_row(reg: Registry, ck: KindChecks, u: Unit, item: str) -> dict:
 
 # %% ../nbs/33_contracts.ipynb #1f17793f
 def unit_progress(reg: Registry, root: Path, rows: list[dict], now: float | None = None) -> tuple[dict, dict]:
-    "({unit: state, owner, heartbeat age, lease generation}, {units, done, running, units_per_hour, eta_s}) of a registry's root."
+    """({unit: state, owner, heartbeat age, lease generation}, {units, done, running, units_per_hour, eta_s}) of a
+    registry's root."""
     now, ok, units, starts, ends = now or time.time(), {}, {}, [], []
     for r in rows:
         ok[r["unit"]] = ok.get(r["unit"], True) and r["state"] == "pass"
@@ -337,18 +338,21 @@ def lineage_contract(p: PointCheck) -> list[str]:
             continue
         if m.get("config_hash") != ident:
             probs.append(
-                f"checkpoint step {s} belongs to another run (identity {str(m.get('config_hash'))[:12]}, this run's {ident[:12]}): a foreign checkpoint"
+                f"checkpoint step {s} belongs to another run "
+                f"(identity {str(m.get('config_hash'))[:12]}, this run's {ident[:12]}): a foreign checkpoint"
             )
         if s in chain and m.get("parent") != chain[s]["parent"]:
             probs.append(
-                f"checkpoint step {s}: parent {str(m.get('parent'))[:12]} is not the chain's {str(chain[s]['parent'])[:12]}"
+                f"checkpoint step {s}: parent {str(m.get('parent'))[:12]} "
+                f"is not the chain's {str(chain[s]['parent'])[:12]}"
             )
     if p.result and not probs:
         man = p.result["manifest"]
         for key, s, who in (("policy_hash_pi", p.c, "π"), ("policy_hash_beta", p.fam.behaviour, "β")):
             if man.get(key) != p.meta(s).get("policy_hash"):
                 probs.append(
-                    f"the result's {who} ({str(man.get(key))[:12]}) is not the policy of checkpoint step {s} ({p.meta(s)['policy_hash'][:12]})"
+                    f"the result's {who} ({str(man.get(key))[:12]}) "
+                    f"is not the policy of checkpoint step {s} ({p.meta(s)['policy_hash'][:12]})"
                 )
         if man.get("run_identity") != ident:
             probs.append("the result was computed on another training run")
@@ -377,13 +381,15 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
     probs, K = [], pc.group_size
     if man.get("policy_hash") != policy:
         probs.append(
-            f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, the point's {who} is {str(policy)[:12]}"
+            f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, "
+            f"the point's {who} is {str(policy)[:12]}"
         )
     if man.get("numerics") != (num := f"{pc.dtype}/{pc.device.split(':')[0]}"):
         probs.append(f"store {key} ran in {man.get('numerics')}, the point in {num}")
     if man.get("rng_domain", {}).get("key") != rollout_domain(pc.seed, policy or "", purpose).hex:
         probs.append(
-            f"store {key} was drawn from another RNG domain than (seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})"
+            f"store {key} was drawn from another RNG domain than "
+            f"(seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})"
         )
     if man.get("sampling_hash") != config_hash(pc.sampling):
         probs.append(f"store {key} was sampled under another sampling config")
@@ -394,9 +400,8 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
     lost = [t for t in ids if t not in have]
     if lost:
         probs.append(
-            f"store {key}: {len(ids) - len(lost)} of {len(ids)} registered prompt groups complete (missing: {', '.join(lost[:3])}"
-            + (", ..." if len(lost) > 3 else "")
-            + ")"
+            f"store {key}: {len(ids) - len(lost)} of {len(ids)} registered prompt groups complete "
+            f"(missing: {', '.join(lost[:3])}" + (", ..." if len(lost) > 3 else "") + ")"
         )
     done = _json(sd / "complete.json")
     if done is None:
@@ -476,7 +481,10 @@ def manifest_contract(p: PointCheck) -> list[str]:
 TITLES = dict(
     main="Main table - RLVR (GRPO + LoRA): stale vs fresh prompt rankings",
     extension="Extension table - RLVR (GRPO + LoRA) replications (architecture and capacity confounded)",
-    demo="Tiny-model demonstration of the main table - RLVR (GRPO + LoRA) on the embedded model; not a result about 7B models",
+    demo=(
+        "Tiny-model demonstration of the main table - RLVR (GRPO + LoRA) on the embedded model; "
+        "not a result about 7B models"
+    ),
     appendix="Appendix - supervised policy-shift ablation (positive-only SFT with LoRA; not RLVR)",
 )
 COLUMNS = (
@@ -582,7 +590,8 @@ def table_markdown(t: dict, content_hash: str, partial: bool = False) -> str:
     head = ("PARTIAL - " if partial else "") + t["title"]
     note = (
         f"{'PARTIAL: not every registered point passes its contracts; not paper numbers. ' if partial else 'Frozen. '}"
-        f"Registry `{t['registry']}` (hash `{t['registry_hash'][:16]}`), {len(t['sources'])} points; content hash `{content_hash}`."
+        f"Registry `{t['registry']}` (hash `{t['registry_hash'][:16]}`), "
+        f"{len(t['sources'])} points; content hash `{content_hash}`."
     )
     cols = t["columns"]
     lines = [f"# {head}", "", note, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -672,8 +681,14 @@ def watermark(st: dict) -> str:
         )
     if st["state"] == "frozen":
         ch = (_json(Path(st["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
-        return f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; table content hash {ch[:16]}"
-    return f"COMPLETE - registry {st['registry']}: all {t['items']} points pass every contract; `stalebook freeze {st['registry']}` freezes the table"
+        return (
+            f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; "
+            f"table content hash {ch[:16]}"
+        )
+    return (
+        f"COMPLETE - registry {st['registry']}: all {t['items']} points pass every contract; "
+        f"`stalebook freeze {st['registry']}` freezes the table"
+    )
 
 
 def _dur(s) -> str:
@@ -724,32 +739,32 @@ def format_status(st: dict) -> str:
 # %% ../nbs/33_contracts.ipynb #0980067e
 def cmd_status(argv) -> int:
     "Print a registry's status: contract states per point, PARTIAL until every point passes."
-    p = CommandParser(prog="stalebook status", description="Contract states of every point of a registry.")
-    p.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    p.add_argument("--json", action="store_true", help="print the status as JSON")
-    a = p.parse_args(argv)
-    reg = load_registry(a.registry)
+    parser = CommandParser(prog="stalebook status", description="Contract states of every point of a registry.")
+    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
+    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    args = parser.parse_args(argv)
+    reg = load_registry(args.registry)
     probs = registry_problems(reg)
     if probs:
         for x in probs:
             print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
         return 2
-    st = registry_status(reg, a.root)
-    print(json.dumps(st, indent=1) if a.json else format_status(st))
+    st = registry_status(reg, args.root)
+    print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 1 if st["totals"]["fail"] else 0
 
 
 def cmd_freeze(argv) -> int:
     "Freeze a registry's aggregate table (refused, with the failing points listed, unless all pass)."
-    p = CommandParser(
+    parser = CommandParser(
         prog="stalebook freeze", description="Freeze the aggregate table once every registered point passes."
     )
-    p.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    a = p.parse_args(argv)
+    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
+    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    args = parser.parse_args(argv)
     try:
-        res = freeze(a.registry, a.root)
+        res = freeze(args.registry, args.root)
     except FreezeRefused as e:
         for x in e.lines:
             print(f"  {x}", file=sys.stderr)

@@ -280,14 +280,14 @@ def read_jsonl(path, warn=True) -> JsonlRead:
         line = data[pos:] if nl < 0 else data[pos:nl]
         try:
             rec = json.loads(line) if nl >= 0 else None
-        except ValueError:
+        except ValueError as err:
             rec = None
             if data.find(b"\n", nl + 1) >= 0 or data[nl + 1 :].strip():
-                raise StalebookError(f"{path}:{lineno}: corrupt JSONL record (not at the tail)")
+                raise StalebookError(f"{path}:{lineno}: corrupt JSONL record (not at the tail)") from err
         if rec is None:
             msg = f"{path}:{lineno}: dropped truncated trailing record ({len(data) - pos} bytes)"
             if warn:
-                warnings.warn(msg)
+                warnings.warn(msg, stacklevel=2)
             return JsonlRead(recs, pos, msg)
         recs.append(rec)
         pos = nl + 1
@@ -551,7 +551,8 @@ def homogeneous_groups(rewards):
 
 
 def group_advantages(rewards, std: bool = True, eps: float = 1e-6, ddof: int = 0):
-    "GRPO advantages over the last axis: (R - mean) / (std + eps) with std of `ddof` (0 or 1), or R - mean; 0 in homogeneous groups."
+    """GRPO advantages over the last axis: (R - mean) / (std + eps) with std of `ddof` (0 or 1), or R - mean; 0 in
+    homogeneous groups."""
     mean = rewards.mean(-1, keepdims=True)
     centred = (rewards - mean) * ~homogeneous_groups(rewards)[..., None]
     if not std:
@@ -565,7 +566,8 @@ def group_advantages(rewards, std: bool = True, eps: float = 1e-6, ddof: int = 0
 
 # %% ../nbs/00_core.ipynb #b045f4bf
 def topk_mask(scores, k: int, keys=None) -> np.ndarray:
-    "Mask of the top-`k` of `scores` along the last axis: larger score first, ties to the larger `keys` (default: lower index)."
+    """Mask of the top-`k` of `scores` along the last axis: larger score first, ties to the larger `keys` (default:
+    lower index)."""
     s = np.asarray(scores, dtype=np.float64)
     n = s.shape[-1]
     if not 0 <= k <= n:
@@ -597,7 +599,8 @@ def project_root(start=None) -> Path | None:
 
 
 def figures_dir() -> Path:
-    "`$STALEBOOK_FIGURES`, else `<project root of the working folder>/figures`, else `./figures` (outputs: a kernel's own folder decides)."
+    """`$STALEBOOK_FIGURES`, else `<project root of the working folder>/figures`, else `./figures` (outputs: a kernel's
+    own folder decides)."""
     if os.environ.get("STALEBOOK_FIGURES"):
         return Path(os.environ["STALEBOOK_FIGURES"])
     r = project_root(Path.cwd())
@@ -690,7 +693,8 @@ def run_checks(fns) -> list[Check]:
 
 
 def assert_checks(rows) -> CheckRows:
-    "Assert every check row passed (the notebooks' inline tests; rows, or lists of rows); they come back as a table to show."
+    """Assert every check row passed (the notebooks' inline tests; rows, or lists of rows); they come back as a table to
+    show."""
     rows = CheckRows(
         r for x in ([rows] if isinstance(rows, Check) else rows) for r in ([x] if isinstance(x, Check) else x)
     )
@@ -743,7 +747,8 @@ def experiment_notebook(name: str) -> Path:
 
 
 def split_notebook_timings(nb: dict) -> dict:
-    "Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected cell's random id is fixed."
+    """Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected
+    cell's random id is fixed."""
     meta = nb.get("metadata", {}).get("papermill", {})
     out = {k: meta.pop(k, None) for k in ("start_time", "end_time", "duration", "input_path", "output_path")}
     out["cells"] = []
@@ -758,7 +763,8 @@ def split_notebook_timings(nb: dict) -> dict:
 
 @contextlib.contextmanager
 def environ(env: dict | None):
-    "`os.environ` with `env`'s variables set, restored afterwards (papermill starts its kernel with this process's environment)."
+    """`os.environ` with `env`'s variables set, restored afterwards (papermill starts its kernel with this process's
+    environment)."""
     old = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
     try:
@@ -772,8 +778,9 @@ def environ(env: dict | None):
 
 
 def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) -> Path:
-    """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set, and this process's
-    project folder as `$STALEBOOK_PROJECT`); the content-only executed notebook is written atomically to `out`."""
+    """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set, and this
+    process's project folder as `$STALEBOOK_PROJECT`); the content-only executed notebook is written atomically to
+    `out`."""
     import papermill as pm  # heavy (nbclient, zmq): only when a notebook runs
     from jupyter_client.manager import AsyncKernelManager  # (installed with papermill)
     from jupyter_client.utils import run_sync  # (installed with papermill)
@@ -781,7 +788,8 @@ def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) 
     out = Path(out).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
-    # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed (a read blocks the loop)
+    # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed
+    # (a read blocks the loop)
     km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
     env = {"STALEBOOK_PROJECT": str(project_root() or Path.cwd()), **(env or {})}
     try:

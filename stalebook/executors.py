@@ -88,7 +88,8 @@ DEFAULT_TTL = 120.0  # seconds without a heartbeat before a lease may be taken o
 
 
 def create_exclusive(path: Path, content: dict, mode: str = "excl") -> bool:
-    "Create `path` holding `content` unless it exists (True: this call created it); `mode` excl or link (see the table above)."
+    """Create `path` holding `content` unless it exists (True: this call created it); `mode` excl or link (see the
+    table above)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(content, indent=1, sort_keys=True) + "\n").encode()
@@ -255,7 +256,8 @@ def exit_on_lost(lease: Lease) -> None:
 
 # %% ../nbs/35_executors.ipynb #2d29b552
 def check_can_start(reg: Registry, root=None) -> Path:
-    "The registry's root, after checking that its snapshots are here and the root is writable (else one line; nothing claimed)."
+    """The registry's root, after checking that its snapshots are here and the root is writable (else one line;
+    nothing claimed)."""
     probs = registry_problems(reg)
     if probs:
         raise StalebookError(f"{probs[0]}; nothing was claimed")
@@ -291,7 +293,8 @@ def run_leased(
     on_lost=exit_on_lost,
     poll_s: float = 1.0,
 ) -> dict:
-    "Run the unit of `lease` under its heartbeat and end the lease: done (phase states), failed ({'error': line}) or released."
+    """Run the unit of `lease` under its heartbeat and end the lease: done (phase states), failed ({'error': line})
+    or released."""
     _event(wlog, "takeover" if lease.takeover_of else "claim", lease, takeover_of=lease.takeover_of)
     if lease.takeover_of:
         log(
@@ -333,7 +336,8 @@ def work(
     progress: bool = False,
     log=print,
 ) -> dict:
-    "One worker of the shared-volume executor: claim, run and end units until all are done or failed (or `max_units` ran)."
+    """One worker of the shared-volume executor: claim, run and end units until all are done or failed (or
+    `max_units` ran)."""
     reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
@@ -350,7 +354,8 @@ def work(
         ran[lease.unit] = run_leased(reg, lease, wlog, progress=progress, log=log, poll_s=poll)
     failed = [u for u in ids if queue_state(root, u)["state"] == "failed"]
     log(
-        f"[work] {owner.text()}: ran {len(ran)} units; {sum(queue_state(root, u)['state'] == 'done' for u in ids)} of {len(ids)} done"
+        f"[work] {owner.text()}: ran {len(ran)} units; "
+        f"{sum(queue_state(root, u)['state'] == 'done' for u in ids)} of {len(ids)} done"
         + (f", {len(failed)} failed ({', '.join(failed)})" if failed else "")
     )
     return ran
@@ -371,7 +376,8 @@ def node_gpus() -> list[str]:
 
 
 def worker_devices(gpus: list[str], per_unit: int, workers: int | None = None) -> list[str | None]:
-    "CUDA_VISIBLE_DEVICES of each worker: one worker per `per_unit` GPUs (None: a CPU worker; the variable is left as is)."
+    """CUDA_VISIBLE_DEVICES of each worker: one worker per `per_unit` GPUs (None: a CPU worker; the variable is left
+    as is)."""
     if per_unit <= 0 or not gpus:
         if per_unit > 0:
             raise StalebookError(
@@ -387,7 +393,8 @@ def worker_devices(gpus: list[str], per_unit: int, workers: int | None = None) -
 
 # %% ../nbs/35_executors.ipynb #daf1a8ac
 def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
-    "Run one `stalebook work … --workers 1` process per entry of `devices` (its CUDA_VISIBLE_DEVICES); the largest exit code."
+    """Run one `stalebook work … --workers 1` process per entry of `devices` (its CUDA_VISIBLE_DEVICES); the largest
+    exit code."""
     procs = []
     for i, dev in enumerate(devices):
         env = dict(os.environ) if dev is None else dict(os.environ, CUDA_VISIBLE_DEVICES=dev)
@@ -423,70 +430,82 @@ def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
 
 
 def work_parser(prog: str, description: str) -> CommandParser:
-    p = CommandParser(prog=prog, description=description)
-    p.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
-    p.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
-    p.add_argument(
+    parser = CommandParser(prog=prog, description=description)
+    parser.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
+    parser.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
+    parser.add_argument(
         "--gpus-per-unit",
         type=int,
         default=None,
         help="GPUs of one unit: one worker per G GPUs of this node (default: 1 on a node with GPUs, else 0)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--workers", type=int, default=None, help="workers on this node (default: GPUs / G, or 1 without GPUs)"
     )
-    p.add_argument("--max-units", type=int, default=None, help="each worker stops after running N units")
-    p.add_argument(
+    parser.add_argument("--max-units", type=int, default=None, help="each worker stops after running N units")
+    parser.add_argument(
         "--ttl",
         type=float,
         default=DEFAULT_TTL,
         help=f"seconds without a heartbeat before a lease is taken over ({DEFAULT_TTL:.0f})",
     )
-    p.add_argument(
+    parser.add_argument(
         "--claim", choices=CLAIM_MODES, default="excl", help="exclusive create (excl) or link-based claim (NFSv2/v3)"
     )
-    p.add_argument("--label", default="", help=argparse.SUPPRESS)
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    return p
+    parser.add_argument("--label", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
 
 # %% ../nbs/35_executors.ipynb #d4817a10
-def _worker_argv(a, root) -> list[str]:
+def _worker_argv(args, root) -> list[str]:
     "The arguments every worker of this node gets (the node's own choices: workers, GPUs, are not passed on)."
-    out = [str(a.registry), "--root", str(root), "--ttl", str(a.ttl), "--claim", a.claim]
-    for flag, v in (("--only", a.only), ("--max-units", a.max_units)):
+    out = [str(args.registry), "--root", str(root), "--ttl", str(args.ttl), "--claim", args.claim]
+    for flag, v in (("--only", args.only), ("--max-units", args.max_units)):
         if v is not None:
             out += [flag, str(v)]
-    return out + (["--quiet"] if a.quiet else [])
+    return out + (["--quiet"] if args.quiet else [])
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def shared_executor(a) -> int:
+def shared_executor(args) -> int:
     "Run the shared-volume executor on this node from parsed `work` arguments; the exit code."
-    reg = load_registry(a.registry)
-    select_units(reg, a.only)
-    root = check_can_start(reg, a.root)  # one line and nothing claimed, before any worker starts
-    gpus = [] if a.gpus_per_unit == 0 else node_gpus()
-    devices = worker_devices(gpus, a.gpus_per_unit if a.gpus_per_unit is not None else (1 if gpus else 0), a.workers)
-    if len(devices) > 1 or devices[0] is not None:
-        return spawn_workers(_worker_argv(a, root), devices)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # a stopped worker hands its unit back
-    log = (lambda *x: None) if a.quiet else (lambda m: print(f"[{a.label}] {m}" if a.label else m, flush=True))
-    work(
-        reg, root, ttl_s=a.ttl, max_units=a.max_units, only=a.only, label=a.label, mode=a.claim, progress=False, log=log
+    reg = load_registry(args.registry)
+    select_units(reg, args.only)
+    root = check_can_start(reg, args.root)  # one line and nothing claimed, before any worker starts
+    gpus = [] if args.gpus_per_unit == 0 else node_gpus()
+    devices = worker_devices(
+        gpus, args.gpus_per_unit if args.gpus_per_unit is not None else (1 if gpus else 0), args.workers
     )
-    return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, a.only)) else 0
+    if len(devices) > 1 or devices[0] is not None:
+        return spawn_workers(_worker_argv(args, root), devices)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a stopped worker hands its unit back
+    log = (lambda *x: None) if args.quiet else (lambda m: print(f"[{args.label}] {m}" if args.label else m, flush=True))
+    work(
+        reg,
+        root,
+        ttl_s=args.ttl,
+        max_units=args.max_units,
+        only=args.only,
+        label=args.label,
+        mode=args.claim,
+        progress=False,
+        log=log,
+    )
+    return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, args.only)) else 0
 
 
 def cmd_work(argv) -> int:
     "`stalebook work`: this node's workers of the shared-volume executor."
-    p = work_parser(
+    parser = work_parser(
         "stalebook work", "Claim and run units of a registry from a shared volume (run the same command on every node)."
     )
-    p.add_argument("--root", required=True, help="the shared results folder, mounted at the same path on every node")
-    return shared_executor(p.parse_args(argv))
+    parser.add_argument(
+        "--root", required=True, help="the shared results folder, mounted at the same path on every node"
+    )
+    return shared_executor(parser.parse_args(argv))
 
 # %% ../nbs/35_executors.ipynb #ff11e16d
 def registry_spec(reg: Registry) -> str:
@@ -496,7 +515,8 @@ def registry_spec(reg: Registry) -> str:
 
 
 def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl") -> dict:
-    "The body of one Ray task: take the unit's lease (a retry of this task takes its own over at once), run it, end the lease."
+    """The body of one Ray task: take the unit's lease (a retry of this task takes its own over at once), run it,
+    end the lease."""
     import ray  # optional dependency (the `ray` extra): this runs inside a Ray worker
 
     owner = Owner(label=f"ray-task-{ray.get_runtime_context().get_task_id()}")
@@ -514,7 +534,8 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray resolves this hos
 
 
 def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False):
-    "Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (False), or start a private loopback head (True)."
+    """Connect this driver to the cluster at `address` (auto or HOST:PORT) and nothing else (False), or start a
+    private loopback head (True)."""
     if not address:
         os.environ.setdefault(LOOPBACK_ENV, "0")  # before Ray is imported: its node address stays 127.0.0.1
         import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
@@ -543,7 +564,8 @@ def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: boo
         ray.init(address=address)
     except Exception as e:  # Ray raises ConnectionError, RuntimeError or its own errors here
         raise StalebookError(
-            f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            f"--address {address}: cannot connect to a Ray cluster "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
             "nothing was claimed"
         ) from None
     return False
@@ -559,7 +581,8 @@ def ray_tasks(
     ttl_s: float = DEFAULT_TTL,
     log=print,
 ) -> dict:
-    "Submit one task per unit to the connected cluster and wait for all; {unit: queue state}, read back from the volume."
+    """Submit one task per unit to the connected cluster and wait for all; {unit: queue state}, read back from the
+    volume."""
     import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
 
     task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(
@@ -567,7 +590,8 @@ def ray_tasks(
     )
     refs = {task.remote(registry_spec(reg), u, str(root), ttl_s): u for u in ids}
     log(
-        f"[ray] registry {reg.name}: {len(ids)} tasks ({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "
+        f"[ray] registry {reg.name}: {len(ids)} tasks "
+        f"({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "
         f"results under {root}"
     )
     pending = list(refs)
@@ -596,7 +620,8 @@ def run_ray(
     dashboard: bool = False,
     log=print,
 ) -> dict:
-    "The Ray executor: check, connect (or start a private head), run every unit as a task, disconnect; {unit: queue state}."
+    """The Ray executor: check, connect (or start a private head), run every unit as a task, disconnect; {unit:
+    queue state}."""
     reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
@@ -617,50 +642,52 @@ EXECUTORS = ("local", "shared", "ray")
 
 def cmd_run(argv) -> int:
     "`stalebook run`: run or resume a registry's units with the chosen executor."
-    p = work_parser(
+    parser = work_parser(
         "stalebook run",
         "Run or resume the units of a registry: in this process (local), as this node's workers on a "
         "shared volume (shared) or as Ray tasks (ray).",
     )
-    p.add_argument(
+    parser.add_argument(
         "--root",
         default=None,
         help="results folder (default: the registry's `out`); shared and ray: on the shared volume",
     )
-    p.add_argument("--executor", choices=EXECUTORS, default="local", help="local (default), shared or ray")
-    p.add_argument(
+    parser.add_argument("--executor", choices=EXECUTORS, default="local", help="local (default), shared or ray")
+    parser.add_argument(
         "--address",
         default=None,
         help="ray: auto or HOST:PORT of an existing cluster (default: a private head on 127.0.0.1)",
     )
-    p.add_argument("--cpus-per-unit", type=float, default=1.0, help="ray: CPUs of one task (1)")
-    p.add_argument("--max-retries", type=int, default=3, help="ray: retries of a task whose worker or node died (3)")
-    p.add_argument(
+    parser.add_argument("--cpus-per-unit", type=float, default=1.0, help="ray: CPUs of one task (1)")
+    parser.add_argument(
+        "--max-retries", type=int, default=3, help="ray: retries of a task whose worker or node died (3)"
+    )
+    parser.add_argument(
         "--ray-dashboard", action="store_true", help="ray: the private head serves its dashboard (on 127.0.0.1)"
     )
-    a = p.parse_args(argv)
-    if a.executor == "local":
+    args = parser.parse_args(argv)
+    if args.executor == "local":
         return local_cmd_run(
             [
-                str(a.registry),
-                *(["--only", a.only] if a.only else []),
-                *(["--root", a.root] if a.root else []),
-                *(["--quiet"] if a.quiet else []),
+                str(args.registry),
+                *(["--only", args.only] if args.only else []),
+                *(["--root", args.root] if args.root else []),
+                *(["--quiet"] if args.quiet else []),
             ]
         )
-    if a.executor == "shared":
-        return shared_executor(a)
+    if args.executor == "shared":
+        return shared_executor(args)
     res = run_ray(
-        a.registry,
-        a.root,
-        a.address,
-        gpus_per_unit=a.gpus_per_unit or 0,
-        cpus_per_unit=a.cpus_per_unit,
-        max_retries=a.max_retries,
-        ttl_s=a.ttl,
-        only=a.only,
-        dashboard=a.ray_dashboard,
-        log=(lambda *x: None) if a.quiet else (lambda m: print(m, flush=True)),
+        args.registry,
+        args.root,
+        args.address,
+        gpus_per_unit=args.gpus_per_unit or 0,
+        cpus_per_unit=args.cpus_per_unit,
+        max_retries=args.max_retries,
+        ttl_s=args.ttl,
+        only=args.only,
+        dashboard=args.ray_dashboard,
+        log=(lambda *x: None) if args.quiet else (lambda m: print(m, flush=True)),
     )
     bad = {u: s["state"] for u, s in res.items() if s["state"] != "done"}
     print(

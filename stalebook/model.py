@@ -165,7 +165,7 @@ def pass_rate(model, tok, tasks, domain: Domain, cache: dict | None = None, max_
     cache = {} if cache is None else cache
     comps = sample_completions(model, tok, [t.prompt for t in tasks], domain.torch(), 1.0, max_new_tokens)
     todo = sorted({(t.id, c): (t, c) for t, c in zip(tasks, comps) if (t.id, c) not in cache}.items())
-    for (k, (t, c)), (r, _) in zip(todo, rewards([t for _, (t, _) in todo], [c for _, (_, c) in todo])):
+    for (k, (_t, _c)), (r, _) in zip(todo, rewards([t for _, (t, _) in todo], [c for _, (_, c) in todo])):
         cache[k] = r
     return float(np.mean([cache[(t.id, c)] for t, c in zip(tasks, comps)]))
 
@@ -233,7 +233,8 @@ def _sft_step(model, opt, tok, pools, counts: dict, spec, step: int) -> float:
 
 # %% ../nbs/23_model.ipynb #91ade192
 def _warm_start(model, tok, pools, spec: TinySpec, log, t0) -> tuple[int, dict | None, list]:
-    "SFT until the confirmed pass rates of every domain lie in `spec.band`; returns (steps, confirmed rates or None, history)."
+    """SFT until the confirmed pass rates of every domain lie in `spec.band`;
+    returns (steps, confirmed rates or None, history)."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
     cache, history, rates, confirmed, step = {}, [], {}, None, 0
     model.train()
@@ -349,29 +350,31 @@ def cmd_snapshot(argv) -> int:
         prog="stalebook snapshot", description="Build the embedded tiny snapshot, or lock a snapshot folder."
     )
     sub = p.add_subparsers(dest="what", metavar="{tiny,lock}", parser_class=CommandParser)
-    t = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
-    t.add_argument("--out", required=True, help="snapshot folder to create")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument(
+    tiny_parser = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
+    tiny_parser.add_argument("--out", required=True, help="snapshot folder to create")
+    tiny_parser.add_argument("--seed", type=int, default=0)
+    tiny_parser.add_argument(
         "--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)"
     )
-    t.add_argument("--force", action="store_true", help="replace an existing folder")
-    t.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
-    l = sub.add_parser("lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder")
-    l.add_argument("dir")
-    a = p.parse_args(argv)
-    if a.what is None:
+    tiny_parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    tiny_parser.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
+    lock_parser = sub.add_parser(
+        "lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder"
+    )
+    lock_parser.add_argument("dir")
+    args = p.parse_args(argv)
+    if args.what is None:
         raise StalebookError("stalebook snapshot: choose 'tiny' or 'lock'")
-    if a.what == "tiny":
-        if a.threads < 1:
+    if args.what == "tiny":
+        if args.threads < 1:
             raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
-        build_tiny_snapshot(a.out, TinySpec(seed=a.seed, threads=a.threads), overwrite=a.force)
-        if not a.no_lock:
-            lock = write_lock(a.out)
-            print(f"locked {a.out}: revision {lock['revision']}")
+        build_tiny_snapshot(args.out, TinySpec(seed=args.seed, threads=args.threads), overwrite=args.force)
+        if not args.no_lock:
+            lock = write_lock(args.out)
+            print(f"locked {args.out}: revision {lock['revision']}")
         return 0
-    lock = write_lock(a.dir)
-    print(f"locked {a.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
+    lock = write_lock(args.dir)
+    print(f"locked {args.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
     return 0
 
 # %% ../nbs/23_model.ipynb #faaeaa89
@@ -515,7 +518,8 @@ def load_adapter(model, path, trainable: bool = False, base_revision: str | None
 
 
 def load_adapter_state(model, path) -> str:
-    "Load the adapter tensors saved in `path` (or `path/adapter`) into peft `model` in place; returns the verified policy hash."
+    """Load the adapter tensors saved in `path` (or `path/adapter`) into peft `model` in place;
+    returns the verified policy hash."""
     path = Path(path)
     if (path / "adapter").is_dir():
         path = path / "adapter"
@@ -534,7 +538,8 @@ _HEAP_KEPT: list = []
 
 
 def keep_freed_memory(limit: int = 256 << 20) -> bool:
-    "glibc: serve blocks below `limit` bytes from the heap and keep up to `limit` free in it (once per process); True if it took effect."
+    """glibc: serve blocks below `limit` bytes from the heap and keep up to `limit` free in it
+    (once per process); True if it took effect."""
     if not _HEAP_KEPT:
         ok = False
         if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
@@ -545,7 +550,8 @@ def keep_freed_memory(limit: int = 256 << 20) -> bool:
 
 
 def compute_setup(threads: int) -> None:
-    "A model process: `threads` torch threads (0: torch's default) and a heap that keeps its memory (`keep_freed_memory`)."
+    """A model process: `threads` torch threads (0: torch's default)
+    and a heap that keeps its memory (`keep_freed_memory`)."""
     if threads > 0:
         torch.set_num_threads(threads)
     keep_freed_memory()

@@ -89,7 +89,8 @@ def _put(q, item, stop) -> bool:
 
 
 def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
-    "The generator process: batches sampled, teacher-forced and verified with the newest published weights, tagged with their version."
+    """The generator process: batches sampled, teacher-forced and verified with the newest published weights,
+    tagged with their version."""
     cfg = from_dict(TrainConfig, cfg_dict)
     compute_setup(cfg.threads)
     model, tok = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
@@ -140,9 +141,9 @@ def _get(q, proc, timeout: float = 600.0):
             return q.get(timeout=0.1)
         except queue.Empty:
             if not proc.is_alive():
-                raise StalebookError(f"pipeline: the generator process exited (code {proc.exitcode})")
+                raise StalebookError(f"pipeline: the generator process exited (code {proc.exitcode})") from None
             if time.perf_counter() - t0 > timeout:
-                raise StalebookError(f"pipeline: no batch from the generator in {timeout:.0f} s")
+                raise StalebookError(f"pipeline: no batch from the generator in {timeout:.0f} s") from None
 
 
 def _stop(q, proc, stop) -> None:
@@ -162,8 +163,8 @@ def _stop(q, proc, stop) -> None:
 # %% ../nbs/29_pipeline.ipynb #7d000012
 def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
     "Pipelined GRPO: a generator process feeds this learner through a bounded queue. Returns the run's manifest."
-    a = cfg.async_training
-    if a.mode != "pipelined":
+    async_cfg = cfg.async_training
+    if async_cfg.mode != "pipelined":
         raise StalebookError("run_pipeline needs async_training.mode 'pipelined'")
     tr = Trainer(cfg)
     if tr.step > 0:
@@ -171,7 +172,7 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
     wdir, named = tr.dir / "weights", [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
     publish_weights(wdir, 0, named)
     ctx = mp.get_context("spawn")
-    q, version, stop = ctx.Queue(maxsize=a.queue_size), ctx.Value("l", 0), ctx.Event()
+    q, version, stop = ctx.Queue(maxsize=async_cfg.queue_size), ctx.Value("l", 0), ctx.Event()
     gen = ctx.Process(target=generator_main, args=(config_dict(cfg), str(wdir), q, version, stop), daemon=True)
     t0 = time.perf_counter()
     gen.start()
@@ -184,8 +185,8 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
             tw = time.perf_counter() - tw
             tokens += it["tokens"]
             lag = tr.step - it["version"]
-            if lag > a.max_staleness:
-                if a.on_stale == "block":
+            if lag > async_cfg.max_staleness:
+                if async_cfg.on_stale == "block":
                     raise StalebookError(f"pipeline: batch {it['n']} has lag {lag} > max_staleness under 'block'")
                 dropped += 1
                 continue
@@ -211,10 +212,10 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
             publish_weights(wdir, tr.step, named)
             version.value = tr.step
             recent[tr.step] = tr._flat()
-            for v in [v for v in recent if v < tr.step - a.max_staleness]:
+            for v in [v for v in recent if v < tr.step - async_cfg.max_staleness]:
                 del recent[v]
             for f in wdir.glob("v*.safetensors"):
-                if int(f.stem[1:]) < tr.step - a.max_staleness - a.queue_size - 2:
+                if int(f.stem[1:]) < tr.step - async_cfg.max_staleness - async_cfg.queue_size - 2:
                     f.unlink(missing_ok=True)
             if tr.step % cfg.checkpoint_every == 0 or tr.step in cfg.lineage_steps or tr.step == cfg.steps:
                 tr.lineage.commit(tr.step, tr.model, tr.opt, tr.sched, tr.cursor, tr._async_state())
@@ -227,21 +228,24 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
 # %% ../nbs/29_pipeline.ipynb #7d000013
 def _pipeline_manifest(tr: Trainer, dropped: int, tokens: int, wall: float) -> dict:
     "pipeline.json (what happened; no wall times) and timings.json (throughput) of a finished pipelined run."
-    a, recs = tr.cfg.async_training, tr.log.records
+    async_cfg, recs = tr.cfg.async_training, tr.log.records
     lags = [r["lag"] for r in recs]
     man = dict(
         kind="stalebook.pipeline",
         bit_reproducible=False,
-        why="which weights version each batch is sampled with depends on process timing; the lag is recorded, not controlled",
-        max_staleness=a.max_staleness,
-        on_stale=a.on_stale,
-        queue_size=a.queue_size,
-        correction=a.correction,
+        why=(
+            "which weights version each batch is sampled with depends on process timing; "
+            "the lag is recorded, not controlled"
+        ),
+        max_staleness=async_cfg.max_staleness,
+        on_stale=async_cfg.on_stale,
+        queue_size=async_cfg.queue_size,
+        correction=async_cfg.correction,
         steps=tr.step,
         dropped=dropped,
         lag_histogram={str(k): v for k, v in lag_histogram(recs).items()},
         max_lag=max(lags, default=0),
-        lag_bound_held=all(l <= a.max_staleness for l in lags),
+        lag_bound_held=all(l <= async_cfg.max_staleness for l in lags),
     )
     atomic_write_json(tr.dir / "pipeline.json", man)
     atomic_write_json(
@@ -264,13 +268,15 @@ def cmd_pipeline(argv) -> int:
     p.add_argument("config", help="YAML/JSON TrainConfig (async_training.mode: pipelined)")
     p.add_argument("--out", default=None, help="override config.out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
-    cfg = load_config(TrainConfig, a.config, overrides={"out": a.out} if a.out else None)
-    man = run_pipeline(cfg, progress=not a.quiet)
-    t = json.loads((Path(cfg.out) / "timings.json").read_text())
+    args = p.parse_args(argv)
+    cfg = load_config(TrainConfig, args.config, overrides={"out": args.out} if args.out else None)
+    man = run_pipeline(cfg, progress=not args.quiet)
+    timings = json.loads((Path(cfg.out) / "timings.json").read_text())
     print(
-        f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} (max {man['max_lag']}, bound {man['max_staleness']}), "
-        f"dropped {man['dropped']}, {t['learner_steps_per_s']:.3f} learner steps/s; not bit-reproducible (see pipeline.json)"
+        f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} "
+        f"(max {man['max_lag']}, bound {man['max_staleness']}), "
+        f"dropped {man['dropped']}, {timings['learner_steps_per_s']:.3f} learner steps/s; "
+        "not bit-reproducible (see pipeline.json)"
     )
     return 0
 
@@ -286,11 +292,13 @@ class CollapseCriterion:
 
 
 def collapse_step(J, kl, crit: CollapseCriterion) -> int:
-    "t_collapse of one run (-1 = none) from its per-step training reward J (NaN = non-finite) and k3 KL (NaN = non-finite)."
+    """t_collapse of one run (-1 = none) from its per-step training reward J (NaN = non-finite)
+    and k3 KL (NaN = non-finite)."""
     J, kl = np.asarray(J, float), np.asarray(kl, float)
     if not len(J):
         return -1
-    # a window longer than the trace is cut to it: the same rule ("or to the end of the run"), and collapse_time needs W < n
+    # a window longer than the trace is cut to it: the same rule ("or to the end of the run"),
+    # and collapse_time needs W < n
     hits = [int(collapse_time(J[None], crit.window, crit.frac, min(crit.hold, len(J) - 1))[0])]
     over = np.flatnonzero(moving_average(np.where(np.isfinite(kl), kl, 1e30), crit.window) > crit.kl_max)
     if len(over):
@@ -301,7 +309,8 @@ def collapse_step(J, kl, crit: CollapseCriterion) -> int:
 # %% ../nbs/29_pipeline.ipynb #7d000020
 @dataclass
 class CellConfig:
-    "One cell of the staleness study: a training run (TrainConfig fields; `out` is set by run_cell) and how it is judged."
+    """One cell of the staleness study: a training run (TrainConfig fields; `out` is set by run_cell)
+    and how it is judged."""
 
     train: dict
     criterion: CollapseCriterion = field(default_factory=CollapseCriterion)
@@ -315,7 +324,8 @@ def cell_train_config(cell: CellConfig, out_dir) -> TrainConfig:
 
 
 def cell_identity(cell: CellConfig, cfg: TrainConfig) -> str:
-    "A cell's identity: its run's identity (`trainer.identity_dict`: not where it is stored), the criterion, the evaluation."
+    """A cell's identity: its run's identity (`trainer.identity_dict`: not where it is stored),
+    the criterion, the evaluation."""
     return hash_json(
         dict(train=identity_dict(cfg), criterion=config_dict(cell.criterion), eval=[cell.eval_n, cell.eval_k])
     )
@@ -398,12 +408,12 @@ def run_cell(config, out_dir) -> dict:
             start=heldout_pass_rate(m0, tok0, cfg, cell.eval_n, cell.eval_k),
             end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k),
         )
-    a = cfg.async_training
+    async_cfg = cfg.async_training
     res = dict(
         identity=ident,
-        S=a.staleness,
-        mode=a.mode,
-        correction=a.correction,
+        S=async_cfg.staleness,
+        mode=async_cfg.mode,
+        correction=async_cfg.correction,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
         seed=cfg.seed,

@@ -153,7 +153,8 @@ def point_tasks(cfg: PointConfig, domain: str, role: str, n: int):
 
 # %% ../nbs/28_point.ipynb #ba588dcb
 class PointRun:
-    "The state a point's stages share: the run, the model (at beta, later pi), the pools, the store and feature folders."
+    """The state a point's stages share: the run, the model (at beta, later pi), the pools,
+    the store and feature folders."""
 
     def __init__(self, cfg: PointConfig, progress: bool = True):
         self.cfg, self.progress, self.timings, self.t0 = cfg, progress, {}, time.perf_counter()
@@ -219,9 +220,9 @@ def npz_bytes(arrays: dict) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for k in sorted(arrays):
-            a = io.BytesIO()
-            np.lib.format.write_array(a, np.asanyarray(arrays[k]), allow_pickle=False)
-            z.writestr(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), a.getvalue())
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.asanyarray(arrays[k]), allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue())
     return buf.getvalue()
 
 
@@ -298,19 +299,22 @@ def sequence_logratios(self: PointRun) -> dict:
 
 # %% ../nbs/28_point.ipynb #5c2d9e41
 def negative_control(res: PointResult) -> dict:
-    "The random k-set of a point: its gain, its bounds by the point's method, and whether its LB95 > 0 (a false positive)."
+    """The random k-set of a point: its gain, its bounds by the point's method,
+    and whether its LB95 > 0 (a false positive)."""
     lb, ub = res.bounds("gain_control")
     return dict(gain=float(res.gain_control), bounds=[float(lb), float(ub)], false_positive=bool(lb > 0))
 
 
 def point_positive_control(res: PointResult, cfg: PointConfig, same_policy: bool) -> dict | None:
-    "The positive control where pi = beta (`protocol.positive_control`, RNG domain (seed, 'point', 'positive', checkpoint)); else None."
+    """The positive control where pi = beta
+    (`protocol.positive_control`, RNG domain (seed, 'point', 'positive', checkpoint)); else None."""
     return positive_control(res, Domain(cfg.seed, ("point", "positive", cfg.checkpoint))) if same_policy else None
 
 # %% ../nbs/28_point.ipynb #6c64e14e
 @patch
 def analysis(self: PointRun) -> dict:
-    "Stage 4: protocol statistics, bootstrap bounds by `cfg.bound`, the gate and both controls; returns the JSON-able summary."
+    """Stage 4: protocol statistics, bootstrap bounds by `cfg.bound`, the gate and both controls;
+    returns the JSON-able summary."""
     cfg, fresh, stale = self.cfg, self.fresh, self.stale
     ro = lambda role, h: Rollouts(fresh[role, h]["rewards"], fresh[role, h]["vectors"])
     self.res = analyse_point(
@@ -402,22 +406,26 @@ def _positive_line(pc: dict | None) -> str:
         return "positive control: not applicable (π ≠ β)"
     ps = " ".join(f"g{e} {v['p_value']:.3f}" for e, v in pc["estimators"].items())
     return (
-        f"positive control (π = β): estimators coincide {'yes' if pc['coincide'] else 'NO'} (max |Δscore| {pc['max_score_diff']:.1e}); "
+        f"positive control (π = β): estimators coincide {'yes' if pc['coincide'] else 'NO'} "
+        f"(max |Δscore| {pc['max_score_diff']:.1e}); "
         f"exchangeable with fresh split R, p = {ps} → {'passed' if pc['passed'] else 'FAILED'}"
     )
 
 
 def point_markdown(result: dict) -> str:
-    "A short Markdown table of one point: per estimator and for the negative control, gain with bounds; the shared fresh numbers; the positive control."
+    """A short Markdown table of one point: per estimator and for the negative control, gain with bounds;
+    the shared fresh numbers; the positive control."""
     r, p = result["result"], result["point"]
     nc = r["negative_control"]
     lines = [
-        f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} (behaviour {p['behaviour']}) · run {p['run'][:12]}",
+        f"### {p['domain']} · seed {p['seed']} · checkpoint {p['checkpoint']} "
+        f"(behaviour {p['behaviour']}) · run {p['run'][:12]}",
         "",
         f"Rel_k = {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}; gate needs >= {2 * r['k'] / r['n']:.3f}) · "
         f"fresh gain = {r['gain_fresh']:.4f} [{r['gain_fresh_bounds'][0]:.4f}, {r['gain_fresh_bounds'][1]:.4f}] · "
         f"admissible: {'yes' if r['admissible'] else 'no'} · bounds: {r['bound']} · zero-gradient prompts R/A/B: "
-        f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}",
+        f"{r['zero_grad']['R']}/{r['zero_grad']['A']}/{r['zero_grad']['B']} · "
+        f"KL(π‖β) = {r['kl_pi_beta']:.4f} ± {r['kl_pi_beta_se']:.4f}",
         "",
         "| selector | gain | LB95 | UB95 | zero-gradient prompts |",
         "|---|---|---|---|---|",
@@ -444,7 +452,8 @@ def save_boot(out: Path, res: PointResult) -> None:
 
 
 def load_point(out) -> PointResult | None:
-    "A `protocol.PointResult` rebuilt from `result.json` and `boot.npz` (`PointResult.from_saved`; None if the point is not finished)."
+    """A `protocol.PointResult` rebuilt from `result.json` and `boot.npz`
+    (`PointResult.from_saved`; None if the point is not finished)."""
     out = Path(out)
     if not (out / "result.json").exists() or not (out / "boot.npz").exists():
         return None
@@ -475,7 +484,8 @@ def run_point(cfg: PointConfig, progress: bool = True, log=print) -> dict:
 
 # %% ../nbs/28_point.ipynb #91b3ace5
 def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False, cwd=None) -> dict:
-    "Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline; paths in `cfg` relative to `cwd`."
+    """Run a point through papermill (executed notebook kept as <out>/point.ipynb) or inline;
+    paths in `cfg` relative to `cwd`."""
     out = Path(cwd or ".") / point_dir(cfg)
     if inline:
         return (
@@ -496,10 +506,10 @@ def cmd_point(argv) -> int:
     p.add_argument("config", help="YAML/JSON PointConfig")
     p.add_argument("--checkpoint", type=int, default=None, help="override config.checkpoint")
     p.add_argument("--inline", action="store_true", help="run in-process, no executed-notebook artifact")
-    a = p.parse_args(argv)
+    args = p.parse_args(argv)
     cfg = load_config(
-        PointConfig, a.config, overrides={"checkpoint": a.checkpoint} if a.checkpoint is not None else None
+        PointConfig, args.config, overrides={"checkpoint": args.checkpoint} if args.checkpoint is not None else None
     )
-    res = execute_point(cfg, inline=a.inline)
+    res = execute_point(cfg, inline=args.inline)
     print(point_markdown(res))
     return 0

@@ -150,16 +150,17 @@ def cmd_preflight(argv) -> int:
     p = CommandParser(prog="stalebook preflight", description="Enter compute mode and verify a locked snapshot.")
     p.add_argument("dir")
     p.add_argument("--revision", default=None, help="the revision the run was registered with")
-    a = p.parse_args(argv)
+    args = p.parse_args(argv)
     t0 = time.time()
     try:
-        lock = preflight(a.dir, revision=a.revision)
+        lock = preflight(args.dir, revision=args.revision)
     except PreflightError as e:
         for line in e.failures:
             print(f"preflight: FAIL {line}")
         return 1
     n = sum(len(v) for v in lock["self_test"].values())
     print(
-        f"preflight: OK {a.dir} revision {lock['revision']} ({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)"
+        f"preflight: OK {args.dir} revision {lock['revision']} "
+        f"({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)"
     )
     return 0

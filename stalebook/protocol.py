@@ -53,7 +53,8 @@ class Rollouts:
         self.vectors = np.asarray(self.vectors, dtype=np.float64)
         if self.rewards.ndim != 2 or self.vectors.ndim != 3 or self.vectors.shape[:2] != self.rewards.shape:
             raise ValueError(
-                f"Rollouts: rewards [n,K] and vectors [n,K,d] expected, got {self.rewards.shape} and {self.vectors.shape}"
+                "Rollouts: rewards [n,K] and vectors [n,K,d] expected, "
+                f"got {self.rewards.shape} and {self.vectors.shape}"
             )
 
     @property
@@ -80,7 +81,8 @@ def validation_gradient(ro: Rollouts, std: bool = True, eps: float = 1e-6) -> np
 
 
 def cosine_scores(grads: np.ndarray, g_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    "Cosines of the rows of `grads` [n, d] with `g_val` [d]; zero rows (or a zero `g_val`) score 0. Returns (scores, zero mask)."
+    """Cosines of the rows of `grads` [n, d] with `g_val` [d]; zero rows (or a zero `g_val`) score 0. Returns (scores,
+    zero mask)."""
     nrm = np.linalg.norm(grads, axis=-1)
     nv = np.linalg.norm(g_val)
     zero = nrm == 0
@@ -118,7 +120,8 @@ def auto_chunk(shapes: Mapping[str, tuple[int, int]], n_boot: int, mem_bytes: in
 def resample_streams(
     domain: Domain, n_boot: int, shapes: Mapping[str, tuple[int, int]], chunk: int | None = None
 ) -> Iterator[dict[str, np.ndarray]]:
-    "Yield chunks {name: idx [c, n, K]} of within-group resampling indices; stream per name = domain child ('boot', *name.split('/'))."
+    """Yield chunks {name: idx [c, n, K]} of within-group resampling indices; stream per name = domain child ('boot',
+    *name.split('/'))."""
     gens = {nm: domain.child("boot", *nm.split("/")).numpy() for nm in shapes}
     chunk = chunk or auto_chunk(shapes, n_boot)
     for start in range(0, n_boot, chunk):
@@ -127,7 +130,8 @@ def resample_streams(
 
 
 def resampled_weights(rewards: np.ndarray, idx: np.ndarray, std: bool = True, eps: float = 1e-6) -> np.ndarray:
-    "Weights `w [c, n, K]` over the original rollouts of resampled groups: w_ik = sum of the resampled advantages of the copies of rollout k."
+    """Weights `w [c, n, K]` over the original rollouts of resampled groups: w_ik = sum of the resampled advantages of
+    the copies of rollout k."""
     c, n, K = idx.shape
     a = group_advantages(np.take_along_axis(np.broadcast_to(rewards, idx.shape), idx, -1), std, eps)
     flat = (np.arange(c * n)[:, None] * K + idx.reshape(c * n, K)).ravel()
@@ -150,7 +154,8 @@ class GramHalf:
         return cls(np.einsum("nkd,nld->nkl", V, V), W @ V.reshape(-1, cand.d).T, W @ W.T, val.n)
 
     def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        "Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights `wv [c,n_val,K']`."
+        """Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights
+        `wv [c,n_val,K']`."""
         c, n, K = wc.shape
         om = wv.reshape(c, -1) / self.n_val
         dot = ((om @ self.CT).reshape(c, n, K) * wc).sum(-1)
@@ -178,7 +183,8 @@ def bootstrap_gram(
     control: Domain | None = None,
     halves: Mapping[str, GramHalf] | None = None,
 ) -> dict[str, np.ndarray]:
-    "Gram-space replicates {'rel', 'gain/<set>' per fixed mask; with `control`: 'gain/control'; with `keep_scores`: 'sA', 'sB', 'u' [B, n] (and 'mask/control')}."
+    """Gram-space replicates {'rel', 'gain/<set>' per fixed mask; with `control`: 'gain/control'; with `keep_scores`:
+    'sA', 'sB', 'u' [B, n] (and 'mask/control')}."""
     halves = halves or {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
     shapes = {f"{h}/{r}": (ro[h].n, ro[h].K) for h in "AB" for r, ro in (("cand", cand), ("val", val))}
     n, gc = cand["A"].n, (control.numpy() if control is not None else None)
@@ -224,7 +230,8 @@ def bootstrap_naive(
     keep_scores=False,
     control: Domain | None = None,
 ):
-    "Reference implementation: explicit resampling of rollouts, gradients as sums of vectors, cosines; one replicate at a time."
+    """Reference implementation: explicit resampling of rollouts, gradients as sums of vectors, cosines; one replicate
+    at a time."""
     shapes = {f"{h}/{r}": (ro[h].n, ro[h].K) for h in "AB" for r, ro in (("cand", cand), ("val", val))}
     gc, out = (control.numpy() if control is not None else None), {}
     for ch in resample_streams(domain, n_boot, shapes, chunk):
@@ -294,7 +301,8 @@ def shift_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[flo
 
 # %% ../nbs/18_protocol.ipynb #e5f6a7b9
 def model_world(sA: np.ndarray, sB: np.ndarray, bA: np.ndarray, bB: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-    "Model-world replicate scores (X^A, X^B) [B, n] from observed halves sA, sB [n] and their rollout-bootstrap replicates bA, bB [B, n]; and its parameters."
+    """Model-world replicate scores (X^A, X^B) [B, n] from observed halves sA, sB [n] and their rollout-bootstrap
+    replicates bA, bB [B, n]; and its parameters."""
     u = (sA + sB) / 2
     vu = float(u.var(ddof=1)) if len(u) > 1 else 0.0
     tau2 = float(np.cov(sA, sB)[0, 1]) if len(u) > 1 else 0.0
@@ -317,7 +325,8 @@ def replicate_stats(
     control_masks: np.ndarray | None = None,
     rows: int = 2048,
 ) -> dict[str, np.ndarray]:
-    "Rel_k and the gains of every replicate from replicate scores XA, XB [B, n] (fixed masks; the control's per-replicate masks)."
+    """Rel_k and the gains of every replicate from replicate scores XA, XB [B, n] (fixed masks; the control's
+    per-replicate masks)."""
     out = {}
     for a in range(0, len(XA), rows):
         xa, xb = XA[a : a + rows], XB[a : a + rows]
@@ -339,7 +348,8 @@ def _cos(dot, nc2, nv2, nonzero):
 
 
 def deleted_weights(rewards: np.ndarray, std: bool = True, eps: float = 1e-6) -> np.ndarray:
-    "Advantage weights [n, K, K] of every group with rollout y (axis 1) deleted: the GRPO advantages of the other K-1, 0 at y."
+    """Advantage weights [n, K, K] of every group with rollout y (axis 1) deleted: the GRPO advantages of the other K-1,
+    0 at y."""
     n, K = rewards.shape
     idx = np.array([[l for l in range(K) if l != y] for y in range(K)], dtype=int).reshape(K, K - 1)
     w = np.zeros((n, K, K))
@@ -349,7 +359,8 @@ def deleted_weights(rewards: np.ndarray, std: bool = True, eps: float = 1e-6) ->
 
 # %% ../nbs/18_protocol.ipynb #3298eb2d
 def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = True, eps: float = 1e-6):
-    "Delete-one-rollout scores: sc [n, K] (prompt i without rollout y; only s_i changes), sv [n_val*K', n] (one validation rollout deleted)."
+    """Delete-one-rollout scores: sc [n, K] (prompt i without rollout y; only s_i changes), sv [n_val*K', n] (one
+    validation rollout deleted)."""
     wc, wv = group_advantages(cand.rewards, std, eps), group_advantages(val.rewards, std, eps)
     (n, K), (nv, Kv) = wc.shape, wv.shape
     om = wv.ravel() / nv
@@ -413,7 +424,8 @@ def jackknife_moments(
     std: bool = True,
     eps: float = 1e-6,
 ) -> dict[str, np.ndarray]:
-    "Jackknife moments (S2, S3) of Rel_k ('rel') and of each fixed set's gain (by mask name), over the reference halves' groups."
+    """Jackknife moments (S2, S3) of Rel_k ('rel') and of each fixed set's gain (by mask name), over the reference
+    halves' groups."""
     mk = {h: topk_mask(scores[h], k, keys[h]) for h in "AB"}
     u = (scores["A"] + scores["B"]) / 2
     out = {st: np.zeros(2) for st in ["rel", *masks]}
@@ -473,7 +485,8 @@ def stat_bounds(
     sd: float | None = None,
     rel_design: tuple[int, int] | None = None,
 ) -> tuple[float, float]:
-    "(LB, UB) of one statistic by `method` from its estimate, plain replicates, model-world replicates, jackknife moments or Gaussian SD; `rel_design` = (n, k) for Rel_k."
+    """(LB, UB) of one statistic by `method` from its estimate, plain replicates, model-world replicates, jackknife
+    moments or Gaussian SD; `rel_design` = (n, k) for Rel_k."""
     if method == "percentile":
         return percentile_bounds(boot, level)
     if method == "basic":
@@ -530,7 +543,8 @@ class PointResult:
 # %% ../nbs/18_protocol.ipynb #d2e3f4a5
 @patch
 def bounds(self: PointResult, stat: str, method: str | None = None) -> tuple[float, float]:
-    "(LB, UB) of `stat` ('rel', 'gain_fresh', 'gain_stale/<name>', 'gain_control') by `method` (default: the point's own)."
+    """(LB, UB) of `stat` ('rel', 'gain_fresh', 'gain_stale/<name>', 'gain_control') by `method` (default: the point's
+    own)."""
     b, sd = self.boot, self.boot.get(f"gauss/{stat}")
     return stat_bounds(
         method or self.bound,
@@ -556,7 +570,8 @@ def gain_fresh_lb(self: PointResult) -> float:
 
 @patch
 def summary(self: PointResult) -> dict:
-    "JSON-able summary (no replicates): estimates, the point's bounds ('<stat>_bounds'), every method's bounds, the bound method."
+    """JSON-able summary (no replicates): estimates, the point's bounds ('<stat>_bounds'), every method's bounds, the
+    bound method."""
     out = dict(
         n=self.n,
         k=self.k,
@@ -580,7 +595,8 @@ def summary(self: PointResult) -> dict:
 # %% ../nbs/18_protocol.ipynb #b66b9348
 @patch
 def to_arrays(self: PointResult) -> dict[str, np.ndarray]:
-    "Every array the bound methods and the controls read: `boot` (see text), the reference u, the scores ('scores/<h>') and tie keys ('keys/<h>')."
+    """Every array the bound methods and the controls read: `boot` (see text), the reference u, the scores
+    ('scores/<h>') and tie keys ('keys/<h>')."""
     out = dict(self.boot)
     if self.u is not None:
         out["u"] = np.asarray(self.u)
@@ -591,7 +607,8 @@ def to_arrays(self: PointResult) -> dict[str, np.ndarray]:
 
 @patch(cls_method=True)
 def from_saved(cls: PointResult, summary: dict, arrays: Mapping[str, np.ndarray]) -> PointResult:
-    "Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an .npz)."
+    """Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an
+    .npz)."""
     a = {nm.replace("__", "/"): np.asarray(v) for nm, v in arrays.items()}
     pick = lambda pre: {nm[len(pre) :]: v for nm, v in a.items() if nm.startswith(pre)}
     boot = {nm: v for nm, v in a.items() if nm != "u" and not nm.startswith(("scores/", "keys/"))}
@@ -628,7 +645,8 @@ def _stale_scores(stale, g_val_R, std=True, eps=1e-6):
 
 
 def observed_sets(cand, val, k: int, domain: Domain, stale: Mapping, std=True, eps=1e-6):
-    "Observed scores, tie keys and selected sets (fresh, each stale estimator, the negative control), and zero-gradient counts."
+    """Observed scores, tie keys and selected sets (fresh, each stale estimator, the negative control), and
+    zero-gradient counts."""
     n = cand["R"].n
     obs = point_scores(cand, val, std, eps)
     scores = {h: obs[h][0] for h in SPLITS}
@@ -663,7 +681,8 @@ def bound_inputs(
     eps=1e-6,
     gauss_reps: int = 1000,
 ) -> tuple[dict, dict]:
-    "The `boot` dict of a point (plain and model-world replicates, jackknife moments, Gaussian SDs) and the model world's parameters."
+    """The `boot` dict of a point (plain and model-world replicates, jackknife moments, Gaussian SDs) and the model
+    world's parameters."""
     halves = {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
     fixed = {nm: m for nm, m in selected.items() if nm != "control"}
     bt = bootstrap_gram(
@@ -714,7 +733,8 @@ def analyse_point(
     bound: str = DEFAULT_BOUND,
     gauss_reps: int = 1000,
 ) -> PointResult:
-    "Observed Rel_k, u, fresh/stale/control gains with tie streams per split, their bootstrap and every bound method's inputs (layout: see the table above)."
+    """Observed Rel_k, u, fresh/stale/control gains with tie streams per split, their bootstrap and every bound method's
+    inputs (layout: see the table above)."""
     stale = dict(stale or {})
     if bound not in BOUNDS:
         raise ValueError(f"bound: unknown method {bound!r}; choose one of {', '.join(BOUNDS)}")
@@ -779,7 +799,8 @@ def verdict(
 
 # %% ../nbs/18_protocol.ipynb #c7d8e9f0
 def pooled_bounds(points: Sequence[PointResult], stat: str, method: str, level: float = 0.95) -> tuple[float, float]:
-    "Bounds of the seeds' mean of a gain `stat`: replicates averaged replicate by replicate, jackknife moments summed, Gaussian SDs combined."
+    """Bounds of the seeds' mean of a gain `stat`: replicates averaged replicate by replicate, jackknife moments summed,
+    Gaussian SDs combined."""
     has = lambda nm: all(nm in p.boot for p in points)
     mean = lambda nm: np.mean([p.boot[nm] for p in points], 0) if has(nm) else None
     jack = np.sum([p.boot[f"jack/{stat}"] for p in points], 0) if has(f"jack/{stat}") else None
@@ -802,7 +823,8 @@ def pool_cell(
     futility: float | None = None,
     bound: str | None = None,
 ) -> dict:
-    "Verdict of one regime cell: `points` = one entry per registered seed (None = missing); `estimator` a stale name or 'control'; `bound` default: the points' own."
+    """Verdict of one regime cell: `points` = one entry per registered seed (None = missing); `estimator` a stale name
+    or 'control'; `bound` default: the points' own."""
     got = [p for p in points if p is not None]
     method = bound or (got[0].bound if got else DEFAULT_BOUND)
     flags = [
@@ -840,7 +862,8 @@ def positive_control(
     level: float = 0.95,
     tol: float = 1e-9,
 ) -> dict:
-    "At beta = pi: (i) do the stale estimators' scores coincide (max |difference| <= tol)? (ii) is each stale selector exchangeable with the fresh split R (randomisation test of the gain difference)?"
+    """At beta = pi: (i) do the stale estimators' scores coincide (max |difference| <= tol)? (ii) is each stale selector
+    exchangeable with the fresh split R (randomisation test of the gain difference)?"""
     est = list(res.gain_stale if estimators is None else estimators)
     S = {e: np.asarray(res.scores[f"stale/{e}"]) for e in est}
     diff = max((float(np.abs(S[a] - S[b]).max()) for a in est for b in est), default=0.0)
@@ -919,8 +942,8 @@ def synthetic_split(pool: SyntheticPool, domain: Domain, K: int = 8, K_val: int 
 
 def synthetic_point(pool: SyntheticPool, domain: Domain, K: int = 8, K_val: int = 8):
     "cand, val dicts for splits R, A, B, each from its own child domain ('split', h)."
-    sp = {h: synthetic_split(pool, domain.child("split", h), K, K_val) for h in SPLITS}
-    return {h: sp[h][0] for h in SPLITS}, {h: sp[h][1] for h in SPLITS}
+    splits = {h: synthetic_split(pool, domain.child("split", h), K, K_val) for h in SPLITS}
+    return {h: splits[h][0] for h in SPLITS}, {h: splits[h][1] for h in SPLITS}
 
 # %% ../nbs/18_protocol.ipynb #97d8e9fa
 def _gradient_draw(g, p, delta, K, sigma_v, c):
@@ -934,7 +957,8 @@ def _gradient_draw(g, p, delta, K, sigma_v, c):
 def truth_mc(
     pool: SyntheticPool, domain: Domain, k: int, K: int = 8, K_val: int = 8, T: int = 4000, chunk: int = 500
 ) -> dict:
-    "Monte Carlo truth at the protocol's K: E[s_i] per prompt (any split), E[Rel_k] (fresh tie keys per draw), with standard errors."
+    """Monte Carlo truth at the protocol's K: E[s_i] per prompt (any split), E[Rel_k] (fresh tie keys per draw), with
+    standard errors."""
     g, n = domain.numpy(), pool.p.shape[0]
     S, rel = [], []
     for start in range(0, T, chunk):
@@ -954,7 +978,8 @@ def truth_mc(
 # %% ../nbs/18_protocol.ipynb #f7a8b9c0
 @dataclass(frozen=True)
 class CalibrationCell:
-    "One cell of the calibration grid: a regime (pool family) at one design (n, K); k = q n; sigma_v is the noise at K = 8 (scaled by sqrt(K/8))."
+    """One cell of the calibration grid: a regime (pool family) at one design (n, K); k = q n; sigma_v is the noise
+    at K = 8 (scaled by sqrt(K/8))."""
 
     regime: str
     n: int
@@ -1003,7 +1028,8 @@ def calibration_point(
     gauss_reps: int = 500,
     n_perm: int = 200,
 ) -> dict:
-    "One synthetic point of `cell`: estimates, truths and every method's bounds of CAL_STATS, the positive control's p-values."
+    """One synthetic point of `cell`: estimates, truths and every method's bounds of CAL_STATS, the positive control's
+    p-values."""
     cand, val = synthetic_point(pool, domain, cell.K, cell.K)
     stale = {
         "same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
@@ -1052,7 +1078,8 @@ COVERED = {"rel": "rel", "gain_fresh": "gain_fresh", "gain_stale": ("gain_stale/
 
 
 def summarise_cell(cell: CalibrationCell, rows: Sequence[dict], alpha: float = 0.05) -> dict:
-    "Counts of one cell (JSON-able): per method, lower bounds at or below the truth per statistic, upper bounds at or above it, gate passes (all / truly admissible points), mean (estimate - LB)."
+    """Counts of one cell (JSON-able): per method, lower bounds at or below the truth per statistic, upper bounds at or
+    above it, gate passes (all / truly admissible points), mean (estimate - LB)."""
     gate_k = 2 * cell.k / cell.n
     ok_true = [r["truth"]["rel"] >= gate_k and r["truth"]["gain_fresh"] > 0 for r in rows]
     out = dict(
@@ -1079,13 +1106,16 @@ def summarise_cell(cell: CalibrationCell, rows: Sequence[dict], alpha: float = 0
 
 # %% ../nbs/18_protocol.ipynb #a1558c1a
 def coverage_table(cells: Sequence[dict]) -> dict:
-    "{method: {regime: coverage of Rel_k / fresh / stale LB95, control false positives, power, gate pass rate, points}} pooled over each regime's cells."
+    """{method: {regime: coverage of Rel_k / fresh / stale LB95, control false positives, power, gate pass rate,
+    points}} pooled over each regime's cells."""
     out = {}
     for m in BOUNDS:
         for reg in dict.fromkeys(c["cell"]["regime"] for c in cells):
             cs = [c for c in cells if c["cell"]["regime"] == reg]
             n = sum(c["points"] for c in cs)
-            cov = lambda sts: sum(c["methods"][m]["lb_cover"][st] for c in cs for st in sts) / (n * len(sts))
+            cov = lambda sts, m=m, cs=cs, n=n: (
+                sum(c["methods"][m]["lb_cover"][st] for c in cs for st in sts) / (n * len(sts))
+            )
             row = {key: cov((sts,) if isinstance(sts, str) else sts) for key, sts in COVERED.items()}
             row["control_fp"] = 1 - cov(("gain_control",))
             row["power"] = sum(c["methods"][m]["gate_true"] for c in cs) / max(1, sum(c["true_admissible"] for c in cs))
@@ -1095,7 +1125,8 @@ def coverage_table(cells: Sequence[dict]) -> dict:
 
 
 def choose_bound(table: dict, band: tuple[float, float] = (0.93, 0.97)) -> dict:
-    "The rule of this section: in-band coverage everywhere, then highest mean power; else the closest conservative method."
+    """The rule of this section: in-band coverage everywhere, then highest mean power; else the closest conservative
+    method."""
     cov = {m: [r[key] for r in t.values() for key in COVERED] for m, t in table.items()}
     power = {m: float(np.mean([r["power"] for r in t.values()])) for m, t in table.items()}
     ok = [m for m in table if all(band[0] <= c <= band[1] for c in cov[m])]
@@ -1107,7 +1138,8 @@ def choose_bound(table: dict, band: tuple[float, float] = (0.93, 0.97)) -> dict:
 
 # %% ../nbs/18_protocol.ipynb #f3a4b5c6
 def _boot_quantiles(XA, XB, XR_mask, XS_mask, s, k, reps, level, g):
-    "Percentile reading in the latent model: (1-level) quantiles of Rel_k and of the fresh gain, stale-gain replicates [reps, draws]."
+    """Percentile reading in the latent model: (1-level) quantiles of Rel_k and of the fresh gain, stale-gain replicates
+    [reps, draws]."""
     d, n = XA.shape
     A, B = XA + s * g.standard_normal((reps, d, n)), XB + s * g.standard_normal((reps, d, n))
     u = (A + B) / 2
@@ -1131,7 +1163,8 @@ def latent_draws(
     boot_reps: int = 0,
     noise_scale: float = 1.3,
 ) -> dict:
-    "Gaussian-model points at one design: Rel_k, fresh and stale gains [pools, draws], each pool's Rel_k spread, the gains' SD; with boot_reps > 0 the percentile reading too."
+    """Gaussian-model points at one design: Rel_k, fresh and stale gains [pools, draws], each pool's Rel_k spread, the
+    gains' SD; with boot_reps > 0 the percentile reading too."""
     g = (domain or Domain(0, ("protocol", "design"))).numpy()
     rho = float(np.clip(rho, 1e-6, 1 - 1e-9))
     sig = np.sqrt(1 / rho - 1)
@@ -1181,7 +1214,8 @@ def design_power(
     boot_reps: int = 100,
     domain: Domain | None = None,
 ) -> dict:
-    "P(gate passes) per point and P(each verdict) for a cell of `seeds` points, Gaussian model with split-half correlation rho at (n, k); `bound`: percentile or a calibrated one (model, gaussian)."
+    """P(gate passes) per point and P(each verdict) for a cell of `seeds` points, Gaussian model with split-half
+    correlation rho at (n, k); `bound`: percentile or a calibrated one (model, gaussian)."""
     D = domain or Domain(0, ("protocol", "design"))
     pct = bound == "percentile"
     L = latent_draws(rho, n, k, pools, draws, stale_ratio, level, D, boot_reps if pct else 0, noise_scale)
@@ -1212,7 +1246,8 @@ def design_power(
 
 # %% ../nbs/18_protocol.ipynb #b5c6d7e8
 def pilot_model(summary: Mapping) -> dict:
-    "Design inputs from a point's summary (`PointResult.summary()` or result.json's 'result'): rho = O^{-1}(Rel_k) at its k/n, the fresh gain, each stale estimator's gain ratio, its (n, k, K)."
+    """Design inputs from a point's summary (`PointResult.summary()` or result.json's 'result'): rho = O^{-1}(Rel_k) at
+    its k/n, the fresh gain, each stale estimator's gain ratio, its (n, k, K)."""
     n, k, g = summary["n"], summary["k"], float(summary["gain_fresh"])
     rho = rho_from_rel(float(summary["rel"]), k / n)
     ratio = {
@@ -1234,7 +1269,8 @@ def pilot_model(summary: Mapping) -> dict:
 def predict_design(
     model: Mapping, n: int, K: int, k: int, seeds: int = 5, stale_ratio: float | None = None, **kw
 ) -> dict:
-    "Predicted gate power, verdict probabilities and fresh gain (in the pilot's units) at (n, K, k), from `pilot_model` or {rho, n, k, K[, gain]}."
+    """Predicted gate power, verdict probabilities and fresh gain (in the pilot's units) at (n, K, k), from
+    `pilot_model` or {rho, n, k, K[, gain]}."""
     rho = float(spearman_brown(model["rho"], K / model["K"])) if model.get("K") else float(model["rho"])
     r = stale_ratio if stale_ratio is not None else min(model.get("stale_ratio", {}).values(), default=1.0)
     kw = dict(bound=model.get("bound", DEFAULT_BOUND), noise_scale=model.get("noise_scale", 1.3)) | kw
@@ -1259,7 +1295,8 @@ def smallest_design(
     q: float | None = None,
     **kw,
 ) -> tuple[dict | None, list[dict]]:
-    "The cheapest design (fewest rollouts per split, n*K) whose predicted `what` reaches `target`; k = q n (default: the pilot's k/n); and every design tried."
+    """The cheapest design (fewest rollouts per split, n*K) whose predicted `what` reaches `target`; k = q n (default:
+    the pilot's k/n); and every design tried."""
     q = q or model["k"] / model["n"]
     tried = []
     for n, K in sorted(((n, K) for n in ns for K in Ks), key=lambda x: (x[0] * x[1], x[0])):
@@ -1286,55 +1323,73 @@ def _read_pilot(path: str) -> dict:
 
 # %% ../nbs/18_protocol.ipynb #af84e2ec
 def cmd_design(argv) -> int:
-    "Predicted gate power and verdict probabilities from a pilot point (result.json) or --rho, and the smallest design reaching --target."
-    p = CommandParser(
+    """Predicted gate power and verdict probabilities from a pilot point (result.json) or --rho, and the smallest design
+    reaching --target."""
+    parser = CommandParser(
         prog="stalebook design",
         description="Power of the protocol's gate and verdicts, and the smallest design reaching a target.",
     )
-    p.add_argument("result", nargs="?", help="a pilot point's result.json")
-    p.add_argument("--rho", type=float, help="split-half correlation of single-split scores (instead of a result.json)")
-    p.add_argument("--gain", type=float, help="fresh gain at the --rho design (only scales predicted gains)")
+    parser.add_argument("result", nargs="?", help="a pilot point's result.json")
+    parser.add_argument(
+        "--rho", type=float, help="split-half correlation of single-split scores (instead of a result.json)"
+    )
+    parser.add_argument("--gain", type=float, help="fresh gain at the --rho design (only scales predicted gains)")
     for f, h in (("--n", "candidate prompts"), ("--K", "rollouts per prompt and split"), ("--k", "selected set size")):
-        p.add_argument(f, type=int, help=f"{h} (default: the pilot's)")
-    p.add_argument("--seeds", type=int, default=5, help="registered seeds per cell (default 5)")
-    p.add_argument("--stale-ratio", type=float, help="stale gain / fresh gain (default: the pilot's smallest, else 1)")
-    p.add_argument("--target", type=float, default=0.9, help="target power of the gate (default 0.9)")
-    p.add_argument(
+        parser.add_argument(f, type=int, help=f"{h} (default: the pilot's)")
+    parser.add_argument("--seeds", type=int, default=5, help="registered seeds per cell (default 5)")
+    parser.add_argument(
+        "--stale-ratio", type=float, help="stale gain / fresh gain (default: the pilot's smallest, else 1)"
+    )
+    parser.add_argument("--target", type=float, default=0.9, help="target power of the gate (default 0.9)")
+    parser.add_argument(
         "--bound",
         choices=("percentile", "model", "gaussian"),
         help=f"bound method (default: the pilot's, else {DEFAULT_BOUND})",
     )
-    p.add_argument(
+    parser.add_argument(
         "--noise-scale",
         type=float,
         help="rollout-bootstrap noise understatement kappa (default: the pilot's, else 1.3)",
     )
-    a = p.parse_args(argv)
-    if a.result:
-        model = pilot_model(_read_pilot(a.result))
-    elif a.rho is not None and None not in (a.n, a.K, a.k):
-        model = dict(rho=a.rho, gain=a.gain, n=a.n, k=a.k, K=a.K)
+    args = parser.parse_args(argv)
+    if args.result:
+        model = pilot_model(_read_pilot(args.result))
+    elif args.rho is not None and None not in (args.n, args.K, args.k):
+        model = dict(rho=args.rho, gain=args.gain, n=args.n, k=args.k, K=args.K)
     else:
         raise StalebookError("stalebook design: give a pilot result.json, or --rho with --n, --K and --k")
-    model = model | {nm: v for nm, v in (("bound", a.bound), ("noise_scale", a.noise_scale)) if v is not None}
-    n, K, k = a.n or model["n"], a.K or model["K"], a.k or model["k"]
+    model = model | {nm: v for nm, v in (("bound", args.bound), ("noise_scale", args.noise_scale)) if v is not None}
+    n, K, k = args.n or model["n"], args.K or model["K"], args.k or model["k"]
     print(
-        f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  bound {model.get('bound', DEFAULT_BOUND)}"
+        f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  "
+        f"bound {model.get('bound', DEFAULT_BOUND)}"
         + (f"  fresh gain {model['gain']:.4f}" if model.get("gain") is not None else "")
     )
     for b in dict.fromkeys((model.get("bound", DEFAULT_BOUND), "model")):
-        pr = predict_design(model | {"bound": b}, n, K, k, a.seeds, a.stale_ratio, pools=20, draws=25, boot_reps=60)
+        pr = predict_design(
+            model | {"bound": b}, n, K, k, args.seeds, args.stale_ratio, pools=20, draws=25, boot_reps=60
+        )
         print(
-            f"design n={n} K={K} k={k}, {a.seeds} seeds, bound {b} (stale ratio {pr['stale_ratio']:.2f}): rho={pr['rho']:.3f}  P(gate)={pr['p_gate']:.3f}  "
-            f"P(Effective)={pr['p_effective']:.3f}  P(Ineffective)={pr['p_ineffective']:.3f}  P(Inconclusive)={pr['p_inconclusive']:.3f}"
+            f"design n={n} K={K} k={k}, {args.seeds} seeds, bound {b} (stale ratio {pr['stale_ratio']:.2f}): "
+            f"rho={pr['rho']:.3f}  P(gate)={pr['p_gate']:.3f}  "
+            f"P(Effective)={pr['p_effective']:.3f}  P(Ineffective)={pr['p_ineffective']:.3f}  "
+            f"P(Inconclusive)={pr['p_inconclusive']:.3f}"
         )
     best, tried = smallest_design(
-        model, a.target, seeds=a.seeds, stale_ratio=a.stale_ratio, q=k / n, pools=20, draws=20, boot_reps=50, cells=500
+        model,
+        args.target,
+        seeds=args.seeds,
+        stale_ratio=args.stale_ratio,
+        q=k / n,
+        pools=20,
+        draws=20,
+        boot_reps=50,
+        cells=500,
     )
     for t in tried:
         print(f"  n={t['n']:5d} K={t['K']:3d} k={t['k']:4d}  rho={t['rho']:.3f}  P(gate)={t['p_gate']:.3f}")
     print(
-        f"smallest design with P(gate) >= {a.target} (bound {model.get('bound', DEFAULT_BOUND)}): "
+        f"smallest design with P(gate) >= {args.target} (bound {model.get('bound', DEFAULT_BOUND)}): "
         + (f"n={best['n']} K={best['K']} k={best['k']} (P(gate)={best['p_gate']:.3f})" if best else "none in the grid")
     )
     return 0
@@ -1420,7 +1475,8 @@ def check_verdict_boundaries():
 # %% ../nbs/18_protocol.ipynb #f0a1b2c3
 @verify_check
 def check_bound_inputs():
-    "Bound methods' inputs: delete-one-rollout scores in Gram space == direct; BC without bias == percentile; Gaussian bound inverts O."
+    """Bound methods' inputs: delete-one-rollout scores in Gram space == direct; BC without bias == percentile; Gaussian
+    bound inverts O."""
     D, cand, val = _small_point()
     worst = 0.0
     for h in "AB":

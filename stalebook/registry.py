@@ -30,7 +30,8 @@ __all__ = ['KINDS', 'KIND_MODULES', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 
 # %% ../nbs/31_registry.ipynb #b9d1bb19
 @dataclass
 class ModelSpec:
-    "A model of a registry: a locked local snapshot, named by a folder or an environment variable (neither: the embedded tiny model)."
+    """A model of a registry: a locked local snapshot, named by a folder or an environment variable (neither: the
+    embedded tiny model)."""
 
     snapshot: str = ""  # the snapshot folder
     snapshot_env: str = ""  # environment variable holding the folder (wins over `snapshot` when set)
@@ -81,7 +82,10 @@ def snapshot_problem(name: str, m: ModelSpec) -> str | None:
     except StalebookError as e:
         return f"model '{name}': {e}"
     if m.revision and rev != m.revision:
-        return f"model '{name}': snapshot {d} is locked at revision {rev[:16]}, the registry was written for {m.revision[:16]}"
+        return (
+            f"model '{name}': snapshot {d} is locked at revision {rev[:16]}, "
+            f"the registry was written for {m.revision[:16]}"
+        )
     return None
 
 # %% ../nbs/31_registry.ipynb #41ba4dd4

@@ -202,7 +202,8 @@ def plot_verdicts(view: dict):
 # %% ../nbs/34_report.ipynb #ec6b1f27
 def write_tables(view: dict, out_dir) -> list[Path]:
     """The aggregate table as Markdown, CSV and JSON in `out_dir` (PARTIAL in the names unless frozen); the JSON also
-    goes to the project's figures/ next to the report's figures (`report-<registry>-table.json`), where the front page reads it."""
+    goes to the project's figures/ next to the report's figures (`report-<registry>-table.json`), where the front
+    page reads it."""
     sfx, t, ch = "-PARTIAL" if view["partial"] else "", view["table"], view["content_hash"]
     out, js = Path(out_dir), t | {"content_hash": ch, "partial": view["partial"]}
     atomic_write_json(figures_dir() / f"{report_name(view['registry'], 'table', view['partial'])}.json", js)
@@ -235,18 +236,21 @@ def _spec(reg: Registry) -> str:
 # %% ../nbs/34_report.ipynb #7cb0554b
 def cmd_report(argv) -> int:
     "Execute the report notebook of a registry and say where it is."
-    p = CommandParser(prog="stalebook report", description="Figures and tables of a registry (PARTIAL until frozen).")
-    p.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    a = p.parse_args(argv)
-    out = run_report(a.registry, a.root)
+    parser = CommandParser(
+        prog="stalebook report", description="Figures and tables of a registry (PARTIAL until frozen)."
+    )
+    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
+    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    args = parser.parse_args(argv)
+    out = run_report(args.registry, args.root)
     figs = sorted(x.name for x in out.parent.glob("report-*.png"))
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
     return 0
 
 # %% ../nbs/34_report.ipynb #d4f2e8b3
 def control_summary(pts: list) -> dict:
-    "A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the positive control's passes where it applies."
+    """A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the positive control's
+    passes where it applies."""
     res = [r for _, r in pts if r is not None]
     neg = pool_cell([p for p, _ in pts], "control")
     pos = [r["positive_control"] for r in res if r.get("positive_control") is not None]
@@ -263,7 +267,8 @@ def control_summary(pts: list) -> dict:
 
 # %% ../nbs/34_report.ipynb #f6b4a0d5
 def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
-    "Predicted gate passes at the summaries' design (`predict_design` on their pooled pilot, and per seed) against the observed passes."
+    """Predicted gate passes at the summaries' design (`predict_design` on their pooled pilot, and per seed) against
+    the observed passes."""
     if not summaries:
         return None
     s0, mean = summaries[0], lambda f: float(np.mean([f(s) for s in summaries]))
@@ -271,7 +276,7 @@ def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
         s0,
         rel=mean(lambda s: s["rel"]),
         gain_fresh=mean(lambda s: s["gain_fresh"]),
-        gain_stale={e: mean(lambda s: s["gain_stale"][e]) for e in s0["gain_stale"]},
+        gain_stale={e: mean(lambda s, e=e: s["gain_stale"][e]) for e in s0["gain_stale"]},
     )
     m = pilot_model(pooled)
     p = predict_design(m, s0["n"], s0["K"], s0["k"], registered, **kw)
@@ -296,11 +301,13 @@ def _g(v):
 
 
 def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
-    "The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at the behaviour checkpoint the gate forecast."
+    """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at
+    the behaviour checkpoint the gate forecast."""
     rows = view["table"]["rows"]
     bound = next((r["bound"] for pts in by_cell.values() for _, r in pts if r is not None), "-")
     out = [
-        f"decisions ({view['watermark'] if view['partial'] else 'frozen'}; bounds: {bound}; gate: LB95(Rel_k) >= 2k/n and LB95(fresh gain) > 0; "
+        f"decisions ({view['watermark'] if view['partial'] else 'frozen'}; bounds: {bound}; "
+        "gate: LB95(Rel_k) >= 2k/n and LB95(fresh gain) > 0; "
         "a cell pools its seeds)",
         f"{'cell':24s} {'selector':17s} {'gate':>5s}  {'verdict':13s} {'gain':>8s} {'LB95':>8s} {'UB95':>8s}",
     ]
@@ -309,12 +316,13 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
         name = f"{m} {d}{' ' + tag if tag else ''} c={c}"
         for r in (r for r in rows if (r["model"], r["domain"], r["tag"], r["checkpoint"]) == key):
             out.append(
-                f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  {r['verdict']:13s} "
-                f"{_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}"
+                f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  "
+                f"{r['verdict']:13s} {_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}"
             )
         cs = control_summary(pts)
         out.append(
-            f"{name:24s} {'negative control':17s} {'':5s}  {cs['negative_verdict']:13s} {_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
+            f"{name:24s} {'negative control':17s} {'':5s}  {cs['negative_verdict']:13s} "
+            f"{_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
             f"   LB95 > 0 in {cs['negative_fp']}/{cs['points']} seeds"
         )
         out.append(
@@ -329,10 +337,14 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
             f = gate_forecast([r for _, r in pts if r is not None], len(pts), **kw)
             if f:
                 out.append(
-                    f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): predicted P(gate) {f['p_gate']:.2f} per seed "
-                    f"(rho {f['rho']:.3f} from the points' mean Rel_k; per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
-                    f"{f['expected']:.1f} of {f['registered']} expected; observed {f['observed']} of {f['registered']}; predicted cell verdict "
-                    f"P(Effective) {f['p_effective']:.2f}, P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}"
+                    f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): "
+                    f"predicted P(gate) {f['p_gate']:.2f} per seed "
+                    f"(rho {f['rho']:.3f} from the points' mean Rel_k; "
+                    f"per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+                    f"{f['expected']:.1f} of {f['registered']} expected; "
+                    f"observed {f['observed']} of {f['registered']}; "
+                    f"predicted cell verdict P(Effective) {f['p_effective']:.2f}, "
+                    f"P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}"
                 )
     return out
 
@@ -358,24 +370,24 @@ def demo_workers(reg: Registry, only: str | None = None) -> int | None:
 
 def cmd_demo(argv) -> int:
     "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
-    p = CommandParser(
+    parser = CommandParser(
         prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine."
     )
-    p.add_argument(
+    parser.add_argument(
         "registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)"
     )
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    p.add_argument(
+    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    parser.add_argument(
         "--workers",
         type=int,
         default=None,
         help="run-stage workers (default: one per core, up to one per unit; 1: local)",
     )
-    a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1:
-        raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {a.workers})")
-    n = a.workers if a.workers is not None else demo_workers(load_registry(a.registry))
-    extra, t0 = ["--root", a.root] if a.root else [], time.perf_counter()
+    args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {args.workers})")
+    n = args.workers if args.workers is not None else demo_workers(load_registry(args.registry))
+    extra, t0 = ["--root", args.root] if args.root else [], time.perf_counter()
     run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
     for stage, fn, more in (
         ("status", cmd_status, []),
@@ -384,14 +396,14 @@ def cmd_demo(argv) -> int:
         ("report", cmd_report, []),
     ):
         print(
-            f"\n[demo] stalebook {stage} {a.registry} {' '.join(more)}".rstrip()
+            f"\n[demo] stalebook {stage} {args.registry} {' '.join(more)}".rstrip()
             + f" ({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
-        rc = fn([a.registry, *extra, *more])
+        rc = fn([args.registry, *extra, *more])
         if rc != 0 and stage != "status":
             return rc
     print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print("\n".join(registry_decisions(a.registry, a.root)))
+    print("\n".join(registry_decisions(args.registry, args.root)))
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -76,10 +76,10 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     "float64 sampling distribution from raw logits: temperature, then nucleus (top-p) truncation."
     p = torch.softmax(logits.double() / temperature, -1)
     if top_p < 1.0:
-        sp, si = p.sort(-1, descending=True)
-        keep = (sp.cumsum(-1) - sp) < top_p  # smallest prefix with mass >= top_p
-        sp = sp * keep
-        p = torch.zeros_like(p).scatter_(-1, si, sp)
+        sorted_p, sorted_idx = p.sort(-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # smallest prefix with mass >= top_p
+        sorted_p = sorted_p * keep
+        p = torch.zeros_like(p).scatter_(-1, sorted_idx, sorted_p)
         p = p / p.sum(-1, keepdim=True)
     return p
 
@@ -115,7 +115,8 @@ def group_uniforms(domain: Domain, K: int, L: int) -> torch.Tensor:
 
 # %% ../nbs/25_rollouts.ipynb #05ff14d3
 class RoomLayer(DynamicLayer):
-    "A `DynamicLayer` that appends into a buffer with `room` free positions reserved, instead of copying the cache each step."
+    """A `DynamicLayer` that appends into a buffer with `room` free positions reserved,
+    instead of copying the cache each step."""
 
     def __init__(self, room: int):
         super().__init__()
@@ -142,7 +143,8 @@ class RoomLayer(DynamicLayer):
 
 
 def room_cache(model, room: int, like: DynamicCache | None = None) -> DynamicCache:
-    "A `DynamicCache` for `model` whose full-attention layers are `RoomLayer`s with `room` positions reserved (filled from `like`)."
+    """A `DynamicCache` for `model` whose full-attention layers are `RoomLayer`s
+    with `room` positions reserved (filled from `like`)."""
     cache = DynamicCache(config=model.config)
     cache.layers = [RoomLayer(room) if type(l) is DynamicLayer else l for l in cache.layers]
     for l, src in zip(cache.layers, like.layers if like is not None else []):
@@ -280,7 +282,8 @@ def distinct_rows(rows) -> tuple[list, list]:
 
 
 def prefix_forward(model, ids, att):
-    "Forward of left-padded prefixes into a fresh KV cache, positions counted from each row's first token: (logits, cache)."
+    """Forward of left-padded prefixes into a fresh KV cache,
+    positions counted from each row's first token: (logits, cache)."""
     pos = (att.cumsum(-1) - 1).clamp(min=0)  # the position ids generate gives left-padded rows
     out = model(
         input_ids=ids, attention_mask=att, position_ids=pos, cache=DynamicCache(config=model.config), use_cache=True
@@ -289,7 +292,8 @@ def prefix_forward(model, ids, att):
 
 
 def shared_prompt_cache(model, ids, att):
-    "KV cache of each row's left-padded prompt but its last token, each distinct prompt computed once (generate goes on from it)."
+    """KV cache of each row's left-padded prompt but its last token,
+    each distinct prompt computed once (generate goes on from it)."""
     uniq, sel = distinct_rows(ids.tolist())  # equal prompts pad equally
     rep = torch.tensor([sel.index(k) for k in range(len(uniq))], device=ids.device)
     _, cache = prefix_forward(model, ids[rep, :-1], att[rep, :-1])
@@ -321,7 +325,8 @@ def _store_name(policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids
 
 
 def numerics_of(model) -> str:
-    "The numeric setting a store is bound to besides the weights: parameter dtype and device type (e.g. 'bfloat16/cuda')."
+    """The numeric setting a store is bound to besides the weights:
+    parameter dtype and device type (e.g. 'bfloat16/cuda')."""
     p = next(model.parameters())
     return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}"
 
@@ -428,7 +433,8 @@ def batch_rewards(tasks, texts, reward_fn=None, verify=None, memo: dict | None =
     """Rewards of rows (tasks[i], texts[i]); each distinct (task, completion) is verified once (the verifier is
     a pure function of both). With `reward_fn=None` the package verifier runs — `verify(tasks, texts)`, default
     `tasks.rewards` (code items in parallel sandboxes; a `VerifierProcess`'s `rewards` runs it in another process).
-    `memo` ({(task id, text): (reward, detail)}) carries verdicts from call to call: what it holds is not verified again."""
+    `memo` ({(task id, text): (reward, detail)}) carries verdicts from call to call:
+    what it holds is not verified again."""
     key = lambda t, x: (t.id, x)
     memo, uniq = {} if memo is None else memo, {}
     for t, x in zip(tasks, texts):
@@ -449,7 +455,8 @@ def rollout_domain(root: int, policy_hash: str, purpose: str) -> Domain:
 
 
 def task_pool(domain: str, n: int, seed: int, level: int = 0, jsonl: str = "", fmt: str = "gsm8k") -> list:
-    "A run's tasks: the records of `jsonl` (format `fmt`), else `n` synthetic tasks from domain (seed, 'tasks', domain, level)."
+    """A run's tasks: the records of `jsonl` (format `fmt`),
+    else `n` synthetic tasks from domain (seed, 'tasks', domain, level)."""
     if jsonl:
         return load_tasks_jsonl(jsonl, fmt)
     return synthetic_tasks(domain, n, Domain(seed, ("tasks", domain, level)), level=level)
@@ -597,13 +604,13 @@ def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=N
     or, without one, a fresh LoRA (`lora`, default `LoraSpec()`) initialised from (seed, "lora", "init")."""
     snap = snapshot or str(default_snapshot())
     if adapter:
-        a = Path(adapter)
-        a = a / "adapter" if (a / "adapter").is_dir() else a
-        if not (a / "adapter_config.json").is_file():
+        adapter_dir = Path(adapter)
+        adapter_dir = adapter_dir / "adapter" if (adapter_dir / "adapter").is_dir() else adapter_dir
+        if not (adapter_dir / "adapter_config.json").is_file():
             raise StalebookError(
                 f"{adapter}: not an adapter folder (no adapter_config.json) nor a checkpoint with adapter/"
             )
-        return load_policy(snap, device=device, dtype=dtype, adapter=a, trainable=False)
+        return load_policy(snap, device=device, dtype=dtype, adapter=adapter_dir, trainable=False)
     return load_policy(
         snap, device=device, dtype=dtype, lora=lora or LoraSpec(), init_domain=Domain(seed, ("lora", "init"))
     )
@@ -614,8 +621,8 @@ def cmd_rollouts(argv) -> int:
     p = CommandParser(prog="stalebook rollouts", description="Generate or resume a rollout store.")
     p.add_argument("config", help="YAML/JSON RolloutsConfig")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
-    cfg = load_config(RolloutsConfig, a.config)
+    args = p.parse_args(argv)
+    cfg = load_config(RolloutsConfig, args.config)
     compute_setup(cfg.threads)
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
@@ -628,7 +635,7 @@ def cmd_rollouts(argv) -> int:
         [t.id for t in tasks],
         numerics=numerics_of(model),
     )
-    generate_store(model, tok, tasks, store, progress=not a.quiet)
+    generate_store(model, tok, tasks, store, progress=not args.quiet)
     r = np.array([x["rewards"] for x in store.records])
     print(
         f"{store.path}: {store.n_done} groups x {cfg.sampling.group_size}, mean reward {r.mean():.3f}, "

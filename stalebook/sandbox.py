@@ -88,23 +88,28 @@ def _uid() -> int:
     return 1_000_000_000 + secrets.randbelow(1_000_000_000)  # security randomness, not experiment randomness
 
 # %% ../nbs/20_sandbox.ipynb #9c2a4e57
-_NS_SCRIPT = r"""
+# (the script is split into pieces only to keep lines short: they join into one string)
+_NS_SCRIPT = (
+    r"""
 R=/tmp/sbxroot
 mount -t tmpfs -o "size=1m,mode=755" tmpfs /tmp || exit 97
 mkdir -p $R/usr $R/dev $R/proc $R/tmp $R/w $R/etc || exit 97
 mount --bind /usr $R/usr && mount -o remount,bind,ro,nosuid,nodev $R/usr || exit 97
 for d in bin lib lib64 sbin; do
   if [ -L /$d ]; then ln -s "$(readlink /$d)" $R/$d || exit 97
-  elif [ -d /$d ]; then mkdir $R/$d && mount --bind /$d $R/$d && mount -o remount,bind,ro,nosuid,nodev $R/$d || exit 97; fi
+  elif [ -d /$d ]; then mkdir $R/$d && mount --bind /$d $R/$d """
+    r"""&& mount -o remount,bind,ro,nosuid,nodev $R/$d || exit 97; fi
 done
 for n in null zero urandom random; do touch $R/dev/$n && mount --bind /dev/$n $R/dev/$n || exit 97; done
 mount -t proc -o nosuid,nodev,noexec proc $R/proc || exit 97
 mount -t tmpfs -o "size=${2}m,mode=1777,nosuid,nodev" tmpfs $R/tmp || exit 97
 mount -t tmpfs -o "size=${2}m,mode=700,uid=$1,gid=$1,nosuid,nodev" tmpfs $R/w || exit 97
 mount -o remount,ro /tmp || exit 97
-"$8" "$R" "$5" --reuid="$1" --regid="$1" --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs -- "$6" -i "$3" -I -S -c "$7" "$4" /w
+"$8" "$R" "$5" --reuid="$1" --regid="$1" --clear-groups --inh-caps=-all --bounding-set=-all """
+    r"""--no-new-privs -- "$6" -i "$3" -I -S -c "$7" "$4" /w
 exit $?
 """
+)
 
 # %% ../nbs/20_sandbox.ipynb #6a8f0c13
 def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
@@ -126,7 +131,8 @@ def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
 def _command(
     mode: str, lim: Limits, uid: int, arg: str, code: str, template: bool = False
 ) -> tuple[list[str], str | None]:
-    "argv of the launcher running `python -I -S -c code arg` and its cwd ('tmp': the caller makes one; None: the launcher does)."
+    """argv of the launcher running `python -I -S -c code arg` and its cwd
+    ('tmp': the caller makes one; None: the launcher does)."""
     pre = [_TOOLS["prlimit"], *_rlimit_args(lim, template), "--"]
     if mode == "namespaces":
         return pre + [
@@ -265,7 +271,8 @@ def _is_lit(node):
 
 @lru_cache(maxsize=1 << 14)
 def compile_test(src: str) -> Check | None:
-    "The parent-side `Check` of one assert snippet, or None (→ raw test run in the child); memoised (a group's K programs share their tests)."
+    """The parent-side `Check` of one assert snippet, or None (→ raw test run in the child);
+    memoised (a group's K programs share their tests)."""
     try:
         mod = ast.parse(src.strip())
     except SyntaxError as e:
@@ -588,9 +595,12 @@ def isolation() -> str:
         return "rlimits"
 
 # %% ../nbs/20_sandbox.ipynb #d8a3b6f2
-_SERVE = r'''
+# (split into pieces only to keep lines short: they join into one program text)
+_SERVE = (
+    r"""
 import socket, select, signal, resource, ctypes, gc, time
-import math, re, collections, itertools, functools, heapq, bisect, string, operator, typing   # what candidates import most
+import math, re, collections, itertools, functools, heapq, bisect, string, operator, typing"""
+    r'''   # what candidates import most
 _cfg = json.loads(sys.argv[1]); _WORK = sys.argv[2] if len(sys.argv) > 2 else os.getcwd()
 _libc = ctypes.CDLL(None, use_errno=True)
 _KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
@@ -630,9 +640,12 @@ def _serve():
         del st, msg, fds; gc.collect()          # nothing of this program stays reachable for the next one
     os._exit(0)
 '''
+)
 
 # %% ../nbs/20_sandbox.ipynb #f2c8d4e6
-_CHILD = r"""
+# (split into pieces only to keep lines short: they join into one program text)
+_CHILD = (
+    r"""
 def _child(sin, rw, ew):
     os.setsid()
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG: die with the template
@@ -645,7 +658,8 @@ def _child(sin, rw, ew):
     L, mb = _cfg["lim"], 1 << 20
     for r, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RLIMIT_AS, (L["as_mb"] * mb,) * 2),
                  (resource.RLIMIT_NPROC, (L["nproc"] + 1,) * 2), (resource.RLIMIT_FSIZE, (L["fsize_mb"] * mb,) * 2),
-                 (resource.RLIMIT_NOFILE, (L["nofile"],) * 2), (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_MSGQUEUE, (0, 0))):
+                 (resource.RLIMIT_NOFILE, (L["nofile"],) * 2), (resource.RLIMIT_CORE, (0, 0)), """
+    r"""(resource.RLIMIT_MSGQUEUE, (0, 0))):
         resource.setrlimit(r, v)
     sys.argv = ["-c", "3", _WORK]
     _main()
@@ -666,9 +680,12 @@ def _one(sin, rw, ew):
     rc, clean = _sweep(pid)
     return {"rc": rc, "timed_out": timed_out, "clean": clean}
 """
+)
 
 # %% ../nbs/20_sandbox.ipynb #b3e6f1c8
-_CLEAN = r"""
+# (split into pieces only to keep lines short: they join into one program text)
+_CLEAN = (
+    r"""
 def _rm(p):
     try:
         if os.path.isdir(p) and not os.path.islink(p):
@@ -681,7 +698,8 @@ def _rm(p):
 def _empty(top, owned_only=False):
     me = os.getuid()
     def mine():
-        try: return [e.path for e in os.scandir(top) if e.path != _WORK and (not owned_only or e.stat(follow_symlinks=False).st_uid == me)]
+        try: return [e.path for e in os.scandir(top) if e.path != _WORK and """
+    r"""(not owned_only or e.stat(follow_symlinks=False).st_uid == me)]
         except FileNotFoundError: return []
     for p in mine(): _rm(p)
     return not mine()
@@ -714,6 +732,7 @@ def _keys():
         k = _libc.syscall(_KEYCTL, 22, -1, -1)                            # KEYCTL_GET_PERSISTENT (into @t)
         if k > 0: _libc.syscall(_KEYCTL, 7, k)
 """
+)
 
 # %% ../nbs/20_sandbox.ipynb #c4d8e2a6
 _SWEEP = r"""
@@ -856,8 +875,8 @@ def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
     (sin_r, sin_w), (res_r, res_w), (err_r, err_w) = pipes
     try:
         socket.send_fds(self.sock, [b"run"], [sin_r, res_w, err_w])
-    except OSError:
-        raise _Lost("template died")
+    except OSError as err:
+        raise _Lost("template died") from err
     finally:
         for f in (sin_r, res_w, err_w):
             os.close(f)

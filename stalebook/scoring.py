@@ -139,7 +139,7 @@ def per_rollout_gradients(
                 cap.g.clear()
                 (lp * cc).sum().backward(retain_graph=ci < len(coefs) - 1)
                 parts = []
-                for i, (name, m) in enumerate(mods):
+                for i, (_name, m) in enumerate(mods):
                     dt = torch.float32 if m.weight.dtype in (torch.float16, torch.bfloat16) else m.weight.dtype
                     if i not in cap.g:
                         parts.append(torch.zeros(lp.shape[0], m.weight.numel(), device=lp.device, dtype=dt))

@@ -122,7 +122,8 @@ def _identity_failures(d: Path, lock: dict, revision: str | None) -> list[str]:
     bad = []
     if files_revision(lock["files"]) != lock["revision"]:
         bad.append(
-            f"revision: lockfile revision {lock['revision'][:16]} does not match its file list ({files_revision(lock['files'])[:16]})"
+            f"revision: lockfile revision {lock['revision'][:16]} does not match its file list "
+            f"({files_revision(lock['files'])[:16]})"
         )
     if revision is not None and revision != lock["revision"]:
         bad.append(f"revision: expected {revision[:16]}, snapshot is locked at {lock['revision'][:16]}")

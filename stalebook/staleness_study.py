@@ -102,7 +102,8 @@ class StalenessStudy:
 # %% ../nbs/36_staleness_study.ipynb #36a00008
 @dataclass
 class StalenessCell:
-    "One unit of a staleness registry: the cell's coordinates and what run_cell runs (`snapshot` is filled in where it runs)."
+    """One unit of a staleness registry: the cell's coordinates and what run_cell runs (`snapshot` is filled in
+    where it runs)."""
 
     model: str
     optimizer: str
@@ -246,14 +247,15 @@ def lag_contract(c: CellCheck) -> list[str]:
     r = c.results
     if r is None:
         return ["cell/results.json missing or unreadable"]
-    a, n = c.train.async_training, r["steps_done"]
-    rule = "sync" if a.mode == "sync-every" else "fixed"
-    want = [t - int(behaviour_source(t, a.staleness, rule)) for t in range(n)]
+    async_cfg, n = c.train.async_training, r["steps_done"]
+    rule = "sync" if async_cfg.mode == "sync-every" else "fixed"
+    want = [t - int(behaviour_source(t, async_cfg.staleness, rule)) for t in range(n)]
     got = r["series"]["lag"][:n]
     bad = [t for t in range(n) if got[t] != want[t]]
     return (
         [
-            f"step {bad[0]}: lag {got[bad[0]]}, {a.mode} with S = {a.staleness} gives {want[bad[0]]} ({len(bad)} steps differ)"
+            f"step {bad[0]}: lag {got[bad[0]]}, {async_cfg.mode} with S = {async_cfg.staleness} "
+            f"gives {want[bad[0]]} ({len(bad)} steps differ)"
         ]
         if bad
         else []
@@ -289,7 +291,8 @@ def lineage_contract(c: CellCheck) -> list[str]:
     log = [s["reward_mean"] for s in c.steps()]
     if log != r["series"]["reward_mean"][: r["steps_done"]] or len(log) != r["steps_done"]:
         probs.append(
-            f"results.json's series are not the run's step log ({len(log)} steps logged, {r['steps_done']} in the results)"
+            f"results.json's series are not the run's step log "
+            f"({len(log)} steps logged, {r['steps_done']} in the results)"
         )
     return probs
 

@@ -208,7 +208,8 @@ def _mv_worker(conn, gold, pred):
 
 
 def call_with_timeout(fn, args, timeout: float = 5.0):
-    "Run `fn(conn, *args)` in a forked process; its `conn.send` value, or None on timeout/crash (the process is killed)."
+    """Run `fn(conn, *args)` in a forked process; its `conn.send` value,
+    or None on timeout/crash (the process is killed)."""
     ctx = mp.get_context("fork")
     a, b = ctx.Pipe(duplex=False)
     p = ctx.Process(target=fn, args=(b, *args), daemon=True)
@@ -370,7 +371,8 @@ def _frame_recv(f):
 
 
 def _serve_rewards(workers: int) -> None:
-    "The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin, (ok, rewards or message) frames out."
+    """The loop of a `VerifierProcess`: (task fields, completions) frames in on stdin,
+    (ok, rewards or message) frames out."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever else prints goes to stderr, not the channel
     pool = sandbox.Pool(workers=workers)
@@ -393,7 +395,8 @@ def _serve_rewards(workers: int) -> None:
 
 
 class VerifierProcess:
-    "`rewards` (code programs on `workers` fork servers) in an interpreter of its own; thread-safe, one request at a time."
+    """`rewards` (code programs on `workers` fork servers) in an interpreter of its own;
+    thread-safe, one request at a time."""
 
     def __init__(self, workers: int | None = None):
         self.workers = workers or sandbox.cores()
@@ -563,11 +566,11 @@ def _humaneval(rec, idx: int, src: str) -> Task:
     try:
         ast.parse(p + sol)
     except SyntaxError as e:
-        raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})")
+        raise ValueError(f"prompt + canonical_solution is not Python ({e.msg})") from None
     try:
         tests = _humaneval_tests(test, entry)
     except SyntaxError as e:
-        raise ValueError(f"test is not Python ({e.msg})")
+        raise ValueError(f"test is not Python ({e.msg})") from None
     for t in tests:
         sandbox.compile_test(t)  # raises on a snippet that is not Python
     return Task(
@@ -591,11 +594,11 @@ def _mbpp(rec, idx: int, src: str) -> Task:
         try:
             ast.parse(t)
         except SyntaxError as e:
-            raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})")
+            raise ValueError(f"test {t[:40]!r} is not Python ({e.msg})") from None
     try:
         ast.parse(code)
     except SyntaxError as e:
-        raise ValueError(f"code is not Python ({e.msg})")
+        raise ValueError(f"code is not Python ({e.msg})") from None
     prompt = f'"""{text}\nExample: {tl[0]}\n"""\n'
     return Task(
         f"mbpp-{tid}", "code", prompt, code, tuple(tl), {"source": src, "format": "mbpp", "program": "completion"}

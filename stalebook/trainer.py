@@ -79,8 +79,9 @@ __all__ = ['ASYNC_STATE', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
-    """token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean. `norm`: the
-    whole batch's denominator (`batch_norm`) when x is one micro-batch of it, so that the micro-batches' terms add up."""
+    """token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean.
+    `norm`: the whole batch's denominator (`batch_norm`) when x is one micro-batch of it,
+    so that the micro-batches' terms add up."""
     m = mask.to(x.dtype)
     if how == "token-mean":
         return (x * m).sum() / (m.sum().clamp(min=1) if norm is None else norm)
@@ -94,13 +95,15 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor 
 
 
 def batch_norm(mask: torch.Tensor, how: str, dtype=torch.float32) -> torch.Tensor:
-    "The denominator of `aggregate` over a whole batch: its tokens (token-mean) or its non-empty rows (seq-mean), at least 1."
+    """The denominator of `aggregate` over a whole batch: its tokens (token-mean)
+    or its non-empty rows (seq-mean), at least 1."""
     m = mask.to(dtype)
     return m.sum().clamp(min=1) if how == "token-mean" else (m.sum(-1) > 0).sum().to(dtype).clamp(min=1)
 
 # %% ../nbs/26_trainer.ipynb #3b7e0a12
 def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
-    "Log-ratios [B, L] at an importance-sampling level (token | sequence: sum | geometric: mean over the response), [B, L]."
+    """Log-ratios [B, L] at an importance-sampling level
+    (token | sequence: sum | geometric: mean over the response), [B, L]."""
     if level == "token":
         return log_ratio
     m = mask.to(log_ratio.dtype)
@@ -190,7 +193,8 @@ def offpolicy_grpo_loss(
 ):
     """GRPO on groups sampled by a behaviour policy phi; returns (loss, stats). `none`: PPO-clip with ratio
     pi_theta/pi_phi at `level`; `truncate` / `mask`: `is_weights` of pi_theta/pi_phi times the clipped surrogate
-    against the learner itself (ratio 1). `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta, norm."""
+    against the learner itself (ratio 1).
+    `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta, norm."""
     if correction == "none":
         return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
     w = is_weights(logp - behaviour_logp, mask, correction, level, threshold)
@@ -216,7 +220,8 @@ def offpolicy_stats(
     clip_epsilon_high: float | None = None,
 ) -> dict:
     """Off-policy diagnostics of a batch sampled by phi (log-probs [B, L], adv [B], mask [B, L]): |log r| max/mean,
-    k3 KL(pi_phi || pi_theta), clip fraction of the loss, and ESS fraction, log max and fraction > C of the raw weights."""
+    k3 KL(pi_phi || pi_theta), clip fraction of the loss,
+    and ESS fraction, log max and fraction > C of the raw weights."""
     m = mask
     lr = ((logp - behaviour_logp) * m).detach().double()  # float64: k3 = r - 1 - log r cancels near r = 1
     n = m.sum().clamp(min=1)
@@ -266,7 +271,8 @@ class AsyncConfig:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.mode == "pipelined" and self.staleness:
             raise ValueError(
-                "staleness is the controlled lag of sync-every / fixed-lag; a pipelined run records its lag (bound it with max_staleness)"
+                "staleness is the controlled lag of sync-every / fixed-lag; "
+                "a pipelined run records its lag (bound it with max_staleness)"
             )
         if self.max_staleness < 0 or self.queue_size < 1:
             raise ValueError("max_staleness must be >= 0 and queue_size >= 1")
@@ -343,7 +349,8 @@ class TrainConfig:
 
 
 def identity_dict(cfg: TrainConfig) -> dict:
-    "The fields that determine the run's numbers: all but `out`; `async_training` / `optimizer` only when not synchronous / AdamW."
+    """The fields that determine the run's numbers: all but `out`;
+    `async_training` / `optimizer` only when not synchronous / AdamW."""
     d = config_dict(cfg)
     d.pop("out")
     if not cfg.async_training.enabled:
@@ -354,15 +361,17 @@ def identity_dict(cfg: TrainConfig) -> dict:
 
 
 def snapshot_key(snapshot: str) -> str:
-    "How a run's identity names its model: the snapshot's lockfile revision (the same weights in any folder), else the folder."
+    """How a run's identity names its model: the snapshot's lockfile revision
+    (the same weights in any folder), else the folder."""
     if snapshot and (Path(snapshot) / LOCKFILE).is_file():
         return "revision:" + read_lock(snapshot)["revision"]
     return snapshot
 
 
 def run_identity(cfg: TrainConfig) -> str:
-    """Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored, and not
-    the snapshot's folder but its revision — the same run on another machine, its snapshot elsewhere, has the same identity."""
+    """Hash of everything that determines the run's numbers (`identity_dict`): not `out`, where it is stored,
+    and not the snapshot's folder but its revision — the same run on another machine, its snapshot elsewhere,
+    has the same identity."""
     return hash_json(identity_dict(cfg) | {"snapshot": snapshot_key(cfg.snapshot)})
 
 
@@ -372,7 +381,8 @@ def save_run_config(cfg: TrainConfig, path) -> Path:
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c03
 class Behaviour:
-    "Snapshots of the learner's trainable tensors, the rule choosing step t's behaviour weights, and their swap into the model."
+    """Snapshots of the learner's trainable tensors, the rule choosing step t's behaviour weights,
+    and their swap into the model."""
 
     def __init__(self, acfg: AsyncConfig, model):
         self.S, self.mode = acfg.staleness, acfg.mode
@@ -477,7 +487,8 @@ class Lineage:
         self.chain, self.parent, self.restored = [], None, None
 
     def commit(self, step: int, model, opt, sched, cursor, extra: dict | None = None) -> str:
-        "Write the checkpoint of `step` atomically (with `extra` tensors as async.safetensors) and chain it; returns its hash."
+        """Write the checkpoint of `step` atomically (with `extra` tensors as async.safetensors) and chain it;
+        returns its hash."""
         path = self.dir / "ckpt" / checkpoint_name(step)
         meta = dict(
             step=step,
@@ -554,15 +565,16 @@ def check_lineage(run_dir) -> list[str]:
     chain, probs = lin.get("chain", []), []
     if not chain or chain[0]["step"] != 0 or chain[0]["parent"] is not None:
         probs.append("chain does not start at a root checkpoint (step 0, no parent)")
-    for a, b in zip(chain, chain[1:]):
-        if b["parent"] != a["hash"]:
+    for prev, cur in zip(chain, chain[1:]):
+        if cur["parent"] != prev["hash"]:
             probs.append(
-                f"step {b['step']}: parent {str(b['parent'])[:12]} != hash of step {a['step']} {a['hash'][:12]}"
+                f"step {cur['step']}: parent {str(cur['parent'])[:12]} "
+                f"!= hash of step {prev['step']} {prev['hash'][:12]}"
             )
-        if b["step"] <= a["step"]:
-            probs.append(f"step {b['step']} does not follow step {a['step']}")
-        if b.get("objective") != a.get("objective"):
-            probs.append(f"step {b['step']}: objective changed")
+        if cur["step"] <= prev["step"]:
+            probs.append(f"step {cur['step']} does not follow step {prev['step']}")
+        if cur.get("objective") != prev.get("objective"):
+            probs.append(f"step {cur['step']}: objective changed")
     have = {c["step"]: c for c in chain}
     for s in lin.get("lineage_steps", []):
         if s > lin.get("last_step", -1):
@@ -626,9 +638,9 @@ class Trainer:
             raise StalebookError("model has no trainable (LoRA) parameters")
         self.opt, self.sched = make_optimizer(cfg, self.params)
         self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
-        a = cfg.async_training
-        self.async_on, self.trace = a.enabled, {}
-        self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
+        async_cfg = cfg.async_training
+        self.async_on, self.trace = async_cfg.enabled, {}
+        self.behaviour = Behaviour(async_cfg, model) if async_cfg.enabled and async_cfg.mode != "pipelined" else None
         self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
         meta = self.lineage.restore(self.model, self.opt, self.sched)
         if meta is not None:
@@ -650,7 +662,8 @@ def _resume_log(self: Trainer, meta: dict) -> None:
 
 
 def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
-    "(n prompts, next cursor): consecutive slices of one permutation per data epoch, from (seed, 'data', domain, epoch)."
+    """(n prompts, next cursor): consecutive slices of one permutation per data epoch,
+    from (seed, 'data', domain, epoch)."""
     out, (epoch, pos) = [], cursor
     while len(out) < n:
         perm = Domain(seed, ("data", domain, epoch)).numpy().permutation(len(tasks))
@@ -703,7 +716,8 @@ def _async_start(self: Trainer, meta) -> None:
 
 # %% ../nbs/26_trainer.ipynb #b8175436
 def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str, shared_prefix: bool = False):
-    "K responses per prompt of `batch` from the model's weights (hash `ph`); each group from (seed, 'rollout', ph, purpose, id)."
+    """K responses per prompt of `batch` from the model's weights (hash `ph`);
+    each group from (seed, 'rollout', ph, purpose, id)."""
     K = sc.group_size
     dom = rollout_domain(seed, ph, purpose)
     u = torch.cat([group_uniforms(dom.child(t.id), K, sc.max_new_tokens) for t in batch])
@@ -754,7 +768,8 @@ def reward_chunks(B: int, K: int, micro_batch: int) -> list[list[int]]:
 
 # %% ../nbs/26_trainer.ipynb #4b970ac2
 class GroupRewards:
-    "A step's rewards [P, K] while they are verified: `verify(groups)` -> [len(groups), K], chunk by chunk on `executor`."
+    """A step's rewards [P, K] while they are verified: `verify(groups)` -> [len(groups), K],
+    chunk by chunk on `executor`."""
 
     def __init__(self, verify, chunks, P: int, K: int, executor: concurrent.futures.Executor):
         self.P, self.K = P, K
@@ -792,7 +807,8 @@ def resolved(R) -> torch.Tensor:
 
 
 def verifier_workers(threads: int) -> int:
-    "Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core): the cores it leaves, at least 1."
+    """Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core):
+    the cores it leaves, at least 1."""
     return max(1, sandbox.cores() - (threads if threads > 0 else sandbox.cores()))
 
 
@@ -819,18 +835,20 @@ def _reward_soon(self: Trainer, batch, comps) -> GroupRewards:
 # %% ../nbs/26_trainer.ipynb #a8e927f7
 @patch
 def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
-    """Accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and return the
-    batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each waiting for its own
-    groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every reward: one pass, then R."""
-    cfg, pad, a, sp = self.cfg, self.tok.pad_token_id, self.cfg.async_training, self.cfg.shared_prefix
+    """Accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and return
+    the batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each waiting for
+    its own groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every reward: one pass,
+    then R."""
+    cfg, pad = self.cfg, self.tok.pad_token_id
+    async_cfg, shared_prefix = cfg.async_training, cfg.shared_prefix
     ref = None
     if cfg.objective == "grpo" and cfg.kl_beta > 0:
         with torch.no_grad(), self.model.disable_adapter():
-            ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
+            ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, shared_prefix)
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
     if cfg.objective == "sft":
-        logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, sp)
+        logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, shared_prefix)
         loss, st = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
         loss.backward()
         return loss.detach(), st
@@ -838,11 +856,14 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
         group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(old.device)
     )
     kw = dict(
-        clip_epsilon=cfg.clip_epsilon, clip_epsilon_high=a.clip_epsilon_high, agg=cfg.loss_agg, kl_beta=cfg.kl_beta
+        clip_epsilon=cfg.clip_epsilon,
+        clip_epsilon_high=async_cfg.clip_epsilon_high,
+        agg=cfg.loss_agg,
+        kl_beta=cfg.kl_beta,
     )
     norm, parts = batch_norm(mask, cfg.loss_agg, old.dtype), {}
     for rows in micro_batches(len(comps), cfg.micro_batch)[::-1]:
-        lp, _ = completion_logprobs(self.model, pids[rows], comps[rows], cfg.micro_batch, pad, sp)
+        lp, _ = completion_logprobs(self.model, pids[rows], comps[rows], cfg.micro_batch, pad, shared_prefix)
         lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))  # the batch's width
         adv = adv_of(partial_rewards(R, groups_of(rows, cfg.sampling.group_size)))[rows]
         part, _ = offpolicy_grpo_loss(
@@ -850,9 +871,9 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
             old[rows],
             adv,
             mask[rows],
-            a.correction,
-            a.level,
-            a.is_threshold,
+            async_cfg.correction,
+            async_cfg.level,
+            async_cfg.is_threshold,
             ref_logp=None if ref is None else ref[rows],
             norm=norm,
             **kw,
@@ -860,11 +881,21 @@ def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
         part.backward()
         parts[rows.start] = lp.detach()
     logp, adv = torch.cat([parts[s] for s in sorted(parts)]), adv_of(resolved(R))
-    loss, st = offpolicy_grpo_loss(logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **kw)
+    loss, st = offpolicy_grpo_loss(
+        logp, old, adv, mask, async_cfg.correction, async_cfg.level, async_cfg.is_threshold, ref_logp=ref, **kw
+    )
     if self.async_on:
         st.update(
             offpolicy_stats(
-                logp, old, adv, mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high
+                logp,
+                old,
+                adv,
+                mask,
+                async_cfg.correction,
+                async_cfg.level,
+                async_cfg.is_threshold,
+                cfg.clip_epsilon,
+                async_cfg.clip_epsilon_high,
             )
         )
     dev = st["logr_max_abs"] if self.async_on else st["ratio_max_dev"]
@@ -898,8 +929,8 @@ def train_step(self: Trainer) -> dict:
 @patch
 def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
     """Loss, optimizer step and record for groups sampled by the weights of learner step `src` (hash `ph`, flat
-    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or `GroupRewards`). The pipelined learner
-    calls it too."""
+    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or `GroupRewards`).
+    The pipelined learner calls it too."""
     cfg = self.cfg
     theta = self._flat() if self.async_on else None
     loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)  # the gradient is in place
@@ -907,7 +938,8 @@ def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
     if not (torch.isfinite(loss) and torch.isfinite(gn)):
         raise StalebookError(
-            f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); the run diverged"
+            f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); "
+            "the run diverged"
         )
     grad = (
         torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]).double()
@@ -1006,20 +1038,23 @@ def cmd_train(argv) -> int:
     p.add_argument("--steps", type=int, default=None, help="stop after this many total steps (default: config.steps)")
     p.add_argument("--out", default=None, help="override config.out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
-    cfg = load_config(TrainConfig, a.config, overrides={"out": a.out} if a.out else None)
-    t = Trainer(cfg).run(steps=a.steps, progress=not a.quiet)
-    recs = t.log.records
+    args = p.parse_args(argv)
+    cfg = load_config(TrainConfig, args.config, overrides={"out": args.out} if args.out else None)
+    trainer = Trainer(cfg).run(steps=args.steps, progress=not args.quiet)
+    recs = trainer.log.records
     if recs:
         first, last = recs[0], recs[-1]
         print(
-            f"{cfg.out}: step {t.step}/{cfg.steps}  reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
-            f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}"
+            f"{cfg.out}: step {trainer.step}/{cfg.steps}  "
+            f"reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
+            f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  "
+            f"zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}"
         )
         if cfg.async_training.enabled:
             print(
-                f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, lags {lag_histogram(recs)}, "
-                f"max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, correction {cfg.async_training.correction}"
+                f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, "
+                f"lags {lag_histogram(recs)}, max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, "
+                f"correction {cfg.async_training.correction}"
             )
     probs = check_lineage(cfg.out)
     for pr in probs:

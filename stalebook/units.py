@@ -174,7 +174,8 @@ class UnitBusy(StalebookError):
 
 
 def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
-    "Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any process sharing the root."
+    """Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any
+    process sharing the root."""
     reg = load_registry(registry)
     root = registry_root(reg, root)
     probs = registry_problems(reg)
@@ -295,14 +296,14 @@ def run_registry(registry, root=None, only: str | None = None, progress: bool = 
 # %% ../nbs/32_units.ipynb #cf2166ba
 def cmd_run(argv) -> int:
     "Run (or resume) a registry's units on this machine."
-    p = CommandParser(prog="stalebook run", description="Run or resume the units of a registry on this machine.")
-    p.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
-    p.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
-    p.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    a = p.parse_args(argv)
+    parser = CommandParser(prog="stalebook run", description="Run or resume the units of a registry on this machine.")
+    parser.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
+    parser.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
+    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    res = run_registry(a.registry, a.root, a.only, progress=not a.quiet)
+    res = run_registry(args.registry, args.root, args.only, progress=not args.quiet)
     ran = sum(s == "ran" for r in res.values() for s in r.values())
     print(
         f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "
@@ -384,7 +385,8 @@ REPLICATES = 10_000
 
 @dataclass
 class RankingStudy:
-    "The `study:` section of a ranking registry: the table it fills, the objective, the lineage checkpoints, the blocks."
+    """The `study:` section of a ranking registry: the table it fills, the objective, the lineage checkpoints, the
+    blocks."""
 
     table: Literal["main", "extension", "demo", "appendix"]
     blocks: list[Block]
@@ -545,7 +547,8 @@ def point_run(unit_id: str, fam: FamilyConfig, c: int, udir: Path, log) -> None:
     r = execute_point(pcfg, cwd=udir)["result"]
     atomic_write_json(Path(udir) / pcfg.out / "manifest.json", point_manifest(udir, unit_id, fam, c))
     log(
-        f"[{unit_id}] point c={c}: Rel_k {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}), fresh gain {r['gain_fresh']:+.4f}, "
+        f"[{unit_id}] point c={c}: Rel_k {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}), "
+        f"fresh gain {r['gain_fresh']:+.4f}, "
         f"admissible {'yes' if r['admissible'] else 'no'}"
     )
 

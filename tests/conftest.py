@@ -17,8 +17,9 @@ def tiny_snapshot(tmp_path_factory):
 
 @pytest.fixture
 def cli(capsys):
-    """`stalebook ARGS` run in this process: an object with returncode, stdout and stderr like subprocess.run's. For the CLI's
-    error paths (each subprocess would spend seconds importing torch); the console script itself is run in test_core."""
+    """`stalebook ARGS` run in this process: an object with returncode, stdout and stderr like subprocess.run's. For the
+    CLI's error paths (each subprocess would spend seconds importing torch); the console script itself is run in
+    test_core."""
     from types import SimpleNamespace
 
     from stalebook.cli import main

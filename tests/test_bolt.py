@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def digit_share(task, text):
-    "A graded reward in [0, 1] that the reduced snapshot's samples actually vary in: the share of digits in the completion."
+    """A graded reward in [0, 1] that the reduced snapshot's samples actually vary in: the share of digits in the
+    completion."""
     return (sum(c.isdigit() for c in text) / len(text) if text else 0.0), {}
 
 
@@ -82,7 +83,8 @@ def test_bolt_weights_on_a_real_dataset_are_theory_boltzmanns(tmp_path, tiny_sna
     # (a) the definition written out, from the stored file itself
     w = np.exp(ref["logw"])
     np.testing.assert_allclose(w, np.exp(R / beta) / np.exp(R / beta).mean(1, keepdims=True), rtol=1e-12)
-    # (b) theory's population BOLT weights on each group's empirical law (duplicate completions merged): the same numbers
+    # (b) theory's population BOLT weights on each group's empirical law (duplicate completions merged): the same
+    # numbers
     for g, rec in enumerate(recs):
         keys = [tuple(c) for c in rec["tokens"]]
         uniq = sorted(set(keys))
@@ -209,7 +211,8 @@ def test_bad_input_names_the_file_or_field(tmp_path, tiny_snapshot):
 
 
 def test_a_bolt_step_samples_nothing_and_runs_one_forward(tmp_path, tiny_snapshot):
-    "Forward passes of the base model in one step: BOLT one (with gradients), GRPO with KL generation + three; the verifier is not called."
+    """Forward passes of the base model in one step: BOLT one (with gradients), GRPO with KL generation + three; the
+    verifier is not called."""
     calls = []
 
     def counted(t, x):
@@ -236,7 +239,7 @@ def test_a_bolt_step_samples_nothing_and_runs_one_forward(tmp_path, tiny_snapsho
         if name == "bolt":
             tr.reference(0)
         n0, fw = len(calls), []
-        h = tr.model.get_base_model().model.register_forward_hook(lambda *a: fw.append(1))
+        h = tr.model.get_base_model().model.register_forward_hook(lambda *a, fw=fw: fw.append(1))
         tr.run(progress=False)
         h.remove()
         counts[name] = (len(fw), len(calls) - n0)
@@ -274,8 +277,9 @@ def test_reduced_comparison_all_arms_matched_idempotent_resumable(tmp_path, tiny
     assert (tmp_path / "bolt" / "result.json").read_bytes() == before
     with pytest.raises(StalebookError, match="another config"):
         run_arm(small_arm(tiny_snapshot, stores, "refit"), tmp_path / "bolt")
-    # resumable: iterative BOLT stopped inside round 1 (its last checkpoint at step 3, round 1's pi_ref at step 2) and continued
-    # by run_arm (the round's reference is then found on disk, not resampled) = the uninterrupted arm, byte for byte
+    # resumable: iterative BOLT stopped inside round 1 (its last checkpoint at step 3, round 1's pi_ref at step 2)
+    # and continued by run_arm (the round's reference is then found on disk, not resampled) = the uninterrupted arm,
+    # byte for byte
     cfg = small_arm(tiny_snapshot, stores, "iterative")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=1))
     full = run_arm(cfg, tmp_path / "it-full", log=lambda *x: None, reward_fn=digit_share)

@@ -7,8 +7,37 @@ from hypothesis import strategies as st
 from scipy.special import log_softmax, rel_entr
 
 from stalebook.core import Domain, homogeneous_groups
-from stalebook.theory.boltzmann import *
-from stalebook.theory.boltzmann import _problems
+from stalebook.theory.boltzmann import (
+    _problems,
+    binary_ess_fraction,
+    binary_expected_ess,
+    binary_log_Z,
+    bolt_log_weights,
+    boltzmann_target,
+    empirical_sft_mass,
+    ess,
+    ess_fraction,
+    induced_target,
+    iterative_bolt,
+    kl,
+    log_normalize,
+    log_partition,
+    matching_log_weights,
+    mc_bolt_log_weights,
+    mc_log_Z,
+    optimality_stats,
+    optimise_reg_value,
+    random_problem,
+    refit_log_weights,
+    reg_value,
+    restricted_target,
+    sft_grad,
+    soft_value,
+    support_price,
+    tree_boltzmann_logits,
+    tv,
+    weighted_sft,
+)
 
 SET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 logits = lambda n: st.lists(st.floats(-6, 6), min_size=n, max_size=n).map(np.array)

@@ -128,7 +128,8 @@ def test_fault_sft_checkpoint_spliced_into_grpo_lineage(finished, tmp_path, tiny
 
 
 def test_fault_store_copied_from_another_policy(finished, tmp_path):
-    "The candidates' R store replaced by a store of another policy (the stale one, beta's): the generation contract refuses."
+    """The candidates' R store replaced by a store of another policy (the stale one, beta's): the generation contract
+    refuses."""
     reg, root = finished[0], copy(finished, tmp_path)
     res = json.loads((root / "units" / U / "points" / C / "result.json").read_text())["manifest"]["rollout_stores"]
     ro = root / "units" / U / "train/rollouts"
@@ -154,7 +155,8 @@ def test_fault_one_missing_prompt_group(finished, tmp_path):
 
 
 def test_fault_result_with_9999_replicates(finished, tmp_path):
-    "A consistent result (manifest resealed) with scipy's default 9,999 replicates: only the analysis contract refuses it."
+    """A consistent result (manifest resealed) with scipy's default 9,999 replicates: only the analysis contract refuses
+    it."""
     from stalebook.point import npz_bytes
 
     reg, root = finished[0], copy(finished, tmp_path)
@@ -198,7 +200,8 @@ def test_fault_deleted_executed_notebook(finished, tmp_path, capsys):
 
 
 def test_sft_ablation_fills_only_its_appendix_never_labelled_rlvr(tmp_path, tiny_snapshot):
-    "An SFT registry runs, passes and freezes into the appendix table (labelled: not RLVR); it can never fill a main table."
+    """An SFT registry runs, passes and freezes into the appendix table (labelled: not RLVR); it can never fill a main
+    table."""
     reg = ranking_registry(tmp_path, tiny_snapshot, name="sft", checkpoints=(2,), objective="sft", table="appendix")
     run_registry(reg, tmp_path / "root", progress=False, log=lambda *a: None)
     t = freeze(reg, tmp_path / "root")["table"]

@@ -38,7 +38,7 @@ CHROME_FLAGS = [
 
 def _skip(reason):
     "Skip, and say so in pytest's warnings summary too (shown without -rs)."
-    warnings.warn(reason)
+    warnings.warn(reason, stacklevel=2)
     pytest.skip(reason)
 
 
@@ -51,7 +51,8 @@ def browser(tmp):
     exe, drv = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
     if not exe or not drv:
         _skip(
-            "chromium / chromium-driver not installed (apt-get install chromium chromium-driver): browser check of the docs site skipped"
+            "chromium / chromium-driver not installed (apt-get install chromium chromium-driver): "
+            "browser check of the docs site skipped"
         )
     from selenium.webdriver.chrome.service import Service
 
@@ -65,9 +66,11 @@ def browser(tmp):
 PAGE_JS = """
 const imgs = [...document.images].map(i => [i.getAttribute('src').slice(0, 80), i.complete, i.naturalWidth]);
 const links = [...document.querySelectorAll('a[href]')].map(a => a.href);
-const ids = [...document.querySelectorAll('[id]')].map(e => e.id).concat([...document.querySelectorAll('a[name]')].map(a => a.name));
+const ids = [...document.querySelectorAll('[id]')].map(e => e.id)\
+.concat([...document.querySelectorAll('a[name]')].map(a => a.name));
 return {ready: document.readyState, title: document.title, imgs, links, ids,
-        text: document.body ? document.body.innerText.length : 0, nav: document.querySelectorAll('nav.site-nav a').length};
+        text: document.body ? document.body.innerText.length : 0, \
+nav: document.querySelectorAll('nav.site-nav a').length};
 """
 
 
@@ -186,7 +189,8 @@ def test_committed_outputs_render(driver, tmp_path):
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "f.png").write_bytes(png(8, 6))
     (nbs / "_quarto.yml").write_text(
-        "website:\n  sidebar:\n    contents:\n      - index.ipynb\n      - section: Theory\n        contents: '/1*.ipynb'\n"
+        "website:\n  sidebar:\n    contents:\n      - index.ipynb\n"
+        "      - section: Theory\n        contents: '/1*.ipynb'\n"
     )
     md = lambda i, s: {"cell_type": "markdown", "id": i, "metadata": {}, "source": s}
     code = lambda i, s, outs: {

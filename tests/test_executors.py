@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-# Ray's single-machine mode: this host resolves to 127.0.0.1 for the Ray heads these tests start (read when Ray is imported).
+# Ray's single-machine mode: this host resolves to 127.0.0.1 for the Ray heads these tests start (read when Ray is
+# imported).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 EXE = str(Path(sys.executable).parent / "stalebook")
@@ -88,7 +89,8 @@ def work(reg, root, *extra, env=None, **kw):
 
 
 def test_six_workers_run_every_unit_exactly_once(tmp_path):
-    "6 worker processes over 12 units: all exit 0, each unit claimed once, each phase started and finished once, bytes as the local executor's."
+    """6 worker processes over 12 units: all exit 0, each unit claimed once, each phase started and finished once, bytes
+    as the local executor's."""
     reg = synthetic_registry(tmp_path)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
     procs = [work(reg, tmp_path / "r", "--ttl", 30) for _ in range(6)]
@@ -125,9 +127,9 @@ def _wait(cond, timeout=300, what=""):
 
 
 def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
-    """Workers SIGKILLed at 6 different moments — inside a phase's work (3 phases), between a phase's work and its record,
-    right after a claim, and mid-phase by the test — each unit taken over by the next worker only after the TTL, and the
-    final files byte-identical to an undisturbed run."""
+    """Workers SIGKILLed at 6 different moments — inside a phase's work (3 phases), between a phase's work and its
+    record, right after a claim, and mid-phase by the test — each unit taken over by the next worker only after the TTL,
+    and the final files byte-identical to an undisturbed run."""
     TTL = 1.5
     reg = synthetic_registry(tmp_path, units=7, phases=3, work_s=0.4)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
@@ -165,10 +167,10 @@ def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
         p = work(reg, root, "--ttl", TTL, env={"STALEBOOK_FAULT": arg} if how == "fault" else None)
         if how == "claim":  # killed once its claim is on record: killed between its lease and that record, a worker
             #                    that took over a stale lease would leave no takeover event to count
-            _wait(lambda: claimed(p.pid) or p.poll() is not None, what="a claim")
+            _wait(lambda p=p: claimed(p.pid) or p.poll() is not None, what="a claim")
             p.kill()
         elif how == "mid-phase":
-            _wait(lambda: started(p.pid, *arg) or p.poll() is not None, what="a phase start")
+            _wait(lambda p=p, arg=arg: started(p.pid, *arg) or p.poll() is not None, what="a phase start")
             p.kill()
         p.communicate(timeout=300)
         assert p.returncode == -signal.SIGKILL, (how, arg, p.returncode)
@@ -185,12 +187,14 @@ def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
     done = [(e["unit"], e["phase"]) for e in attempts(root) if e["event"] == "done"]
     assert sorted(done) == sorted(set(done)) and len(done) == 7 * 3
     print(
-        f"{len(killed)} kills, {len(takeovers)} takeovers (heartbeat ages {sorted(round(e['takeover_of']['age_s'], 1) for e in takeovers)})"
+        f"{len(killed)} kills, {len(takeovers)} takeovers "
+        f"(heartbeat ages {sorted(round(e['takeover_of']['age_s'], 1) for e in takeovers)})"
     )
 
 
 def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
-    "While a worker runs, status names its owner and heartbeat age; after a SIGKILL the lease turns stale once its TTL passed."
+    """While a worker runs, status names its owner and heartbeat age; after a SIGKILL the lease turns stale once its TTL
+    passed."""
     from stalebook.contracts import format_status, registry_status
 
     reg = synthetic_registry(tmp_path, units=2, phases=2, work_s=6.0)
@@ -214,7 +218,8 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
 
 
 def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, cli, monkeypatch):
-    "4 GPUs at 2 per unit: two workers, one with CUDA_VISIBLE_DEVICES=0,1 and one with 2,3 (read back from the units' attempts)."
+    """4 GPUs at 2 per unit: two workers, one with CUDA_VISIBLE_DEVICES=0,1 and one with 2,3 (read back from the units'
+    attempts)."""
     reg = synthetic_registry(tmp_path, units=4, phases=1, work_s=0.3)
     r = run(["work", reg, "--root", tmp_path / "r", "--gpus-per-unit", 2], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -243,14 +248,16 @@ study:
   table: demo
   checkpoints: [2]
   train: {{prompts_per_step: 8, lr: 0.05, sampling: {{group_size: 8, max_new_tokens: 6}}}}
-  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, groups_per_batch: 4, k_sketch: 256}}
+  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, \
+groups_per_batch: 4, k_sketch: 256}}
   blocks: [{{models: [tiny], domains: [math], seeds: [0, 1]}}]
 """)
     return f
 
 
 def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
-    "`stalebook demo REG --workers 2`: status, two shared workers for the run stage, freeze, report and the decisions; exit 0."
+    """`stalebook demo REG --workers 2`: status, two shared workers for the run stage, freeze, report and the decisions;
+    exit 0."""
     reg = ranking_registry(tmp_path, tiny_snapshot)
     r = run(
         ["demo", reg, "--root", tmp_path / "r", "--workers", 2],
@@ -270,7 +277,8 @@ def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
 
 @pytest.mark.slow
 def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_snapshot):
-    "Two families (train, stale, point) on 2 `stalebook work` workers: the same content files and frozen table as `stalebook run`."
+    """Two families (train, stale, point) on 2 `stalebook work` workers: the same content files and frozen table as
+    `stalebook run`."""
     reg = ranking_registry(tmp_path, tiny_snapshot)
     assert run(["run", reg, "--root", tmp_path / "local", "--quiet"]).returncode == 0
     procs = [work(reg, tmp_path / "shared", "--ttl", 60) for _ in range(2)]
@@ -288,7 +296,8 @@ def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_sna
 
 @pytest.fixture(scope="module")
 def tiny_demo_local(tmp_path_factory) -> dict:
-    "The real tiny registry's demo slice (3 families, 9 points) run and frozen by the local executor: its content files."
+    """The real tiny registry's demo slice (3 families, 9 points) run and frozen by the local executor: its content
+    files."""
     root = tmp_path_factory.mktemp("tiny-demo") / "local"
     r = run(["run", "tiny:demo", "--root", root, "--quiet"], timeout=7200)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -299,7 +308,8 @@ def tiny_demo_local(tmp_path_factory) -> dict:
 
 
 def exactly_once(root: Path, units: list[str]) -> None:
-    "Every phase of every unit started and finished once (from the units' attempt logs); every unit claimed once, never taken over."
+    """Every phase of every unit started and finished once (from the units' attempt logs); every unit claimed once,
+    never taken over."""
     ev = attempts(root)
     starts = sorted((e["unit"], e["phase"]) for e in ev if e["event"] == "start")
     assert starts == sorted(set(starts)) and {u for u, _ in starts} == set(units), starts
@@ -310,8 +320,8 @@ def exactly_once(root: Path, units: list[str]) -> None:
 
 @pytest.mark.slow
 def test_tiny_demo_on_six_workers_runs_each_unit_once_and_matches_local(tmp_path, tiny_demo_local):
-    """6 `stalebook work` workers over the real tiny registry's demo slice: all exit 0, each family claimed once, each phase
-    run once, and the frozen table and every content file byte-identical to the local executor's."""
+    """6 `stalebook work` workers over the real tiny registry's demo slice: all exit 0, each family claimed once, each
+    phase run once, and the frozen table and every content file byte-identical to the local executor's."""
     procs = [work("tiny:demo", tmp_path / "shared", "--ttl", 300) for _ in range(6)]
     outs = [p.communicate(timeout=7200) for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, [o[1][-500:] for o in outs]
@@ -419,8 +429,9 @@ def _ray_processes() -> list[int]:
 
 
 def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_path):
-    """The head stalebook starts listens on loopback only and serves no dashboard (checked from the sockets of every process
-    it started); one Ray task per synthetic unit leaves the local executor's bytes, read back from the volume."""
+    """The head stalebook starts listens on loopback only and serves no dashboard (checked from the sockets of every
+    process it started); one Ray task per synthetic unit leaves the local executor's bytes, read back from the
+    volume."""
     ray = pytest.importorskip("ray")
     from stalebook.executors import check_can_start, connect_ray, ray_tasks
     from stalebook.registry import load_registry
@@ -449,8 +460,8 @@ def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_
 
 
 def _ray_cluster_run(tmp_path, reg, remove_node: bool, only: str | None = None):
-    """A 2-node `ray.cluster_utils.Cluster` (1 CPU each) runs `reg` (the units matching `only`); with `remove_node`, the worker
-    node is removed while a unit runs on it."""
+    """A 2-node `ray.cluster_utils.Cluster` (1 CPU each) runs `reg` (the units matching `only`); with `remove_node`, the
+    worker node is removed while a unit runs on it."""
     import threading
 
     import psutil
@@ -506,8 +517,9 @@ def assert_retried(root: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("remove_node", [False, True])
 def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapshot, remove_node):
-    """Two ranking families as Ray tasks on a 2-node cluster: the same files and frozen table as the local executor; a node
-    removed while its unit runs: the task is retried, resumes from the volume, and the frozen table is still the same."""
+    """Two ranking families as Ray tasks on a 2-node cluster: the same files and frozen table as the local executor; a
+    node removed while its unit runs: the task is retried, resumes from the volume, and the frozen table is still the
+    same."""
     reg = ranking_registry(tmp_path, tiny_snapshot)
     assert run(["run", reg, "--root", tmp_path / "local", "--quiet"]).returncode == 0
     res, root = _ray_cluster_run(tmp_path, reg, remove_node)
@@ -523,8 +535,9 @@ def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapsh
 @pytest.mark.slow
 @pytest.mark.parametrize("remove_node", [False, True])
 def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path, tiny_demo_local, remove_node):
-    """The real tiny registry's demo slice as Ray tasks on a 2-node cluster: the local executor's frozen table and files; with a
-    node removed while its family trains, the task is retried on the other node, resumes, and the bytes are still the same."""
+    """The real tiny registry's demo slice as Ray tasks on a 2-node cluster: the local executor's frozen table and
+    files; with a node removed while its family trains, the task is retried on the other node, resumes, and the bytes
+    are still the same."""
     res, root = _ray_cluster_run(tmp_path, "tiny:demo", remove_node)
     assert {s["state"] for s in res.values()} == {"done"}, res
     assert run(["freeze", "tiny:demo", "--root", root]).returncode == 0
@@ -538,8 +551,9 @@ def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path,
 
 @pytest.mark.slow
 def test_ray_task_runs_a_code_family_of_tiny_like_the_local_executor(tmp_path):
-    """One code-domain family of the real tiny registry (400 training steps whose rewards run in the sandbox, 4 points) as a Ray
-    task on a 2-node cluster: the sandbox works inside a Ray worker, and every content file equals the local executor's."""
+    """One code-domain family of the real tiny registry (400 training steps whose rewards run in the sandbox, 4 points)
+    as a Ray task on a 2-node cluster: the sandbox works inside a Ray worker, and every content file equals the local
+    executor's."""
     local = tmp_path / "local"
     r = run(["run", "tiny", "--only", "tiny-code-s0", "--root", local, "--quiet"], timeout=7200)
     assert r.returncode == 0, r.stderr[-2000:]

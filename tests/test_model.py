@@ -81,7 +81,8 @@ PLAIN_LOAD = """
 import json, os, socket, sys
 attempts = []
 def hook(ev, args):
-    if ev.startswith("socket.") and ev in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto"):
+    if ev.startswith("socket.") and ev in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname",
+                                           "socket.sendto"):
         attempts.append(ev); raise OSError("network blocked in test: " + ev)
 sys.addaudithook(hook)
 import torch

@@ -112,7 +112,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _annotation(t: str) -> str:
-    "One spelling for optional types: the notebook writes `Optional[X]` (papermill parses it), the dataclass `X | None`."
+    """One spelling for optional types: the notebook writes `Optional[X]` (papermill parses it), the dataclass `X |
+    None`."""
     m = re.fullmatch(r"Optional\[(.+)\]", t)
     return f"{m.group(1)} | None" if m else t
 
@@ -132,7 +133,8 @@ def parameter_mismatches(cls, params: dict, extra=("progress",)) -> list[str]:
 
 
 def test_papermill_parameters_are_exactly_pointconfig():
-    "The parameters cell of the point notebook has exactly PointConfig's fields, types and defaults; one added field is caught."
+    """The parameters cell of the point notebook has exactly PointConfig's fields, types and defaults; one added field
+    is caught."""
     import papermill as pm
 
     from stalebook.point import PointConfig
@@ -149,8 +151,9 @@ def test_papermill_parameters_are_exactly_pointconfig():
 
 def test_point_kernel_elsewhere_finds_this_process_default_snapshot(tmp_path, tiny_snapshot):
     """A run whose config leaves `snapshot` empty uses the embedded default, which is found from the working folder (the
-    project's runs/snapshots/tiny). A study's point kernel starts in the unit's folder; when that folder is outside the project,
-    the kernel must still use the default this process uses, not look for (and build) one under the unit's folder."""
+    project's runs/snapshots/tiny). A study's point kernel starts in the unit's folder; when that folder is outside the
+    project, the kernel must still use the default this process uses, not look for (and build) one under the unit's
+    folder."""
     proj, unit = tmp_path / "project", tmp_path / "results" / "unit"
     (proj / "runs" / "snapshots").mkdir(parents=True)
     unit.mkdir(parents=True)
@@ -161,10 +164,10 @@ def test_point_kernel_elsewhere_finds_this_process_default_snapshot(tmp_path, ti
 from stalebook.point import PointConfig, execute_point
 from stalebook.rollouts import SamplingConfig
 from stalebook.trainer import Trainer, TrainConfig
-Trainer(TrainConfig(out={str(unit / "train")!r}, snapshot="", steps=2, lineage_steps=(0, 2), prompts_per_step=4, lr=0.05,
-                    sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
-r = execute_point(PointConfig(run="train", checkpoint=2, n_candidates=12, n_validation=4, k=3, group_size=4, max_new_tokens=6,
-                              groups_per_batch=4, k_sketch=256, n_boot=200), cwd={str(unit)!r})
+Trainer(TrainConfig(out={str(unit / "train")!r}, snapshot="", steps=2, lineage_steps=(0, 2), prompts_per_step=4,
+                    lr=0.05, sampling=SamplingConfig(group_size=4, max_new_tokens=6))).run(progress=False)
+r = execute_point(PointConfig(run="train", checkpoint=2, n_candidates=12, n_validation=4, k=3, group_size=4,
+                              max_new_tokens=6, groups_per_batch=4, k_sketch=256, n_boot=200), cwd={str(unit)!r})
 print("RESULT", r["point"]["checkpoint"])
 """
     env = {k: v for k, v in os.environ.items() if k != "STALEBOOK_TINY"}

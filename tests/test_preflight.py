@@ -56,7 +56,8 @@ def test_cli_prints_one_line_per_failure_and_reads_no_weights(snap):
     code = """
     import sys
     opened = []
-    sys.addaudithook(lambda ev, a: opened.append(str(a[0])) if ev == "open" and isinstance(a[0], str) and a[0].endswith("safetensors") else None)
+    sys.addaudithook(lambda ev, a: opened.append(str(a[0]))
+                     if ev == "open" and isinstance(a[0], str) and a[0].endswith("safetensors") else None)
     from stalebook.cli import main
     rc = main(sys.argv[1:])
     print("MODULES", "torch" in sys.modules, "safetensors" in sys.modules, "transformers" in sys.modules, len(opened))
@@ -82,7 +83,8 @@ def test_planted_token_file_not_read(tmp_path):
     code = """
     import os, sys
     opened = []
-    sys.addaudithook(lambda ev, a: opened.append(os.fsdecode(a[0])) if ev == "open" and isinstance(a[0], (str, bytes)) and "token" in os.fsdecode(a[0]) else None)
+    sys.addaudithook(lambda ev, a: opened.append(os.fsdecode(a[0]))
+                     if ev == "open" and isinstance(a[0], (str, bytes)) and "token" in os.fsdecode(a[0]) else None)
     import huggingface_hub
     from huggingface_hub import get_token
     if sys.argv[1] == "compute":
@@ -117,7 +119,8 @@ def test_network_refused_in_compute_mode_loopback_allowed():
     from stalebook.preflight import enter_compute_mode, NetworkRefused
     env = enter_compute_mode()
     import os
-    print("ENV", os.environ["HF_HUB_OFFLINE"], os.environ["TRANSFORMERS_OFFLINE"], os.environ["HF_HUB_DISABLE_IMPLICIT_TOKEN"], "HF_TOKEN" in os.environ)
+    print("ENV", os.environ["HF_HUB_OFFLINE"], os.environ["TRANSFORMERS_OFFLINE"],
+          os.environ["HF_HUB_DISABLE_IMPLICIT_TOKEN"], "HF_TOKEN" in os.environ)
     for f in (lambda: socket.socket().connect(("93.184.216.34", 80)), lambda: socket.getaddrinfo("huggingface.co", 443),
               lambda: socket.gethostbyname("example.com")):
         try: f(); print("ALLOWED")

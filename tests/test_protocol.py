@@ -254,10 +254,10 @@ def test_jackknife_moments_equal_direct_deletion(seed, n, K, Kv, nv):
         mo, gv = topk_mask(sc[o], k, keys[o]), validation_gradient(val[h])
         G = prompt_gradients(val[h])
 
-        def stats_of(s):
+        def stats_of(scores, h=h, o=o, mo=mo):
             return {
-                "rel": reliability(topk_mask(s, k, keys[h]), mo),
-                **{nm: selection_gain((s + sc[o]) / 2, m) for nm, m in masks.items()},
+                "rel": reliability(topk_mask(scores, k, keys[h]), mo),
+                **{nm: selection_gain((scores + sc[o]) / 2, m) for nm, m in masks.items()},
             }
 
         cand_rows = []
@@ -266,9 +266,9 @@ def test_jackknife_moments_equal_direct_deletion(seed, n, K, Kv, nv):
                 gi = prompt_gradients(
                     Rollouts(np.delete(cand[h].rewards[i : i + 1], y, 1), np.delete(cand[h].vectors[i : i + 1], y, 1))
                 )
-                s = sc[h].copy()
-                s[i] = cosine_scores(gi, gv)[0][0]
-                cand_rows.append(stats_of(s))
+                scores = sc[h].copy()
+                scores[i] = cosine_scores(gi, gv)[0][0]
+                cand_rows.append(stats_of(scores))
         val_rows = []
         for j in range(nv):
             for y in range(Kv):
@@ -509,7 +509,8 @@ def test_cmd_design(tmp_path):
 
 @pytest.mark.slow
 def test_default_bound_coverage_larger_grid():
-    "All 24 cells of the study's grid, 1 pool x 12 points each (288 points, 1,000 replicates; about 4 CPU-minutes): model in [90%, 99%], the default >= 99%."
+    """All 24 cells of the study's grid, 1 pool x 12 points each (288 points, 1,000 replicates; about 4 CPU-minutes):
+    model in [90%, 99%], the default >= 99%."""
     rows = []
     for c in calibration_grid():
         rows += calibrate_cell(c, Domain(2, ("test", "coverage", c.regime, c.n, c.K)), pools=1, seeds=12, n_boot=1000)

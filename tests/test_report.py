@@ -1,5 +1,5 @@
-"""The report notebook: its parameters; a report of a partially run registry says PARTIAL in its file names, figure titles
-and tables; once frozen it does not, and its table is the frozen one byte for byte."""
+"""The report notebook: its parameters; a report of a partially run registry says PARTIAL in its file names, figure
+titles and tables; once frozen it does not, and its table is the frozen one byte for byte."""
 
 import json
 import sys
@@ -50,7 +50,8 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     ]
     assert (root / "report/table.md").read_bytes() == (root / "frozen/table.md").read_bytes()
     assert json.loads((root / "report/table.json").read_text())["partial"] is False
-    # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the forecast
+    # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the
+    # forecast
     lines = registry_decisions(reg, root, pools=6, draws=10, boot_reps=20, cells=200)
     assert lines[0].startswith("decisions (frozen; bounds: percentile")
     rows = {(r["checkpoint"], r["estimator"]): r for r in json.loads((root / "frozen/table.json").read_text())["rows"]}

@@ -1,4 +1,5 @@
-"""Rollout stores: generation resumes bit-identically after SIGKILLs, a store refuses another policy hash (multi-process)."""
+"""Rollout stores: generation resumes bit-identically after SIGKILLs, a store refuses another policy hash
+(multi-process)."""
 
 import os
 import subprocess
@@ -102,9 +103,10 @@ def test_store_refuses_other_policy_and_hash_changes(tmp_path, tiny_snapshot):
 
 
 def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
-    """`shared_prefix` (each distinct prompt's forward once, its KV cache continued by the rows sharing it) against whole
-    rows, on a GRPO-shaped batch of code prompts of different lengths with micro-batches that split groups, on a LoRA
-    policy: the same sampled completions, log-probs within 1e-4 and the same gradient up to float order (rel. 1e-3)."""
+    """`shared_prefix` (each distinct prompt's forward once, its KV cache continued by the rows sharing it) against
+    whole rows, on a GRPO-shaped batch of code prompts of different lengths with micro-batches that split groups, on a
+    LoRA policy: the same sampled completions, log-probs within 1e-4 and the same gradient up to float order (rel.
+    1e-3)."""
     from stalebook.model import LoraSpec
     from stalebook.rollouts import (
         SamplingConfig,

@@ -87,7 +87,9 @@ def hostile_corpus(port: int, canary: Path) -> dict[str, str]:
         ),
         "memory_bomb": "x = bytearray(1 << 36)\ndef smaller(a, b): return a\n",
         "memory_bomb_growing": "l = []\nwhile True: l.append(bytearray(10**7))\n",
-        "huge_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)\n",
+        "huge_output": (
+            "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)\n"
+        ),
         "huge_result": "def smaller(a, b):\n    return 'x' * (50 * 10**6)\n",
         "disk_fill": "with open('big', 'wb') as f:\n    while True: f.write(b'0' * 10**6)\n",
         "write_outside_workdir": (
@@ -104,7 +106,9 @@ def hostile_corpus(port: int, canary: Path) -> dict[str, str]:
             "        if type(o).__name__ == 'Check': return o.expected\n    return None\n"
         ),
         "sys_modules_os_exit": "import sys\nsys.modules['os']._exit(0)\n",
-        "importlib_reload_kill_parent": "import importlib, os\nos = importlib.reload(os)\nos.kill(os.getppid(), 9)\nos._exit(0)\n",
+        "importlib_reload_kill_parent": (
+            "import importlib, os\nos = importlib.reload(os)\nos.kill(os.getppid(), 9)\nos._exit(0)\n"
+        ),
         "loader_escape": "posix = __import__('builtins').__loader__.load_module('posix')\nposix._exit(0)\n",
         "ctypes_escape": (
             "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.kill(libc.getppid(), 9)\nlibc.kill(-1, 9)\nlibc._exit(0)\n"
@@ -136,20 +140,29 @@ def hostile_corpus(port: int, canary: Path) -> dict[str, str]:
             "os._exit(0)\n"
         ),
         "forge_stdout_and_pipe": (
-            'import os, sys\nprint(\'all tests passed\')\nos.write(int(sys.argv[1]), b\'{"status": "ok", "outputs": []}\\n\')\n'
+            "import os, sys\nprint('all tests passed')\n"
+            'os.write(int(sys.argv[1]), b\'{"status": "ok", "outputs": []}\\n\')\n'
             "def smaller(a, b): return min(a, b)\n"
         ),
-        "lying_eq_object": "class A:\n    def __eq__(self, o): return True\n    __hash__ = None\ndef smaller(a, b): return A()\n",
-        "lying_int_subclass": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\ndef smaller(a, b): return I(0)\n",
-        # against the parent process (on the fork-server path: the template); each returns the right answer iff the attack worked
+        "lying_eq_object": (
+            "class A:\n    def __eq__(self, o): return True\n    __hash__ = None\ndef smaller(a, b): return A()\n"
+        ),
+        "lying_int_subclass": (
+            "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+            "def smaller(a, b): return I(0)\n"
+        ),
+        # against the parent process (on the fork-server path: the template); each returns the right answer iff the
+        # attack worked
         "ptrace_parent": (
-            "import ctypes, os\nlibc, pp = ctypes.CDLL(None), os.getppid()\nok = libc.ptrace(16, pp, 0, 0) == 0\n"  # attach,
+            "import ctypes, os\nlibc, pp = ctypes.CDLL(None), os.getppid()\n"
+            "ok = libc.ptrace(16, pp, 0, 0) == 0\n"  # attach,
             "if ok: os.waitpid(pp, 0x40000000); libc.ptrace(17, pp, 0, 0)\n"  # wait, detach
             "def smaller(a, b): return min(a, b) if ok else None\n"
         ),
         "read_parent_proc": (
             "import os\nok = False\nfor q in ('environ', 'mem', 'maps', 'fd'):\n    try:\n"
-            "        p = f'/proc/{os.getppid()}/{q}'\n        ok |= bool(os.listdir(p) if q == 'fd' else open(p, 'rb').read(1))\n"
+            "        p = f'/proc/{os.getppid()}/{q}'\n"
+            "        ok |= bool(os.listdir(p) if q == 'fd' else open(p, 'rb').read(1))\n"
             "    except Exception: pass\ndef smaller(a, b): return min(a, b) if ok else None\n"
         ),
         "stop_parent": (
@@ -171,7 +184,9 @@ CORRECT = {
         "import os\nwith open('scratch.txt', 'w') as f: f.write('ok')\nprint('hello ' * 100)\n"
         "def smaller(a, b):\n    return a if a < b else b\n"
     ),
-    "correct_with_recursion": "def smaller(a, b):\n    return b if a > b else (a if a == b or a < b else smaller(b, a))\n",
+    "correct_with_recursion": (
+        "def smaller(a, b):\n    return b if a > b else (a if a == b or a < b else smaller(b, a))\n"
+    ),
 }
 
 
@@ -181,7 +196,9 @@ CORRECT = {
         "import os\nwith open('scratch.txt', 'w') as f: f.write('ok')\nprint('hello ' * 100)\n"
         "def smaller(a, b):\n    return a if a < b else b\n"
     ),
-    "correct_with_recursion": "def smaller(a, b):\n    return b if a > b else (a if a == b or a < b else smaller(b, a))\n",
+    "correct_with_recursion": (
+        "def smaller(a, b):\n    return b if a > b else (a if a == b or a < b else smaller(b, a))\n"
+    ),
 }
 
 
@@ -302,8 +319,10 @@ LEAKS = {
     ),
     "tmp_dir": ("os.mkdir('/tmp/stalebook-dir')", "FOUND = os.path.exists('/tmp/stalebook-dir')", {"namespaces"}),
     "posix_shm": (
-        "import _posixshmem\nfd = _posixshmem.shm_open('/stalebook-leak', os.O_CREAT | os.O_RDWR, 0o666); os.write(fd, b'x')",
-        "import _posixshmem\nfd = _posixshmem.shm_open('/stalebook-leak', os.O_RDWR, 0)\nFOUND = os.pread(fd, 1, 0) == b'x'",
+        "import _posixshmem\n"
+        "fd = _posixshmem.shm_open('/stalebook-leak', os.O_CREAT | os.O_RDWR, 0o666); os.write(fd, b'x')",
+        "import _posixshmem\nfd = _posixshmem.shm_open('/stalebook-leak', os.O_RDWR, 0)\n"
+        "FOUND = os.pread(fd, 1, 0) == b'x'",
         set(),
     ),
     "sysv_shm": (
@@ -327,18 +346,23 @@ LEAKS = {
         {"namespaces", "rlimits"},
     ),
     "module_state": (
-        "import json, builtins\njson.STALEBOOK_LEAK = 1; builtins.STALEBOOK_LEAK = 1; sys.modules['stalebook_leak'] = json",
-        "import json, builtins\nFOUND = hasattr(json, 'STALEBOOK_LEAK') or hasattr(builtins, 'STALEBOOK_LEAK') or 'stalebook_leak' in sys.modules",
+        "import json, builtins\n"
+        "json.STALEBOOK_LEAK = 1; builtins.STALEBOOK_LEAK = 1; sys.modules['stalebook_leak'] = json",
+        "import json, builtins\n"
+        "FOUND = hasattr(json, 'STALEBOOK_LEAK') or hasattr(builtins, 'STALEBOOK_LEAK') "
+        "or 'stalebook_leak' in sys.modules",
         {"namespaces", "rlimits"},
     ),
     "daemon_process": (
-        "import time\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        open('alive', 'w').close(); time.sleep(0.01)",
+        "import time\nif os.fork() == 0:\n    os.setsid()\n"
+        "    while True:\n        open('alive', 'w').close(); time.sleep(0.01)",
         "import time\nend = time.monotonic() + 1\nwhile not FOUND and time.monotonic() < end:\n"
         "    FOUND = os.path.exists('alive'); time.sleep(0.01)",
         {"namespaces"},
     ),
     "processes_exhausted": (
-        "import time\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n            os.setsid(); time.sleep(60); os._exit(0)\n"
+        "import time\nfor _ in range(64):\n    try:\n"
+        "        if os.fork() == 0:\n            os.setsid(); time.sleep(60); os._exit(0)\n"
         "    except OSError: break",
         "import threading\ntry: threading.Thread(target=lambda: None).start()\nexcept RuntimeError: FOUND = True",
         {"namespaces"},
@@ -365,7 +389,10 @@ if os.uname().machine != "x86_64":
 
 
 def _leaver(body):
-    return f"import os, sys\ntry:\n{textwrap.indent(body, '    ')}\nexcept Exception: pass\ndef smaller(a, b): return None\n"
+    return (
+        f"import os, sys\ntry:\n{textwrap.indent(body, '    ')}\n"
+        "except Exception: pass\ndef smaller(a, b): return None\n"
+    )
 
 
 def _finder(body, pre=""):
@@ -391,7 +418,8 @@ def test_no_state_survives_to_the_next_program(mode, monkeypatch):
             found = run(_finder(find))
             assert not found.ok, (name, "state survived to the next program", found.reason)
             assert run(CORRECT["correct_uses_workdir_and_prints"]).ok, name  # and the next correct program still passes
-        # the child holds exactly /dev/null, stderr and the result pipe (it closed the payload pipe), none of the template's
+        # the child holds exactly /dev/null, stderr and the result pipe (it closed the payload pipe), none of the
+        # template's
         fds = pool.run(
             "import os\ndef fds():\n    out = []\n    for f in range(1024):\n        try: os.fstat(f); out.append(f)\n"
             "        except OSError: pass\n    return out\n",
@@ -407,7 +435,8 @@ def test_no_state_survives_to_the_next_program(mode, monkeypatch):
 
 STATUS_FINDER = (
     "import gc\nf, seen = sys._getframe(1), []\nwhile f:\n    seen += list(f.f_locals.values()); f = f.f_back\n"
-    "seen += [o for o in gc.get_objects() if type(o) is dict]\nFOUND = any(type(v) is dict and v.get('rc') == 42 for v in seen)"
+    "seen += [o for o in gc.get_objects() if type(o) is dict]\n"
+    "FOUND = any(type(v) is dict and v.get('rc') == 42 for v in seen)"
 )
 
 
@@ -457,7 +486,8 @@ def attack():
     try: pids = TARGETS or [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (me, up, 1)]
     except OSError: pids = []
     for pid in pids:
-        for how, f in (("signal", lambda: os.kill(pid, 0)), ("read", lambda: open(f'/proc/{{pid}}/environ', 'rb').read(1)),
+        for how, f in (("signal", lambda: os.kill(pid, 0)),
+                       ("read", lambda: open(f'/proc/{{pid}}/environ', 'rb').read(1)),
                        ("mem", lambda: open(f'/proc/{{pid}}/maps').read(1))):
             try: f(); FOUND.append(how)
             except Exception: pass
@@ -540,7 +570,10 @@ def test_template_killed_or_stopped_costs_only_that_program(monkeypatch):
     task, lim = _task(), sandbox.Limits(cpu_s=1, wall_s=1.0)
     mode = sandbox.isolation()
     with _pool(mode, "fork", workers=1, limits=lim) as pool:
-        kill = "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\ndef smaller(a, b): return min(a, b)\n"
+        kill = (
+            "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n"
+            "def smaller(a, b): return min(a, b)\n"
+        )
         stop = kill.replace("SIGKILL", "SIGSTOP")
         for code, why in ((kill, "template died"), (stop, "stopped answering")):
             r = pool.run(code, task.tests)

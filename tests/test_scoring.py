@@ -34,12 +34,12 @@ def test_g11_sample_is_unbiased_for_on_policy_gradient(tmp_path, tiny_snapshot):
     g = Domain(0, ("test", "unbiased")).torch()
     lora_b = [(n, p) for n, p in model.named_parameters() if "lora_B" in n]
     with torch.no_grad():
-        for n, p in lora_b:
+        for _n, p in lora_b:
             p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     beta_hash = policy_hash(model)
     beta_state = {n: p.detach().clone() for n, p in lora_b}
     with torch.no_grad():
-        for n, p in lora_b:
+        for _n, p in lora_b:
             p.add_(0.15 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     pi_hash = policy_hash(model)
     pi_state = {n: p.detach().clone() for n, p in lora_b}

@@ -64,7 +64,8 @@ def test_synthetic_code_reward_in_sandbox_per_level():
 
 
 def _batch():
-    "A GRPO-like batch: 4 code prompts x 6 samples (repeats, programs equal up to a trailing line, rejects) + 2 math rows."
+    """A GRPO-like batch: 4 code prompts x 6 samples (repeats, programs equal up to a trailing line, rejects) + 2 math
+    rows."""
     ts = synthetic_tasks("code", 4, Domain(9, ("batch",)), 1)
     comps = lambda t: [t.answer, t.answer, t.answer + "\nignored", "x", "", t.answer + "+1"]
     tm = synthetic_tasks("math", 1, Domain(9, ("m",)), 0)[0]
@@ -272,14 +273,18 @@ BAD = {
         '{"question": "q", "answer": "#### two"}',
     ],
     "humaneval": [
-        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "assert True", "entry_point": "f"}',
-        '{"task_id": "X/1", "prompt": "def f(x:\\n", "canonical_solution": "", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f"}',
-        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", "test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f g"}',
+        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", '
+        '"test": "assert True", "entry_point": "f"}',
+        '{"task_id": "X/1", "prompt": "def f(x:\\n", "canonical_solution": "", '
+        '"test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f"}',
+        '{"task_id": "X/1", "prompt": "def f(x):\\n", "canonical_solution": "    return x\\n", '
+        '"test": "def check(c):\\n    assert c(1)==1\\n", "entry_point": "f g"}',
     ],
     "mbpp": [
         '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": []}',
         '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) =="]}',
-        '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1)==1"], "test_setup_code": "import os"}',
+        '{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1)==1"], '
+        '"test_setup_code": "import os"}',
     ],
 }
 

@@ -216,7 +216,8 @@ def test_grpo_raises_math_reward(tmp_path):
     assert len(recs) == 100
     s = lt.train_summary(recs, 10)
     print(
-        f"math reward first 10 steps {s['start']:.3f} ± {s['start_se']:.3f} -> last 10 {s['end']:.3f} ± {s['end_se']:.3f}; "
+        f"math reward first 10 steps {s['start']:.3f} ± {s['start_se']:.3f} "
+        f"-> last 10 {s['end']:.3f} ± {s['end_se']:.3f}; "
         f"zero-advantage groups {s['zero_adv_total']}/{s['groups_total']}"
     )
     assert s["diff"] > 2 * s["diff_se"], s
@@ -286,7 +287,8 @@ def _recs(cfg):
 
 
 def test_async_lags_and_ratios(tmp_path, tiny_snapshot):
-    "fixed-lag: lag exactly S after warm-up; sync-every: lags cycle 1..S; ratios differ from 1 once the lag is positive."
+    """fixed-lag: lag exactly S after warm-up; sync-every: lags cycle 1..S; ratios differ from 1 once the lag is
+    positive."""
     from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import AsyncConfig, TrainConfig, lag_histogram
 
@@ -378,8 +380,8 @@ def _offpolicy_inputs(seed=0, B=6, L=7):
 
 
 def test_trl_importance_sampling_matches():
-    """TRL's vLLM importance-sampling correction on identical inputs (TRL is not installed: its expression is quoted from
-    huggingface/trl @ f2cd57710ae345ea6428ae95363267fcf38a3dc8, trl/trainer/grpo_trainer.py, lines 2581-2619):
+    """TRL's vLLM importance-sampling correction on identical inputs (TRL is not installed: its expression is quoted
+    from huggingface/trl @ f2cd57710ae345ea6428ae95363267fcf38a3dc8, trl/trainer/grpo_trainer.py, lines 2581-2619):
 
         2581  per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask
         2583  sequence_level_is = self.vllm_importance_sampling_mode in ["sequence_mask", "sequence_truncate"]
@@ -388,9 +390,12 @@ def test_trl_importance_sampling_matches():
         2596  if self.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:
         2597      vllm_importance_sampling_ratio = torch.clamp(vllm_importance_sampling_ratio,
         2599          min=self.vllm_importance_sampling_clip_min, max=self.vllm_importance_sampling_clip_max)
-        2602  elif self.vllm_importance_sampling_mode in ["sequence_mask", "token_mask"]:   (min_val = -inf, max_val = clip_max)
-        2614      invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (vllm_importance_sampling_ratio > max_val)
-        2617      vllm_importance_sampling_ratio = vllm_importance_sampling_ratio.masked_fill(invalid_mis_mask, value=0.0)
+        2602  elif self.vllm_importance_sampling_mode in ["sequence_mask", "token_mask"]:
+                                                                   (min_val = -inf, max_val = clip_max)
+        2614      invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) |
+                                     (vllm_importance_sampling_ratio > max_val)
+        2617      vllm_importance_sampling_ratio = vllm_importance_sampling_ratio.masked_fill(invalid_mis_mask,
+                                                                                              value=0.0)
 
     and applied as `per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]` (line 3118) before the masked
     aggregation, so TRL's effective per-token weight is that ratio times the mask. GSPO's sequence ratio (line 3058):
@@ -425,9 +430,9 @@ def test_verl_rollout_is_matches():
     """verl's `rollout_is` weights on identical inputs (volcengine/verl @ b178a3cd56f58b2d502255daba591e92833930a7,
     verl/trainer/ppo/rollout_corr_helper.py, compute_rollout_correction_weights, lines 533-562):
 
-        533  log_ratio_safe = torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND)        # token; SAFETY_BOUND = 20
+        533  log_ratio_safe = torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND)  # token; SAFETY_BOUND = 20
         534  rollout_is_weights = torch.exp(log_ratio_safe)
-        538  log_ratio_sum = verl_F.masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)    # sequence
+        538  log_ratio_sum = verl_F.masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)  # sequence
         543  log_ratio_sum_safe = torch.clamp(log_ratio_sum, min=-SAFETY_BOUND, max=SAFETY_BOUND)
         544  rollout_is_weights = torch.exp(log_ratio_sum_safe).expand_as(log_ratio)
         550  rollout_is_weights = rollout_is_weights * response_mask
@@ -483,7 +488,8 @@ def test_bad_async_config_one_line_error(tmp_path, cli):
 
 
 def _trainer_at(commit: str, tmp_path):
-    "stalebook/trainer.py as it was at `commit` (read from git, imported against today's other modules); skip without history."
+    """stalebook/trainer.py as it was at `commit` (read from git, imported against today's other modules); skip without
+    history."""
     r = subprocess.run(["git", "show", f"{commit}:stalebook/trainer.py"], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"git history with {commit} not available")
@@ -527,7 +533,8 @@ def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
     fa.pop("steps.jsonl")
     fb.pop("steps.jsonl")
     # the run identity in meta.json (and through it the chain's hashes) is defined differently since then: the
-    # snapshot's lockfile revision instead of its folder. Everything else, weights and optimizer state included: the same bytes.
+    # snapshot's lockfile revision instead of its folder. Everything else, weights and optimizer state included: the
+    # same bytes.
     for f in (fa, fb):
         for k in [k for k in f if k.endswith("meta.json") or k == "lineage.json"]:
             d = json.loads(f[k])
@@ -540,10 +547,10 @@ def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
 
 @pytest.mark.parametrize("case", ["kl-split-groups", "seq-mean-async-truncate"])
 def test_micro_batch_backward_writes_the_bytes_of_one_backward(tmp_path, tiny_snapshot, case):
-    """The learner runs its micro-batches forward and backward one at a time, last first, each waiting for its own groups'
-    rewards. Against the trainer before that change (c36d6fd's, read from git: one backward through the whole batch's
-    graph), on code batches of several micro-batches — one that splits groups, with the KL term; one with seq-mean,
-    sequence-level truncated IS and a lag — every file of the run is the same bytes."""
+    """The learner runs its micro-batches forward and backward one at a time, last first, each waiting for its own
+    groups' rewards. Against the trainer before that change (c36d6fd's, read from git: one backward through the whole
+    batch's graph), on code batches of several micro-batches — one that splits groups, with the KL term; one with
+    seq-mean, sequence-level truncated IS and a lag — every file of the run is the same bytes."""
     old = _trainer_at("c36d6fd", tmp_path)
     import stalebook.trainer as new
     from stalebook.rollouts import SamplingConfig
@@ -575,7 +582,7 @@ def test_micro_batch_backward_writes_the_bytes_of_one_backward(tmp_path, tiny_sn
             k["async_training"] = m.AsyncConfig(**k["async_training"])
         return m.TrainConfig(**k)
 
-    a = old.Trainer(mk(old, "old")).run(progress=False)
+    old.Trainer(mk(old, "old")).run(progress=False)
     b = new.Trainer(mk(new, "new")).run(progress=False)
     assert len(b.log.records) == 8 and len({r["policy_hash"] for r in b.log.records}) > 1  # the weights moved
     fa, fb = _files(tmp_path / "old"), _files(tmp_path / "new")
@@ -627,8 +634,9 @@ def test_code_steps_verify_in_a_verifier_process_and_its_death_is_an_error(tmp_p
 
 
 def test_shared_prefix_off_is_the_identity_it_had_before(tmp_path, tiny_snapshot):
-    """`shared_prefix` is a field added after runs were recorded: at its default every run keeps the identity, config hash
-    and config.yaml it had under the trainer before the field existed (abaab16's, read from git); set, it is another run."""
+    """`shared_prefix` is a field added after runs were recorded: at its default every run keeps the identity, config
+    hash and config.yaml it had under the trainer before the field existed (abaab16's, read from git); set, it is
+    another run."""
     old = _trainer_at("abaab16", tmp_path)
     import stalebook.trainer as new
     from stalebook.core import config_hash
@@ -696,8 +704,9 @@ def test_shared_prefix_run_resumes_bit_identical_and_verifies_on_a_thread(tmp_pa
 
 
 def test_a_trainer_process_keeps_the_memory_it_frees(tmp_path, tiny_snapshot):
-    """Building a Trainer sets up its process (`compute_setup`): freed blocks stay in the heap, so buffers allocated again
-    step after step are not page-faulted in afresh. Compared with the same process that builds no Trainer (glibc only)."""
+    """Building a Trainer sets up its process (`compute_setup`): freed blocks stay in the heap, so buffers allocated
+    again step after step are not page-faulted in afresh. Compared with the same process that builds no Trainer (glibc
+    only)."""
     import platform
 
     if not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"):
@@ -705,7 +714,8 @@ def test_a_trainer_process_keeps_the_memory_it_frees(tmp_path, tiny_snapshot):
     script = f"""
 import resource, sys, torch
 from stalebook.trainer import Trainer, TrainConfig
-if sys.argv[1] == "trainer": Trainer(TrainConfig(out={str(tmp_path / "run")!r}, snapshot={str(tiny_snapshot)!r}, steps=1, lineage_steps=(0,)))
+if sys.argv[1] == "trainer":
+    Trainer(TrainConfig(out={str(tmp_path / "run")!r}, snapshot={str(tiny_snapshot)!r}, steps=1, lineage_steps=(0,)))
 def faults():
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(20): torch.empty(48 << 18).fill_(1.0)       # 48 MiB, written, freed

@@ -42,8 +42,10 @@ study:
   table: {table}
   objective: {objective}
   checkpoints: {list(checkpoints)}
-  train: {{prompts_per_step: 8, lr: 0.05, checkpoint_every: 1, sampling: {{group_size: 8, max_new_tokens: 6}}{train_extra}}}
-  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, groups_per_batch: 4, k_sketch: 256}}
+  train: {{prompts_per_step: 8, lr: 0.05, checkpoint_every: 1, \
+sampling: {{group_size: 8, max_new_tokens: 6}}{train_extra}}}
+  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, \
+groups_per_batch: 4, k_sketch: 256}}
   blocks: [{{models: [tiny], domains: [math], seeds: {list(seeds)}}}]
 """)
     return f
@@ -113,7 +115,8 @@ def test_a_unit_runs_in_one_process_at_a_time(tmp_path):
 
 
 def _kill_run(reg, root, delay) -> bool:
-    "Start `stalebook run`, SIGKILL its whole process group (papermill kernel included) after `delay` s; True if it was still running."
+    """Start `stalebook run`, SIGKILL its whole process group (papermill kernel included) after `delay` s; True if it
+    was still running."""
     p = subprocess.Popen(
         [EXE, "run", str(reg), "--root", str(root)],
         stdout=subprocess.DEVNULL,
@@ -166,10 +169,10 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
 
 
 def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(tmp_path, tiny_snapshot):
-    """>= 10 kills of `stalebook run` (6 at fault points inside training, stores, the point kernel and between a phase and
-    its record; the rest SIGKILLs of the process group at random moments) and a final rerun: every content file — results,
-    replicates, executed notebook, manifests, phase records, lineage, stores, frozen table — is byte-identical to an
-    uninterrupted run in another root (which is also the two-independent-runs check for a point)."""
+    """>= 10 kills of `stalebook run` (6 at fault points inside training, stores, the point kernel and between a phase
+    and its record; the rest SIGKILLs of the process group at random moments) and a final rerun: every content file —
+    results, replicates, executed notebook, manifests, phase records, lineage, stores, frozen table — is byte-identical
+    to an uninterrupted run in another root (which is also the two-independent-runs check for a point)."""
     reg = ranking_registry(tmp_path, tiny_snapshot)
     faults = ["step:1", "ckpt:2", "phase:tiny-math-s0/train", "group:5", "phase:tiny-math-s0/stale", "group:9"]
     files, kills = kill_and_compare(tmp_path, reg, faults)
@@ -211,7 +214,8 @@ from stalebook.tasks import synthetic_tasks
 model, tok = load_policy(sys.argv[1])
 tasks = synthetic_tasks("code", 6, Domain(0, ("test", "code-store")))
 ph = policy_hash(model)
-st = RolloutStore(sys.argv[2], ph, rollout_domain(0, ph, "test"), SamplingConfig(group_size=4, max_new_tokens=10, groups_per_batch=3),
+st = RolloutStore(sys.argv[2], ph, rollout_domain(0, ph, "test"),
+                  SamplingConfig(group_size=4, max_new_tokens=10, groups_per_batch=3),
                   [t.id for t in tasks], numerics=numerics_of(model))
 generate_store(model, tok, tasks, st, progress=False)
 print(st.path.name)

@@ -55,8 +55,10 @@ SITE_CSS = """
 body.jp-Notebook { margin: 0; padding: 0 0 0 18rem; }
 nav.site-nav { position: fixed; top: 0; left: 0; bottom: 0; width: 16.5rem; overflow-y: auto; padding: 1rem 0.75rem;
   background: #f6f7f9; border-right: 1px solid #dde1e6; font: 14px/1.45 system-ui, sans-serif; }
-nav.site-nav .site-title { display: block; font-size: 1.25rem; font-weight: 600; color: #1d2b3a; text-decoration: none; margin-bottom: .75rem; }
-nav.site-nav .section { margin: .9rem 0 .25rem; font-size: .78rem; font-weight: 600; text-transform: uppercase; letter-spacing: .04em; color: #5b6675; }
+nav.site-nav .site-title { display: block; font-size: 1.25rem; font-weight: 600; color: #1d2b3a; \
+text-decoration: none; margin-bottom: .75rem; }
+nav.site-nav .section { margin: .9rem 0 .25rem; font-size: .78rem; font-weight: 600; text-transform: uppercase; \
+letter-spacing: .04em; color: #5b6675; }
 nav.site-nav ul { list-style: none; margin: 0; padding: 0; }
 nav.site-nav li a { display: block; padding: .18rem .4rem; border-radius: 4px; color: #25364a; text-decoration: none; }
 nav.site-nav li a:hover { background: #e6eaf0; }
@@ -132,7 +134,8 @@ _dir_re = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
 
 
 def reader_cells(nb):
-    "The cells a reader sees (nbformat node, modified in place): hidden and default_exp cells dropped, directives removed."
+    """The cells a reader sees (nbformat node, modified in place): hidden and default_exp cells dropped, directives
+    removed."""
     keep = []
     for c in nb.cells:
         if c.cell_type != "code":
@@ -160,7 +163,8 @@ def reader_cells(nb):
 
 
 def slugify(text: str) -> str:
-    "Pandoc's auto identifier (Quarto's): keep letters, digits, `_ - .`; spaces to `-`; lowercase; from the first letter."
+    """Pandoc's auto identifier (Quarto's): keep letters, digits, `_ - .`; spaces to `-`; lowercase; from the first
+    letter."""
     text = unicodedata.normalize("NFC", text).strip().lower()
     text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n")
     text = re.sub(r"\s+", "-", text)
@@ -374,18 +378,19 @@ def main(argv=None):
     ap.add_argument("--static", action="store_true", help="build the static site even when Quarto is installed")
     ap.add_argument("--out", default=str(ROOT / "_docs"), help="output folder of the static site (default _docs/)")
     ap.add_argument("--jobs", type=int, default=2, help="pages rendered in parallel (default 2)")
-    a = ap.parse_args(argv)
-    if shutil.which("quarto") and not a.static:
+    args = ap.parse_args(argv)
+    if shutil.which("quarto") and not args.static:
         print("quarto found: nbdev-docs")
         return subprocess.call([str(Path(sys.executable).with_name("nbdev-docs"))], cwd=ROOT)
-    site = Site(Path(a.out), jobs=a.jobs)
+    site = Site(Path(args.out), jobs=args.jobs)
     written = site.build()
     for w in site.warnings:
         print("warning:", w, file=sys.stderr)
-    size = sum(f.stat().st_size for f in Path(a.out).rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(
         f"static site (no quarto): {len(written)} pages, {len(site.assets)} copied files, "
-        f"mathjax {'local' if site.mathjax else 'from CDN'}, {size / 1e6:.1f} MB in {a.out}; open {Path(a.out) / 'index.html'}"
+        f"mathjax {'local' if site.mathjax else 'from CDN'}, {size / 1e6:.1f} MB in {args.out}; "
+        f"open {Path(args.out) / 'index.html'}"
     )
     return 0
 

@@ -23,15 +23,18 @@ Prose is checked against the outputs: a number with two or more decimals that a 
 result is never only retyped — it is shown by a cell whose output the comparison checks.
 
 A cell tagged `measured` (cell metadata `"tags": ["measured"]`) holds a wall-clock measurement (a throughput,
-a speed ratio) or a property of the machine (which isolation its sandbox gets): `--save` keeps its outputs so a reader sees what was measured, but they are never compared,
-because no normalisation makes a timing repeat on another machine. Only such cells carry the tag; everything else is compared.
+a speed ratio) or a property of the machine (which isolation its sandbox gets): `--save` keeps its outputs \
+so a reader sees what was measured, but they are never compared,
+because no normalisation makes a timing repeat on another machine. Only such cells carry the tag; \
+everything else is compared.
 
 Normalisation, applied to both sides before comparing (`normalise`):
 * ANSI escapes removed; a carriage return keeps only the text after it (what a terminal shows);
   tqdm-style bar lines (`37%|####  | 37/100`) dropped;
 * memory addresses: nbdev-clean's ` at 0x7f..` removal, then any other `0x` + 8 or more hex digits -> `0x<addr>`;
 * timings: ISO timestamps -> `<timestamp>`, clock times `0:01:02` / `01:02.5` -> `<clock>`, a number
-  followed by `s`/`ms`/`us`/`µs`/`ns`/`sec`/`secs`/`seconds`/`min`/`h` -> `<time>`, rates `12.3 it/s` / `s/it` -> `<rate>`;
+  followed by `s`/`ms`/`us`/`µs`/`ns`/`sec`/`secs`/`seconds`/`min`/`h` -> `<time>`, \
+rates `12.3 it/s` / `s/it` -> `<rate>`;
 * absolute paths: the checkout root -> `<root>`, the temp dir (and `/tmp`) followed by a path -> `<tmp>`,
   the home directory -> `~`;
 * trailing whitespace on each line and trailing blank lines removed.
@@ -166,7 +169,8 @@ def prose_numbers(nb: dict) -> list[str]:
 
 
 def compare_cells(name: str, committed: dict, ran: list) -> tuple[list[str], int]:
-    "(a message for every cell in `ran` (executed cells) whose committed text outputs differ, number of cells compared)."
+    """(a message for every cell in `ran` (executed cells) whose committed text outputs differ, number of cells
+    compared)."""
     by_id = {c.get("id"): (i, c) for i, c in enumerate(committed["cells"])}
     msgs, n = [], 0
     for cell in ran:

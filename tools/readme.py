@@ -2,8 +2,8 @@
 which is not installable on our machines). Markdown cells are copied verbatim; code cells that are
 not hidden become fenced python blocks. Image links `../figures/X` (relative to nbs/, where the notebook is)
 become `figures/X` (relative to the README). A code cell marked `#| echo: false` contributes its committed
-Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like every output). Deterministic: `python tools/readme.py --check` fails if
-README.md is out of date."""
+Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like every output).
+Deterministic: `python tools/readme.py --check` fails if README.md is out of date."""
 
 import json
 import sys

@@ -214,8 +214,8 @@ def sft_grad(theta, a):
 
 def weighted_sft(a, theta0, steps, lr=1.0, opt="adam", betas=(0.9, 0.999), eps=1e-12, decay=1.0, every=0):
     """Maximise sum_y a_y log pi_theta(y) (a_y = weighted empirical mass of response y) by `steps` full-batch
-    gradient steps from logits theta0. opt: 'gd' (plain gradient ascent) or 'adam'; step size lr * decay^t. Returns final logits
-    (and, if every > 0, the list of (step, logits) every `every` steps)."""
+    gradient steps from logits theta0. opt: 'gd' (plain gradient ascent) or 'adam'; step size lr * decay^t.
+    Returns final logits (and, if every > 0, the list of (step, logits) every `every` steps)."""
     th = np.array(theta0, np.float64, copy=True)
     a = np.asarray(a, np.float64)
     m = np.zeros_like(th)
@@ -301,7 +301,8 @@ def optimise_reg_value(logp_ref, r, beta):
 
 # %% ../../nbs/17_boltzmann.ipynb #107a560d
 def optimality_stats(problems, n_pert=1000):
-    "Over problems: min J(pi*) - J(perturbed), max |J(pi*) - J(optimiser)|, max TV(pi*, optimiser), max |J(pi*) - beta log Z|."
+    """Over problems: min J(pi*) - J(perturbed), max |J(pi*) - J(optimiser)|, max TV(pi*, optimiser),
+    max |J(pi*) - beta log Z|."""
     worst, d_opt, d_tv, d_val = np.inf, 0.0, 0.0, 0.0
     for lpr, r, beta, g in problems:
         ls = boltzmann_target(lpr, r, beta)
@@ -395,9 +396,10 @@ def check_support_gap(seed: int = 0):
 # %% ../../nbs/17_boltzmann.ipynb #35463d36
 @verify_check
 def check_sft_and_mirror_descent(seed: int = 0):
-    "Weighted SFT by gradient ascent reaches pi* (TV); K rounds of iterative BOLT = pi_ref exp(K r/beta); on a token tree too."
+    """Weighted SFT by gradient ascent reaches pi* (TV); K rounds of iterative BOLT = pi_ref exp(K r/beta); on a token
+    tree too."""
     e_sft = e_pmd = 0.0
-    for lpr, r, beta, g in _problems(seed, 3, "sft", Nrange=(4, 10), brange=(0.5, 2.0)):
+    for lpr, r, beta, _g in _problems(seed, 3, "sft", Nrange=(4, 10), brange=(0.5, 2.0)):
         a = np.exp(lpr + bolt_log_weights(lpr, r, beta))
         th = weighted_sft(a, lpr, 600, lr=1.5 / a.max(), opt="gd")
         e_sft = max(e_sft, tv(log_softmax(th), boltzmann_target(lpr, r, beta)))

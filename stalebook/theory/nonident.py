@@ -82,13 +82,13 @@ def make_pools(model: str, n: int, k: int, eps: float):
 # %% ../../nbs/13_nonident.ipynb #c7600834
 def true_utilities(pool, v) -> np.ndarray:
     "s_i = <grad E_pi[R], v> (population, unnormalised: the theory's utility)."
-    return np.array([policy_gradient(TREE, pi, R) @ v for pi, be, R in pool])
+    return np.array([policy_gradient(TREE, pi, R) @ v for pi, _be, R in pool])
 
 
 def grpo_true_utilities(pool, v, K: int, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "<E over on-policy K-groups of the GRPO gradient, v>, exactly (all N^K groups drawn from pi)."
     out = []
-    for pi, be, R in pool:
+    for pi, _be, R in pool:
         idx, pr = enumerate_groups(seq_probs(TREE, pi), K)
         g = sampled_estimators(TREE, pi, pi, R, idx, normalise="group", std=std, eps=eps)["11"]
         out.append(pr @ g @ v)
