@@ -9,6 +9,8 @@ the first line of each module's `__all__`, which nbdev wraps at 120 characters b
 
 import ast
 import io
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -55,3 +57,14 @@ def test_package_has_no_long_lines_and_one_statement_per_line():
         if long or joined:
             bad[str(p.relative_to(ROOT))] = dict(long=long[:5], joined=joined[:5])
     assert not bad, f"lines over {MAX_LINE} characters or statements joined with ';' (run `make format`): {bad}"
+
+
+def test_package_binds_every_name_it_uses():
+    "ruff reads a notebook as one file; the module nbdev exports holds only its exported cells, so check it too."
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--quiet", "--select", "F821,F822,F823", "stalebook"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

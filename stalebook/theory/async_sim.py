@@ -266,6 +266,8 @@ def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
 
 def plot_tcollapse(ax, sw: dict, title: str = ""):
     "Collapse step vs eta per S (collapsed replicates only; log-log)."
+    import matplotlib.pyplot as plt  # lazy: only for the figures
+
     cols = plt.cm.viridis(np.linspace(0, 0.9, len(sw["S"])))
     for i, S in enumerate(sw["S"]):
         e, r = np.nonzero(sw["t_c"][i] >= 0)
@@ -313,6 +315,8 @@ def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
 
 def plot_bias(ax, b: dict):
     "||delta|| / (S eta) against eta for every S, with the independently computed eta -> 0 limit."
+    import matplotlib.pyplot as plt  # lazy: only for the figures
+
     cols = plt.cm.viridis(np.linspace(0, 0.9, len(b["S"])))
     for i, S in enumerate(b["S"]):
         ax.plot(b["eta"], b["ratio"][i], "o-", ms=3, color=cols[i], label=f"S={S}")

@@ -174,6 +174,8 @@ def exact_estimators(tree: Tree, pi_logits, beta_logits, rewards, **kw) -> dict:
 
 # %% ../../nbs/11_estimators.ipynb #6091d430
 def _autograd_pg(tree, pi_logits, R):
+    import torch  # lazy: the theory runs on numpy; torch only on its own tensors
+
     th = torch.tensor(pi_logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.as_tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(pi_logits)[:-2] + (tree.D,))
@@ -246,6 +248,8 @@ def enumerate_groups(p, K: int):
 # %% ../../nbs/11_estimators.ipynb #1a928ada
 def _torch_consistency(seed: int = 0):
     "(max |torch - numpy| of stale_gradients, max |one weighted backward pass - g_ab|)."
+    import torch  # lazy: the theory runs on numpy; torch only on its own tensors
+
     gi = Domain(seed, ("estimators", "torch")).numpy()
     tr = Tree(3, 3)
     th, be = random_logits(tr, gi, (2,)), random_logits(tr, gi, (2,))

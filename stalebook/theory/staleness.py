@@ -196,6 +196,8 @@ def _brute_surrogate(tree, theta, phi, R, K, **kw):
 @verify_check
 def check_surrogate_gradient(seed: int = 0):
     "Analytic H vs autograd; binomial vs brute-force group expectation; on-policy H_on vs tree policy gradient."
+    import torch  # lazy: the theory runs on numpy; torch only for autograd checks
+
     g = Domain(seed, ("check", "staleness")).numpy()
     tr = Tree(2, 3)
     th = random_logits(tr, g, (2,))

@@ -164,6 +164,8 @@ def policy_gradient(tree: Tree, logits, rewards) -> np.ndarray:
 
 # %% ../../nbs/10_tree.ipynb #e47b4ec7
 def _autograd_grad(tree, logits, R):
+    import torch  # lazy: the theory runs on numpy; torch only for autograd checks
+
     th = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
     expected_reward(tree, th, torch.tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(logits)[:-2] + (tree.D,))
