@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stalebook.trainer:cmd_train",
         "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)",
     ),
+    "pipeline": (
+        "stalebook.pipeline:cmd_pipeline",
+        "pipelined GRPO from a config: a generator and a learner process, bounded staleness (TrainConfig)",
+    ),
     "point": (
         "stalebook.point:cmd_point",
         "run or resume one experiment point (stale vs fresh prompt scoring) via papermill",

@@ -31,8 +31,17 @@ from typing import Callable
 
 from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json
 from .registry import Registry, load_registry, registry_problems, registry_root
-from .units import UnitBusy, lease_gens, lease_path, queue_dir, queue_state, read_lease, run_unit, select_units
-from .units import cmd_run as local_cmd_run
+from stalebook.units import (
+    UnitBusy,
+    lease_gens,
+    lease_path,
+    queue_dir,
+    queue_state,
+    read_lease,
+    run_local,
+    run_unit,
+    select_units,
+)
 
 # %% auto #0
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
@@ -667,14 +676,7 @@ def cmd_run(argv) -> int:
     )
     args = parser.parse_args(argv)
     if args.executor == "local":
-        return local_cmd_run(
-            [
-                str(args.registry),
-                *(["--only", args.only] if args.only else []),
-                *(["--root", args.root] if args.root else []),
-                *(["--quiet"] if args.quiet else []),
-            ]
-        )
+        return run_local(args.registry, args.root, args.only, args.quiet)
     if args.executor == "shared":
         return shared_executor(args)
     res = run_ray(

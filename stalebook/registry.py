@@ -11,21 +11,33 @@ Docs: https://stalebook.github.io/stalebook/registry.html.md"""
 # %% ../nbs/31_registry.ipynb #e054de54
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .core import ConfigError, StalebookError, config_dict, from_dict, hash_json, project_root, read_mapping
+from stalebook.core import (
+    ConfigError,
+    StalebookError,
+    added_field,
+    config_dict,
+    from_dict,
+    hash_json,
+    project_root,
+    read_mapping,
+)
 from .snapshot import LOCKFILE, read_lock
 
 # %% auto #0
-__all__ = ['KINDS', 'KIND_MODULES', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 'UnitKind', 'register_kind', 'kind_of',
-           'deep_merge', 'Registry', 'registries_dir', 'registry_path', 'load_registry', 'registry_hash',
-           'registry_root', 'registry_problems']
+__all__ = ['KINDS', 'KIND_MODULES', 'UNSET', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 'UnitKind', 'register_kind', 'kind_of',
+           'deep_merge', 'Registry', 'partial_dict', 'partial_config', 'registries_dir', 'registry_path',
+           'load_registry', 'registry_hash', 'registry_root', 'registry_problems']
 
 # %% ../nbs/31_registry.ipynb #b9d1bb19
 @dataclass
@@ -156,6 +168,45 @@ class Registry:
         "{unit id: unit config} of this registry, in run order."
         return self.unit_kind.units(self)
 
+# %% ../nbs/31_registry.ipynb #d7a1c002
+class _Unset:
+    "The value of a field that a partial config does not set (one instance, `UNSET`)."
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
+def partial_dict(p) -> dict:
+    "The fields partial config `p` sets, as the mapping that sets them (nested partials as mappings)."
+    return {
+        f.name: partial_dict(v) if dataclasses.is_dataclass(v) else v
+        for f in dataclasses.fields(p)
+        if (v := getattr(p, f.name)) is not UNSET
+    }
+
+
+def _partial_repr(p) -> str:
+    return f"{type(p).__name__}({', '.join(f'{k}={v!r}' for k, v in partial_dict(p).items())})"
+
+
+@functools.cache
+def partial_config(cls: type) -> type:
+    """`cls` with every field optional (`UNSET`), typed as in `cls`; a field typed by a config dataclass becomes
+    that dataclass's partial. `from_dict` checks an override's names and types; unset fields stay out of its hash."""
+    hints = typing.get_type_hints(cls)
+    return dataclasses.make_dataclass(
+        f"Partial{cls.__name__}",
+        [
+            (f.name, partial_config(tp) if dataclasses.is_dataclass(tp := hints[f.name]) else tp, added_field(UNSET))
+            for f in dataclasses.fields(cls)
+            if f.init
+        ],
+        namespace=dict(__repr__=_partial_repr, __doc__=f"A partial `{cls.__name__}`: the fields an override sets."),
+    )
+
 # %% ../nbs/31_registry.ipynb #deaaa81f
 def registries_dir() -> Path:
     "`<project root or cwd>/configs/registries`."
@@ -188,13 +239,16 @@ def load_registry(spec) -> Registry:
     )
     path = registry_path(base)
     reg = from_dict(Registry, read_mapping(path), src=str(path))
-    reg.source, study = str(path), reg.study
+    reg.source = str(path)
+    kind = reg.unit_kind
+    specs = {"": from_dict(kind.study, reg.study, src=str(path), prefix="study.")}
+    for name, over in reg.slices.items():  # every slice is typed when the registry loads, not only the one asked for
+        specs[name] = from_dict(kind.study, deep_merge(reg.study, over), src=f"{path} (slice {name})", prefix="study.")
     if sl:
         if sl not in reg.slices:
             raise ConfigError(f"{path}: no slice '{sl}' (slices: {', '.join(reg.slices) or 'none'})")
-        study, reg.out = deep_merge(study, reg.slices[sl]), (reg.out or f"runs/{reg.name}") + f"-{sl}"
-        reg.name = f"{reg.name}:{sl}"
-    reg.spec = from_dict(reg.unit_kind.study, study, src=str(path) + (f" (slice {sl})" if sl else ""), prefix="study.")
+        reg.name, reg.out = f"{reg.name}:{sl}", (reg.out or f"runs/{reg.name}") + f"-{sl}"
+    reg.spec = specs[sl]
     bad = [u for u in reg.units() if not UNIT_ID.fullmatch(u)]
     if bad:
         raise ConfigError(f"{path}: unit ids must be plain file names, got {bad[:3]}")

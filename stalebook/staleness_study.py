@@ -46,17 +46,18 @@ from stalebook.pipeline import (
     study_report,
     study_sweep,
 )
-from .registry import Registry, UnitKind, deep_merge, register_kind
+from .registry import Registry, UnitKind, deep_merge, partial_config, partial_dict, register_kind
 from .theory.async_sim import behaviour_source
 from .theory.staleness import stability_bound
 from .trainer import TrainConfig, check_lineage, run_identity
 from .units import Phase, Unit, record_path, unit_dir
 
 # %% auto #0
-__all__ = ['SET_PER_CELL', 'TITLE', 'COLUMNS', 'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id',
-           'staleness_units', 'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck', 'cell_missing',
-           'identity_contract', 'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable', 'sweep_summary',
-           'cell_results', 'optimizer_analyses', 'staleness_table', 'rule_rows', 'check_rule_against_boundary']
+__all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config',
+           'cell_id', 'staleness_units', 'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck',
+           'cell_missing', 'identity_contract', 'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable',
+           'sweep_summary', 'cell_results', 'optimizer_analyses', 'staleness_table', 'rule_rows',
+           'check_rule_against_boundary']
 
 # %% ../nbs/36_staleness_study.ipynb #36a00006
 @dataclass
@@ -69,13 +70,14 @@ class OptimizerArm:
 
 
 SET_PER_CELL = ("out", "snapshot", "seed", "lr", "optimizer", "max_grad_norm")
+TrainOverrides = partial_config(TrainConfig)  # the study's train section: TrainConfig fields, each optional
 
 
 @dataclass
 class StalenessStudy:
     "The `study:` section of a staleness registry: the model, the shared training config, the grid, the criterion."
 
-    train: dict
+    train: TrainOverrides
     staleness: list[int]
     seeds: list[int]
     optimizers: list[OptimizerArm]
@@ -86,10 +88,11 @@ class StalenessStudy:
     note: str = ""
 
     def __post_init__(self):
-        bad = sorted(set(self.train) & set(SET_PER_CELL))
+        train = partial_dict(self.train)
+        bad = sorted(set(train) & set(SET_PER_CELL))
         if bad:
             raise ValueError(f"train.{bad[0]} is set per cell by the study, not in the train section")
-        if "staleness" in (self.train.get("async_training") or {}):
+        if "staleness" in train.get("async_training", {}):
             raise ValueError("train.async_training.staleness is the grid's `staleness`")
         if not self.staleness or min(self.staleness) < 1:
             raise ValueError(f"staleness must be a list of S >= 1, got {self.staleness}")
@@ -116,7 +119,7 @@ class StalenessCell:
 def cell_config(s: StalenessStudy, arm: OptimizerArm, S: int, lr: float, seed: int) -> CellConfig:
     "The CellConfig of one grid point: the study's train section with the cell's fields laid over it."
     train = deep_merge(
-        s.train,
+        partial_dict(s.train),
         dict(
             seed=seed, lr=lr, optimizer=arm.optimizer, max_grad_norm=arm.max_grad_norm, async_training=dict(staleness=S)
         ),
@@ -139,9 +142,7 @@ def staleness_units(reg: Registry) -> dict:
             for S in s.staleness:
                 for lr in arm.lr:
                     c = cell_config(s, arm, S, lr, seed)
-                    from_dict(
-                        TrainConfig, {**c.train, "out": ""}, src=src, prefix="study.train."
-                    )  # fails at load time, not in a cell
+                    from_dict(TrainConfig, {**c.train, "out": ""}, src=src, prefix="study.train.")  # the whole run
                     out[cell_id(arm.optimizer, S, lr, seed)] = StalenessCell(s.model, arm.optimizer, S, lr, seed, c)
     return out
 

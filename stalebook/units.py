@@ -27,7 +27,6 @@ from typing import Callable, Iterable, Literal
 from filelock import FileLock, Timeout
 
 from stalebook.core import (
-    CommandParser,
     ConfigError,
     JsonlLog,
     StalebookError,
@@ -57,7 +56,7 @@ from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 __all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'Phase',
            'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind', 'bind_root',
            'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_unit', 'run_phases', 'SyntheticStudy',
-           'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry', 'cmd_run',
+           'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry', 'run_local',
            'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
            'FamilyConfig', 'family_config', 'ranking_units', 'point_name', 'point_phase', 'train_family', 'stale_phase',
            'point_manifest', 'point_run', 'family_phases', 'family_points']
@@ -294,16 +293,10 @@ def run_registry(registry, root=None, only: str | None = None, progress: bool = 
     return out
 
 # %% ../nbs/32_units.ipynb #cf2166ba
-def cmd_run(argv) -> int:
-    "Run (or resume) a registry's units on this machine."
-    parser = CommandParser(prog="stalebook run", description="Run or resume the units of a registry on this machine.")
-    parser.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
-    parser.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
-    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    args = parser.parse_args(argv)
+def run_local(registry, root=None, only: str | None = None, quiet: bool = False) -> int:
+    "The local executor of `stalebook run`: `run_registry` in this process, then one summary line; the exit code."
     t0 = time.perf_counter()
-    res = run_registry(args.registry, args.root, args.only, progress=not args.quiet)
+    res = run_registry(registry, root, only, progress=not quiet)
     ran = sum(s == "ran" for r in res.values() for s in r.values())
     print(
         f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "

@@ -116,6 +116,18 @@ def test_bad_registry_is_one_line_naming_file_and_field(tmp_path, edit, msg):
     assert msg in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_every_slice_is_typed_when_the_registry_loads(tmp_path):
+    "A bad field in a slice is refused on loading the registry or any other slice of it, naming the slice."
+    f = tmp_path / "t.yaml"
+    f.write_text(BASE + "slices:\n  ok: {table: demo}\n  broken: {blocks: [{models: [tiny], domainz: [math]}]}\n")
+    for spec in (f, f"{f}:ok", f"{f}:broken"):
+        with pytest.raises(ConfigError) as e:
+            load_registry(spec)
+        assert str(e.value).startswith(f"{f} (slice broken): unknown field 'study.blocks[0].domainz'"), str(e.value)
+    f.write_text(BASE + "slices:\n  ok: {table: demo}\n")
+    assert load_registry(f"{f}:ok").name == "t:ok" and load_registry(f).name == "t"
+
+
 def test_cli_bad_registry_one_line(tmp_path, cli):
     f = tmp_path / "t.yaml"
     f.write_text(BASE.replace("seeds: [0]", "seeds: [zero]"))

@@ -1,7 +1,8 @@
-"""The staleness study as a registry (stalebook.staleness_study): the committed registry's `reduced` slice run as units
-(`run_unit` / `run_registry`), checked by its contracts, frozen, and analysed by benchmarks/study_staleness.py; the
-analysis checked against the cells' own results (~80 s on the shared 2-core machine); and (slow, ~85 s) a SIGKILLed unit
-resumes to the same bytes."""
+"""The staleness study as a registry (stalebook.staleness_study): its train section typed as a partial TrainConfig (a
+wrong field or type refused at load in one line; unit configs unchanged); the committed registry's `reduced` slice run
+as units (`run_unit` / `run_registry`), checked by its contracts, frozen, and analysed by benchmarks/study_staleness.py;
+the analysis checked against the cells' own results (~80 s on the shared 2-core machine); and (slow, ~85 s) a SIGKILLed
+unit resumes to the same bytes."""
 
 import importlib.util
 import json
@@ -47,6 +48,76 @@ def test_registry_is_the_committed_study():
     for opt, o in res["optimizers"].items():
         got = {(u.S, u.lr, u.seed) for u in units.values() if u.optimizer == opt}
         assert got == {(S, lr, s) for S in o["S"] for lr in o["eta"] for s in o["seeds"]}
+
+
+def test_train_section_is_a_typed_partial_trainconfig():
+    """The study's train section is a partial TrainConfig: read as attributes at any depth, hashed as the mapping it was
+    written as, and each cell's train is that mapping with the cell's fields laid over it (unit configs unchanged)."""
+    from stalebook.core import config_dict
+    from stalebook.registry import deep_merge, load_registry
+
+    d = yaml.safe_load((ROOT / "configs" / "registries" / "staleness-tiny.yaml").read_text())
+    for spec, train in [("staleness-tiny", d["study"]["train"]), ("staleness-tiny:reduced", None)]:
+        reg = load_registry(spec)
+        train = train or deep_merge(d["study"]["train"], d["slices"]["reduced"]["train"])
+        assert type(reg.spec.train).__name__ == "PartialTrainConfig"
+        assert (
+            reg.spec.train.async_training.mode == "sync-every"
+            and reg.spec.train.sampling.group_size == train["sampling"]["group_size"]
+        )
+        assert config_dict(reg.spec.train) == train  # unset fields are not hashed: the registry hash is unchanged
+        for u in reg.units().values():
+            per_cell = dict(seed=u.seed, lr=u.lr, optimizer=u.optimizer, async_training={"staleness": u.S})
+            arm = next(a for a in reg.spec.optimizers if a.optimizer == u.optimizer)
+            want = deep_merge(train, {**per_cell, "max_grad_norm": arm.max_grad_norm})
+            assert json.loads(json.dumps(u.cell.train)) == want
+
+
+BAD_TRAIN = [
+    ("prompts_per_stepp: 4", "unknown field 'study.train.prompts_per_stepp'"),
+    ("sampling: {group_size: 8, max_new_tokenz: 8}", "unknown field 'study.train.sampling.max_new_tokenz'"),
+    ("steps: many", "field 'study.train.steps': expected int, got str 'many'"),
+    ("clip_epsilon: [0.2]", "field 'study.train.clip_epsilon': expected float, got list"),
+    ("async_training: {staleness: x}", "field 'study.train.async_training.staleness': expected int, got str 'x'"),
+    ("async_training: {mode: sync-evry}", "field 'study.train.async_training.mode': must be one of"),
+    ("lineage_steps: [0, x]", "field 'study.train.lineage_steps[1]': expected int, got str 'x'"),
+]
+
+
+def _bad_registry(tmp_path, line: str, where: str = "study") -> Path:
+    "The committed registry with `line` (YAML) laid over its study's (or its `reduced` slice's) train section."
+    from stalebook.registry import deep_merge
+
+    d = yaml.safe_load((ROOT / "configs" / "registries" / "staleness-tiny.yaml").read_text())
+    sec = d["study"] if where == "study" else d["slices"]["reduced"]
+    sec["train"] = deep_merge(sec["train"], yaml.safe_load(line))
+    f = tmp_path / "bad-staleness.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return f
+
+
+@pytest.mark.parametrize("line,msg", BAD_TRAIN)
+def test_wrong_train_field_or_type_is_refused_at_load(tmp_path, line, msg):
+    """A misspelled field or a value of the wrong type in the train section, nested ones included, in the study or in
+    a slice that was not asked for: one line naming the registry file and the dotted field, when the registry loads."""
+    from stalebook.core import ConfigError
+    from stalebook.registry import load_registry
+
+    for where in ("study", "slice"):
+        f = _bad_registry(tmp_path, line, where)
+        with pytest.raises(ConfigError) as e:
+            load_registry(f)
+        m = str(e.value)
+        assert m.startswith(str(f) + ("" if where == "study" else " (slice reduced)") + ": "), m
+        assert msg in m and "\n" not in m, m
+
+
+def test_cli_status_of_a_bad_registry_is_one_line(tmp_path, cli):
+    for line, msg in (BAD_TRAIN[0], BAD_TRAIN[4]):
+        f = _bad_registry(tmp_path, line)
+        r = cli("status", f)
+        assert r.returncode != 0 and r.stdout == "", r
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"stalebook: error: {f}: ") and msg in r.stderr
 
 
 def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch):

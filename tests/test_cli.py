@@ -1,0 +1,111 @@
+"""The command surface (stalebook.cli): every `cmd_*` function of the package is a command of the table and every
+entry resolves to one; every `stalebook X` that the package, the notebooks and the README mention is a command; and
+`stalebook pipeline --help` works through the installed console script."""
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stalebook.cli import COMMANDS, _resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "stalebook"
+EXE = str(Path(sys.executable).parent / "stalebook")
+
+# `stalebook X` inside backticks (inline code may wrap a line), a line of a fenced code block, or a parser's prog
+BACKTICKED = re.compile(r"`stalebook\s+([a-z][\w-]*)")
+SHELL_LINE = re.compile(r"^\s*(?:\$\s+)?stalebook\s+([a-z][\w-]*)")
+PROG = re.compile(r"""prog\s*=\s*["']stalebook\s+([a-z][\w-]*)""")
+
+
+def cmd_functions() -> set[str]:
+    "`module:function` of every module-level `def cmd_*` in the package source."
+    out = set()
+    for f in sorted(PKG.rglob("*.py")):
+        mod = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_"):
+                out.add(f"{mod}:{node.name}")
+    return out
+
+
+def texts(path: Path) -> list[str]:
+    "The texts of a file a reader sees: a notebook's markdown and code cells, or the whole file."
+    if path.suffix == ".ipynb":
+        return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+    return [path.read_text()]
+
+
+def mentions(text: str, prog: bool = False) -> list[str]:
+    "The X of every `stalebook X` mentioned in `text` (inline code, fenced code blocks, and with `prog` parser progs)."
+    found = BACKTICKED.findall(text)
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and (m := SHELL_LINE.match(line)):
+            found.append(m.group(1))
+    return found + (PROG.findall(text) if prog else [])
+
+
+def documented() -> dict[str, set[str]]:
+    "{X: files mentioning `stalebook X`} over the package source, the notebooks (with nbs/experiments) and README.md."
+    files = [*sorted(PKG.rglob("*.py")), *sorted((ROOT / "nbs").rglob("*.ipynb")), ROOT / "README.md"]
+    out: dict[str, set[str]] = {}
+    for f in files:
+        for t in texts(f):
+            for x in mentions(t, prog=f.suffix == ".py"):
+                out.setdefault(x, set()).add(str(f.relative_to(ROOT)))
+    return out
+
+
+def test_every_cmd_function_is_a_command_and_every_command_resolves():
+    fns = cmd_functions()
+    targets = {target for target, _ in COMMANDS.values()}
+    assert "stalebook.pipeline:cmd_pipeline" in fns  # the scan sees the package
+    assert not fns - targets, f"cmd_* functions missing from cli.COMMANDS: {sorted(fns - targets)}"
+    assert not targets - fns, f"cli.COMMANDS entries that are no cmd_* function of the package: {sorted(targets - fns)}"
+    for name, (target, help_) in COMMANDS.items():
+        f = _resolve(target)
+        assert callable(f) and f.__doc__ and help_, name
+
+
+def test_every_mentioned_command_exists():
+    found = documented()
+    assert {"run", "status", "freeze", "pipeline", "demo"} <= set(found)  # the scan finds what is there
+    unknown = {x: sorted(fs) for x, fs in found.items() if x not in COMMANDS}
+    assert not unknown, "mentioned but not commands: " + "; ".join(
+        f"`stalebook {x}` in {', '.join(fs)}" for x, fs in sorted(unknown.items())
+    )
+
+
+def test_the_scan_reports_an_unknown_command_with_its_file(tmp_path):
+    "The scanner itself: inline code across a line break, fenced lines, progs; prose and placeholders are not commands."
+    text = (
+        "Run `stalebook frobnicate X`, then `stalebook\nstatus R`; stalebook reproduces (prose); `stalebook COMMAND`;"
+        " `stalebook --help`.\n```bash\n$ stalebook run tiny\nstalebook wibble --x\n```\nstalebook outside fences\n"
+    )
+    assert mentions(text) == ["frobnicate", "status", "run", "wibble"]
+    assert mentions('CommandParser(prog="stalebook flub")', prog=True) == ["flub"]
+    nb = tmp_path / "x.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": ["see `stalebook frobnicate`"]}]}))
+    assert [mentions(t) for t in texts(nb)] == [["frobnicate"]]
+
+
+def test_pipeline_help_through_the_console_script():
+    r = subprocess.run([EXE, "pipeline", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: stalebook pipeline") and "async_training.mode: pipelined" in r.stdout
+    r = subprocess.run([EXE, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "\n  pipeline " in r.stdout
+
+
+@pytest.mark.parametrize("argv", [["pipeline"], ["pipeline", "/nonexistent/config.yaml"], ["pipelines"]])
+def test_pipeline_bad_arguments_are_one_line(cli, argv):
+    r = cli(*argv)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("stalebook: error:"), r.stderr
