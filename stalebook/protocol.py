@@ -24,18 +24,22 @@ from .core import Check, CommandParser, Domain, StalebookError, group_advantages
 from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_from_rel, spearman_brown
 
 # %% auto #0
-__all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'REGIMES', 'CAL_STATS', 'COVERED', 'Rollouts', 'prompt_gradients',
-           'validation_gradient', 'cosine_scores', 'point_scores', 'tie_keys', 'reliability', 'selection_gain',
-           'auto_chunk', 'resample_streams', 'resampled_weights', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive',
-           'percentile_bounds', 'basic_bounds', 'bias_z0', 'bca_bounds', 'shift_bounds', 'model_world',
+__all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'REGIME_CENTRES',
+           'CALIBRATION_FAILS', 'DECISION_BOUNDS', 'NOT_CALIBRATED', 'REGIMES', 'CAL_STATS', 'COVERED',
+           'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'prompt_gradients', 'validation_gradient', 'cosine_scores',
+           'point_scores', 'tie_keys', 'reliability', 'selection_gain', 'auto_chunk', 'resample_streams',
+           'resampled_weights', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds',
+           'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world',
            'replicate_stats', 'deleted_weights', 'jackknife_scores', 'rel_after_change', 'acceleration',
            'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds', 'gaussian_gain_sd', 'control_sd',
-           'stat_bounds', 'PointResult', 'observed_sets', 'stat_name', 'bound_inputs', 'analyse_point', 'admissible',
-           'verdict', 'pooled_bounds', 'pool_cell', 'positive_control', 'SyntheticPool', 'synthetic_pool',
-           'synthetic_split', 'synthetic_point', 'truth_mc', 'CalibrationCell', 'calibration_grid', 'cell_pool',
-           'calibration_point', 'calibrate_cell', 'summarise_cell', 'coverage_table', 'choose_bound', 'latent_draws',
-           'design_power', 'pilot_model', 'predict_design', 'smallest_design', 'cmd_design', 'check_gram_bootstrap',
-           'check_tie_streams', 'check_verdict_boundaries', 'check_bound_inputs']
+           'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks', 'PointResult', 'observed_sets', 'stat_name',
+           'bound_inputs', 'analyse_point', 'admissible', 'verdict', 'regime_of', 'bound_calibrated', 'pooled_bounds',
+           'pool_cell', 'positive_control', 'dilute_control', 'SyntheticPool', 'synthetic_pool', 'synthetic_split',
+           'synthetic_point', 'truth_mc', 'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point',
+           'calibrate_cell', 'summarise_cell', 'coverage_table', 'choose_bound', 'latent_draws', 'design_power',
+           'pilot_model', 'predict_design', 'smallest_design', 'cmd_design', 'shrinkage_diagnostics',
+           'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap',
+           'check_tie_streams', 'check_verdict_boundaries', 'check_bound_inputs', 'check_bounds_contain_estimate']
 
 # %% ../nbs/18_protocol.ipynb #56527639
 SPLITS = ("R", "A", "B")
@@ -299,6 +303,27 @@ def shift_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[flo
     lo, med, hi = np.quantile(reps, [1 - level, 0.5, level])
     return float(est - (med - lo)), float(est + (hi - med))
 
+# %% ../nbs/18_protocol.ipynb #7fb27b941602401d91542211134fc71a
+def centred_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Debiased ('centred') bounds: the pivot est - theta is read off the replicates' deviations from their own mean,
+    est - (q_level - mean), est + (mean - q_(1-level)); the replicates' shift never reaches the bound."""
+    lo, hi = np.quantile(reps, [1 - level, level])
+    c = float(np.mean(reps))
+    return float(est - (hi - c)), float(est + (c - lo))
+
+
+def pivot_bounds(est: float, reps: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    "Reflected spread around the replicates' median: est - (q_level - median), est + (median - q_(1-level))."
+    lo, med, hi = np.quantile(reps, [1 - level, 0.5, level])
+    return float(est - (hi - med)), float(est + (med - lo))
+
+
+def jackknife_bounds(est: float, s23, level: float = 0.95) -> tuple[float, float]:
+    "Normal pivot with the delete-one-rollout jackknife scale: est -/+ z sqrt(S2) (S2: summed jackknife moments)."
+    se = float(np.sqrt(max(float(np.ravel(s23)[0]), 0.0)))
+    z = float(stats.norm.ppf(level))
+    return est - z * se, est + z * se
+
 # %% ../nbs/18_protocol.ipynb #e5f6a7b9
 def model_world(sA: np.ndarray, sB: np.ndarray, bA: np.ndarray, bB: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
     """Model-world replicate scores (X^A, X^B) [B, n] from observed halves sA, sB [n] and their rollout-bootstrap
@@ -471,8 +496,10 @@ def control_sd(u: np.ndarray, k: int) -> float:
     return float(np.sqrt(u.var() * (n - k) / (k * (n - 1))))
 
 # %% ../nbs/18_protocol.ipynb #a9b0c1d2
-BOUNDS = ("percentile", "bc", "bca", "basic", "gaussian", "model")
-DEFAULT_BOUND = "percentile"  # chosen by the calibration study's rule (the rule and the table: "Calibration results")
+BOUNDS = ("percentile", "bc", "bca", "basic", "gaussian", "model", "centred", "model_pivot", "jackknife", "hybrid")
+DEFAULT_BOUND = "model"  # chosen by the two-sided calibration's rule (the rule and the table: "Two-sided calibration")
+LEGACY_BOUND = "percentile"  # the method of results saved before a point recorded its method
+RANDOM_SETS = ("gain_control", "gain_dilute")  # statistics of selectors that draw a fresh random set per replicate
 
 
 def stat_bounds(
@@ -484,9 +511,13 @@ def stat_bounds(
     jack=None,
     sd: float | None = None,
     rel_design: tuple[int, int] | None = None,
+    random_set: bool = False,
 ) -> tuple[float, float]:
     """(LB, UB) of one statistic by `method` from its estimate, plain replicates, model-world replicates, jackknife
-    moments or Gaussian SD; `rel_design` = (n, k) for Rel_k."""
+    moments or Gaussian SD; `rel_design` = (n, k) for Rel_k; `random_set` for the controls' random-set gains."""
+    if method == "hybrid":  # fixed-set gains: jackknife pivot; Rel_k and random-set controls: model world
+        fixed_gain = rel_design is None and not random_set
+        method = "jackknife" if fixed_gain else "model"
     if method == "percentile":
         return percentile_bounds(boot, level)
     if method == "basic":
@@ -497,12 +528,39 @@ def stat_bounds(
         return bca_bounds(est, boot, level, acceleration(jack))
     if method == "model":
         return shift_bounds(est, model, level)
+    if method == "centred":
+        return centred_bounds(est, boot, level)
+    if method == "model_pivot":
+        return pivot_bounds(est, model, level)
+    if method == "jackknife":
+        return jackknife_bounds(est, jack, level)
     if method == "gaussian":
         if rel_design is not None:
             return gaussian_rel_bounds(est, *rel_design, sd, level)
         z = float(stats.norm.ppf(level))
         return est - z * sd, est + z * sd
     raise ValueError(f"bound: unknown method {method!r}; choose one of {', '.join(BOUNDS)}")
+
+# %% ../nbs/18_protocol.ipynb #8dd0d8092fe74a7c96281538738b07e2
+DILUTE_SHARE = 0.25  # the diluted fresh selector's expected gain, as a share of the fresh set's gain (about)
+
+
+def dilute_size(k: int, n: int, share: float = DILUTE_SHARE) -> int:
+    "m: how many of the k slots the diluted selector takes from the fresh set (expected gain about `share` of fresh)."
+    return int(min(k, max(1, np.ceil(k * (k / n + share * (n - k) / n)))))
+
+
+def dilute_factor(m: int, k: int, n: int) -> float:
+    "Expected gain of the diluted selector over the fresh set's gain: (m/k - k/n) n / (n - k) (exact, given u)."
+    return float((m / k - k / n) * n / (n - k))
+
+
+def dilute_masks(fresh: np.ndarray, m: int, reps: int, g: np.random.Generator) -> np.ndarray:
+    "`reps` random k-sets [reps, n]: m prompts drawn uniformly from the fresh set, the other k-m from the rest."
+    n, k = fresh.shape[-1], int(fresh.sum())
+    key = g.random((reps, n))
+    out = topk_mask(np.where(fresh, key, -1.0), m)
+    return out | (topk_mask(np.where(fresh, -1.0, key), k - m) if k > m else np.zeros((reps, n), bool))
 
 # %% ../nbs/18_protocol.ipynb #c1d2e3f4
 @dataclass
@@ -526,17 +584,17 @@ class PointResult:
     bound: str = DEFAULT_BOUND
     keys: dict = field(default_factory=dict, repr=False)
     model_params: dict = field(default_factory=dict)
+    gain_dilute: float = float("nan")
 
     @property
     def stats(self) -> list[str]:
         "Names of the bounded statistics of this point."
-        return ["rel", "gain_fresh", *[f"gain_stale/{e}" for e in self.gain_stale]] + (
-            ["gain_control"] if "gain_control" in self.boot else []
-        )
+        controls = [c for c in ("gain_control", "gain_dilute") if c in self.boot]
+        return ["rel", "gain_fresh", *[f"gain_stale/{e}" for e in self.gain_stale], *controls]
 
     def estimate(self, stat: str) -> float:
         "Observed value of `stat`."
-        if stat in ("rel", "gain_fresh", "gain_control"):
+        if stat in ("rel", "gain_fresh", "gain_control", "gain_dilute"):
             return float(getattr(self, stat))
         return float(self.gain_stale[stat.split("/", 1)[1]])
 
@@ -555,6 +613,7 @@ def bounds(self: PointResult, stat: str, method: str | None = None) -> tuple[flo
         b.get(f"jack/{stat}"),
         None if sd is None else float(np.ravel(sd)[0]),
         (self.n, self.k) if stat == "rel" else None,
+        stat in RANDOM_SETS,
     )
 
 
@@ -582,6 +641,7 @@ def summary(self: PointResult) -> dict:
         rel=self.rel,
         gain_fresh=self.gain_fresh,
         gain_control=self.gain_control,
+        gain_dilute=self.gain_dilute,
         zero_grad=self.zero_grad,
         model_world=self.model_params,
         selected={s: np.flatnonzero(m).tolist() for s, m in self.selected.items()},
@@ -628,9 +688,10 @@ def from_saved(cls: PointResult, summary: dict, arrays: Mapping[str, np.ndarray]
         boot=boot,
         gain_control=summary.get("gain_control", float("nan")),
         K=summary.get("K", 0),
-        bound=summary.get("bound", DEFAULT_BOUND),
+        bound=summary.get("bound", LEGACY_BOUND),  # a result keeps the method it was computed with
         keys=pick("keys/"),
         model_params=summary.get("model_world", {}),
+        gain_dilute=summary.get("gain_dilute", float("nan")),
     )
 
 # %% ../nbs/18_protocol.ipynb #e3f4a5b6
@@ -659,12 +720,17 @@ def observed_sets(cand, val, k: int, domain: Domain, stale: Mapping, std=True, e
         {nm.split("/", 1)[1]: topk_mask(scores[nm], k, keys[nm]) for nm in scores if nm.startswith("stale/")}
     )
     selected["control"] = topk_mask(np.zeros(n), k, keys["control"])  # a random k-set: its own tie stream, no scores
+    m = dilute_size(k, n)
+    selected["dilute"] = dilute_masks(selected["fresh"], m, 1, domain.child("dilute", "set").numpy())[0]
     return scores, keys, selected, {h: int(obs[h][1].sum()) for h in SPLITS}
 
 
 def stat_name(set_name: str) -> str:
-    "Statistic of a selected set: 'fresh' -> 'gain_fresh', 'control' -> 'gain_control', e -> 'gain_stale/e'."
-    return {"fresh": "gain_fresh", "control": "gain_control"}.get(set_name, f"gain_stale/{set_name}")
+    """Statistic of a selected set: 'fresh' -> 'gain_fresh', 'control' -> 'gain_control', 'dilute' -> 'gain_dilute',
+    e -> 'gain_stale/e'."""
+    return {"fresh": "gain_fresh", "control": "gain_control", "dilute": "gain_dilute"}.get(
+        set_name, f"gain_stale/{set_name}"
+    )
 
 # %% ../nbs/18_protocol.ipynb #f4a5b6c7
 def bound_inputs(
@@ -684,7 +750,7 @@ def bound_inputs(
     """The `boot` dict of a point (plain and model-world replicates, jackknife moments, Gaussian SDs) and the model
     world's parameters."""
     halves = {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
-    fixed = {nm: m for nm, m in selected.items() if nm != "control"}
+    fixed = {nm: m for nm, m in selected.items() if nm not in ("control", "dilute")}
     bt = bootstrap_gram(
         cand,
         val,
@@ -702,8 +768,12 @@ def bound_inputs(
         halves=halves,
     )
     sA, sB = scores["A"], scores["B"]
+    m = int(selected["dilute"].sum() and dilute_size(k, len(sA)))
+    dm = dilute_masks(selected["fresh"], m, len(bt["u"]), domain.child("dilute", "boot").numpy())
+    bt["gain/dilute"] = selection_gain(bt["u"], dm)  # a fresh diluted set per replicate, like the negative control
     XA, XB, params = model_world(sA, sB, bt.pop("sA"), bt.pop("sB"))
     mw = replicate_stats(XA, XB, keys["A"], keys["B"], k, fixed, bt["mask/control"])
+    mw["gain/dilute"] = selection_gain((XA + XB) / 2, dm)
     boot = {"rel": bt["rel"], "model/rel": mw["rel"]}
     for nm in selected:
         boot |= {stat_name(nm): bt[f"gain/{nm}"], f"model/{stat_name(nm)}": mw[f"gain/{nm}"]}
@@ -713,6 +783,7 @@ def bound_inputs(
     gsd = {
         "rel": gaussian_rel_sd(rel, len(sA), k, domain.child("gaussian"), gauss_reps),
         "gain_control": control_sd((sA + sB) / 2, k),
+        "gain_dilute": float(np.std(selection_gain((sA + sB) / 2, dm))),
     }
     gsd |= {stat_name(nm): gaussian_gain_sd(sA, sB, m) for nm, m in fixed.items()}
     boot |= {f"gauss/{st}": np.array([v]) for st, v in gsd.items()}
@@ -738,8 +809,8 @@ def analyse_point(
     stale = dict(stale or {})
     if bound not in BOUNDS:
         raise ValueError(f"bound: unknown method {bound!r}; choose one of {', '.join(BOUNDS)}")
-    if "control" in stale or "fresh" in stale:
-        raise ValueError("analyse_point: 'control' and 'fresh' are reserved set names")
+    if {"control", "fresh", "dilute"} & set(stale):
+        raise ValueError("analyse_point: 'control', 'dilute' and 'fresh' are reserved set names")
     missing = [h for h in SPLITS if h not in cand or h not in val]
     if missing:
         raise ValueError(f"analyse_point: splits {missing} missing (need R, A, B for candidates and validation)")
@@ -754,7 +825,7 @@ def analyse_point(
         level=level,
         rel=float(reliability(topk_mask(scores["A"], k, keys["A"]), topk_mask(scores["B"], k, keys["B"]))),
         gain_fresh=g["fresh"],
-        gain_stale={nm: v for nm, v in g.items() if nm not in ("fresh", "control")},
+        gain_stale={nm: v for nm, v in g.items() if nm not in ("fresh", "control", "dilute")},
         u=u,
         scores=scores,
         selected=selected,
@@ -765,6 +836,7 @@ def analyse_point(
         bound=bound,
         keys=keys,
         model_params=params,
+        gain_dilute=g["dilute"],
     )
 
 # %% ../nbs/18_protocol.ipynb #7b9374dd
@@ -782,10 +854,12 @@ def verdict(
     min_admissible: float = 0.8,
     preserve: float = 0.5,
     futility: float | None = None,
+    calibrated: bool = True,
 ) -> str:
-    "Effective / Ineffective / Inconclusive from the registered seeds' gate flags and the pooled gains (rules above)."
+    """Effective / Ineffective / Inconclusive from the registered seeds' gate flags and the pooled gains (rules above);
+    Inconclusive whenever the bounds are not `calibrated` in the cell's regime."""
     flags = list(admissible_flags)
-    if not flags:
+    if not flags or not calibrated:
         return "Inconclusive"
     if sum(flags) < min_admissible * len(flags) - 1e-12:
         return "Inconclusive"
@@ -796,6 +870,196 @@ def verdict(
     if futility is not None and stale_ub < futility * fresh_gain:
         return "Ineffective"
     return "Inconclusive"
+
+# %% ../nbs/18_protocol.ipynb #8edb47106e1a46a883d545849b8ab81b
+# From the committed two-sided calibration (`benchmarks/results/calibrate_bounds_two_sided.json`); the cell that applies
+# the rule in "Two-sided calibration" fails if these differ from what the rule computes.
+REGIME_CENTRES = {  # regime: (rho, fresh gain) of its grid cells' truth, for `regime_of`
+    "low-rel/small-gain": (0.5364, 0.0906),
+    "low-rel/large-gain": (0.5389, 0.2213),
+    "high-rel/small-gain": (0.8912, 0.2782),
+    "high-rel/large-gain": (0.8655, 0.6461),
+}
+CALIBRATION_FAILS = {  # method: {regime: what failed the two-sided rule there} (regimes not listed: passed)
+    "basic": {
+        "low-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "false_effective",
+            "false_ineffective",
+        ],
+        "low-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/gain_fresh", "false_effective"],
+        "high-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+    },
+    "bc": {
+        "low-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+            "false_ineffective",
+        ],
+        "low-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+    },
+    "bca": {
+        "low-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+            "false_ineffective",
+        ],
+        "low-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+    },
+    "centred": {
+        "low-rel/small-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/rel",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "low-rel/large-gain": [
+            "lb/rel",
+            "lb/gain_fresh",
+            "lb/gain_stale",
+            "ub/gain_fresh",
+            "ub/gain_stale",
+            "false_effective",
+        ],
+        "high-rel/small-gain": ["ub/gain_fresh", "ub/gain_stale"],
+        "high-rel/large-gain": ["lb/gain_fresh", "false_effective"],
+    },
+    "gaussian": {
+        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
+        "low-rel/large-gain": ["lb/rel", "ub/rel"],
+        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel"],
+        "high-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh"],
+    },
+    "hybrid": {
+        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
+        "high-rel/small-gain": ["lb/gain_fresh", "ub/rel"],
+        "high-rel/large-gain": ["ub/rel"],
+    },
+    "jackknife": {
+        "low-rel/small-gain": ["lb/rel", "ub/rel", "ub/gain_fresh", "false_effective"],
+        "low-rel/large-gain": ["lb/rel", "ub/rel", "false_effective"],
+        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "ub/rel", "false_effective"],
+        "high-rel/large-gain": ["lb/rel", "ub/rel", "false_effective"],
+    },
+    "model": {
+        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
+        "high-rel/small-gain": ["ub/rel"],
+        "high-rel/large-gain": ["ub/rel"],
+    },
+    "model_pivot": {
+        "low-rel/small-gain": ["ub/gain_fresh"],
+        "low-rel/large-gain": ["lb/rel"],
+        "high-rel/small-gain": ["lb/rel"],
+        "high-rel/large-gain": ["ub/rel"],
+    },
+    "percentile": {
+        "low-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
+        "low-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
+        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
+        "high-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
+    },
+}
+DECISION_BOUNDS = ("lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/gain_stale", "false_effective", "false_ineffective")
+NOT_CALIBRATED = "bound not calibrated in this regime"
+
+
+def regime_of(rel: float, n: int, k: int, gain_fresh: float, centres: Mapping | None = None) -> str:
+    """The calibration regime nearest to an observed point or cell: rho = O^{-1}(Rel_k) at k/n and the fresh gain
+    (log scale, weight 1/4), against each regime's centre."""
+    centres = REGIME_CENTRES if centres is None else centres
+    rho = rho_from_rel(float(np.clip(rel, 1e-6, 1.0)), k / n)
+    lg = np.log(max(gain_fresh, 1e-6))
+    return min(centres, key=lambda r: (rho - centres[r][0]) ** 2 + ((lg - np.log(centres[r][1])) / 4) ** 2)
+
+
+def bound_calibrated(method: str, regime: str | None, uses: Sequence[str] = DECISION_BOUNDS) -> bool:
+    """Did `method` pass the two-sided rule in `regime` for every quantity a decision `uses` (gate: LB of Rel_k and of
+    the fresh gain; Effective/Ineffective: LB/UB of the stale gain; both controls)? Unknown method or regime: no."""
+    if regime is None or method not in CALIBRATION_FAILS or regime not in REGIME_CENTRES:
+        return False
+    return not set(CALIBRATION_FAILS[method].get(regime, ())) & set(uses)
 
 # %% ../nbs/18_protocol.ipynb #c7d8e9f0
 def pooled_bounds(points: Sequence[PointResult], stat: str, method: str, level: float = 0.95) -> tuple[float, float]:
@@ -810,7 +1074,7 @@ def pooled_bounds(points: Sequence[PointResult], stat: str, method: str, level: 
         else None
     )
     est = float(np.mean([p.estimate(stat) for p in points]))
-    return stat_bounds(method, est, mean(stat), level, mean(f"model/{stat}"), jack, sd)
+    return stat_bounds(method, est, mean(stat), level, mean(f"model/{stat}"), jack, sd, None, stat in RANDOM_SETS)
 
 
 def pool_cell(
@@ -822,9 +1086,11 @@ def pool_cell(
     preserve: float = 0.5,
     futility: float | None = None,
     bound: str | None = None,
+    check_calibration: bool = True,
 ) -> dict:
     """Verdict of one regime cell: `points` = one entry per registered seed (None = missing); `estimator` a stale name
-    or 'control'; `bound` default: the points' own."""
+    or 'control'/'dilute'; `bound` default: the points' own; with `check_calibration`, a cell
+    whose regime the method is not calibrated in is Inconclusive (`note`)."""
     got = [p for p in points if p is not None]
     method = bound or (got[0].bound if got else DEFAULT_BOUND)
     flags = [
@@ -833,16 +1099,21 @@ def pool_cell(
         for p in points
     ]
     if not got:
-        return dict(verdict="Inconclusive", admissible=flags, n_registered=len(points), bound=method)
+        return dict(verdict="Inconclusive", admissible=flags, n_registered=len(points), bound=method, note="no result")
     stat = stat_name(estimator)
     stale_gain, fresh_gain = (
         float(np.mean([p.estimate(stat) for p in got])),
         float(np.mean([p.gain_fresh for p in got])),
     )
     lb, ub = pooled_bounds(got, stat, method, level)
-    v = verdict(flags, stale_gain, lb, ub, fresh_gain, min_admissible, preserve, futility)
+    regime = regime_of(float(np.mean([p.rel for p in got])), got[0].n, got[0].k, fresh_gain) if REGIME_CENTRES else None
+    calibrated = bound_calibrated(method, regime) or not check_calibration
+    v = verdict(flags, stale_gain, lb, ub, fresh_gain, min_admissible, preserve, futility, calibrated)
     return dict(
         verdict=v,
+        regime=regime,
+        calibrated=calibrated,
+        note="" if calibrated else NOT_CALIBRATED,
         admissible=flags,
         n_registered=len(points),
         stale_gain=stale_gain,
@@ -880,6 +1151,19 @@ def positive_control(
         out["estimators"][e] = dict(gain_diff=d0, p_value=float(p))
     out["passed"] = bool(out["coincide"] and all(v["p_value"] >= 1 - level for v in out["estimators"].values()))
     return out
+
+# %% ../nbs/18_protocol.ipynb #8763a12b2bbd4a93a75aff182afb95dc
+def dilute_control(res: PointResult) -> dict | None:
+    """The diluted fresh selector of a point (see *A control with a small positive gain*): its gain, its expected share
+    of the fresh gain, its bounds by the point's method, and whether its UB95 <= 0 (a false Ineffective); None for a
+    result saved without it."""
+    if "gain_dilute" not in res.boot:
+        return None
+    lb, ub = res.bounds("gain_dilute")
+    share = dilute_factor(dilute_size(res.k, res.n), res.k, res.n)
+    return dict(
+        gain=float(res.gain_dilute), share=share, bounds=[float(lb), float(ub)], false_ineffective=bool(ub <= 0)
+    )
 
 # %% ../nbs/18_protocol.ipynb #6ef548d1
 @dataclass
@@ -1109,7 +1393,7 @@ def coverage_table(cells: Sequence[dict]) -> dict:
     """{method: {regime: coverage of Rel_k / fresh / stale LB95, control false positives, power, gate pass rate,
     points}} pooled over each regime's cells."""
     out = {}
-    for m in BOUNDS:
+    for m in [m for m in BOUNDS if m in cells[0]["methods"]]:  # the methods the study ran
         for reg in dict.fromkeys(c["cell"]["regime"] for c in cells):
             cs = [c for c in cells if c["cell"]["regime"] == reg]
             n = sum(c["points"] for c in cs)
@@ -1343,7 +1627,7 @@ def cmd_design(argv) -> int:
     parser.add_argument("--target", type=float, default=0.9, help="target power of the gate (default 0.9)")
     parser.add_argument(
         "--bound",
-        choices=("percentile", "model", "gaussian"),
+        choices=("percentile", "model", "gaussian", "hybrid"),
         help=f"bound method (default: the pilot's, else {DEFAULT_BOUND})",
     )
     parser.add_argument(
@@ -1393,6 +1677,179 @@ def cmd_design(argv) -> int:
         + (f"n={best['n']} K={best['K']} k={best['k']} (P(gate)={best['p_gate']:.3f})" if best else "none in the grid")
     )
     return 0
+
+# %% ../nbs/18_protocol.ipynb #504fb2a444614c0babb325280ed9130a
+@patch
+def parts(self: GramHalf, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cosine's three parts `[c, n]`: <g_i, g_val>, |g_i|^2 and |g_val|^2 (broadcast), from weights as in
+    `scores`."""
+    c, n, K = wc.shape
+    om = wv.reshape(c, -1) / self.n_val
+    dot = ((om @ self.CT).reshape(c, n, K) * wc).sum(-1)
+    nc2 = (np.matmul(wc.transpose(1, 0, 2), self.G).transpose(1, 0, 2) * wc).sum(-1)
+    return dot, nc2, np.broadcast_to(((om @ self.GW) * om).sum(-1)[:, None], dot.shape)
+
+
+def shrinkage_diagnostics(cand, val, mask: np.ndarray, domain: Domain, n_boot: int = 200, std=True, eps=1e-6) -> dict:
+    """Where the rollout bootstrap's replicates sit, and why: per half, the slope of the replicates' mean score on the
+    observed score (1 = centred, < 1 = shrunk toward 0), with the norms recomputed ('full') or held at their observed
+    values ('fixed_norm'); the mean inflation of |g_i|^2 and |g_val|^2; the fixed set `mask`'s gain shift
+    (replicate mean - estimate) in replicate SDs, full and fixed-norm."""
+    out, S = {}, {}
+    for h in "AB":
+        half = GramHalf.build(cand[h], val[h])
+        w0 = group_advantages(cand[h].rewards, std, eps)[None], group_advantages(val[h].rewards, std, eps)[None]
+        d0, c0, v0 = half.parts(*w0)
+        live = (w0[0][0] != 0).any(-1) & (c0[0] > 0)
+        s0 = _cos(d0, c0, v0, live)[0]
+        full, fixed, infl_c, infl_v = [], [], [], []
+        shapes = {"cand": (cand[h].n, cand[h].K), "val": (val[h].n, val[h].K)}
+        for ch in resample_streams(domain.child("shrink", h), n_boot, shapes):
+            wc = resampled_weights(cand[h].rewards, ch["cand"], std, eps)
+            d, c, v = half.parts(wc, resampled_weights(val[h].rewards, ch["val"], std, eps))
+            full.append(_cos(d, c, v, (wc != 0).any(-1)))
+            fixed.append(_cos(d, c0, v0, live))
+            infl_c.append(c[:, live] / c0[:, live])
+            infl_v.append(v[:, 0] / v0[0, 0])
+        full, fixed = np.concatenate(full), np.concatenate(fixed)
+        slope = lambda x, s0=s0, live=live: float((s0[live] @ x.mean(0)[live]) / max(s0[live] @ s0[live], 1e-300))
+        out[h] = dict(
+            slope_full=slope(full),
+            slope_fixed_norm=slope(fixed),
+            cand_norm_inflation=float(np.concatenate(infl_c).mean()),
+            val_norm_inflation=float(np.concatenate(infl_v).mean()),
+        )
+        S[h] = (s0, full, fixed)
+    est = float(selection_gain((S["A"][0] + S["B"][0]) / 2, mask))
+    for j, nm in ((1, "full"), (2, "fixed_norm")):
+        g = selection_gain((S["A"][j] + S["B"][j]) / 2, mask)
+        out[f"gain_shift_{nm}"] = float((g.mean() - est) / max(g.std(), 1e-300))
+    out["gain_shift_full_abs"] = float(selection_gain((S["A"][1] + S["B"][1]) / 2, mask).mean() - est)
+    return out
+
+# %% ../nbs/18_protocol.ipynb #8a65eabff63a45729fe45fb5ade58bdc
+TWO_SIDED_STATS = (*CAL_STATS, "gain_dilute")
+COVERED_2S = {"rel": ("rel",), "gain_fresh": ("gain_fresh",), "gain_stale": ("gain_stale/same", "gain_stale/weak")}
+
+
+def calibration_point_2s(
+    pool: SyntheticPool,
+    truth: dict,
+    cell: CalibrationCell,
+    domain: Domain,
+    n_boot: int = 400,
+    gauss_reps: int = 200,
+    diag_boot: int = 100,
+) -> dict:
+    """One synthetic point of `cell` for the two-sided study: estimates, truths, both bounds of every method for
+    TWO_SIDED_STATS (the diluted control's truth is its factor times the fresh set's true gain), and the shrinkage
+    diagnostics."""
+    cand, val = synthetic_point(pool, domain, cell.K, cell.K)
+    stale = {
+        "same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
+        "weak": prompt_gradients(synthetic_split(pool, domain.child("split", "W"), max(2, cell.K // 2), cell.K)[0]),
+    }
+    res = analyse_point(cand, val, cell.k, domain, stale=stale, n_boot=n_boot, gauss_reps=gauss_reps)
+    s = truth["s"]
+    true = {
+        "rel": float(truth["rel"]),
+        **{stat_name(nm): float(s[m].mean() - s.mean()) for nm, m in res.selected.items()},
+    }
+    true["gain_control"] = 0.0
+    true["gain_dilute"] = dilute_factor(dilute_size(cell.k, cell.n), cell.k, cell.n) * true["gain_fresh"]
+    shift = {
+        st: float((np.mean(res.boot[st]) - res.estimate(st)) / max(np.std(res.boot[st]), 1e-300))
+        for st in ("rel", "gain_fresh", "gain_stale/same")
+    }
+    return dict(
+        est={st: res.estimate(st) for st in TWO_SIDED_STATS},
+        truth=true,
+        bounds={m: {st: res.bounds(st, m) for st in TWO_SIDED_STATS} for m in BOUNDS},
+        shift=shift,
+        shrinkage=shrinkage_diagnostics(cand, val, res.selected["fresh"], domain.child("diag"), diag_boot),
+    )
+
+
+def summarise_cell_2s(cell: CalibrationCell, rows: Sequence[dict]) -> dict:
+    """Counts of one cell (JSON-able): per method, LB <= truth and UB >= truth per statistic, gate passes, controls'
+    false Effective (LB > 0, negative control) and false Ineffective (UB <= 0, diluted control); mean diagnostics."""
+    gate_k = 2 * cell.k / cell.n
+    ok_true = [r["truth"]["rel"] >= gate_k and r["truth"]["gain_fresh"] > 0 for r in rows]
+    mean = lambda f: float(np.mean([f(r) for r in rows]))
+    out = dict(
+        cell=dict(cell.__dict__, k=cell.k),
+        points=len(rows),
+        true_admissible=int(sum(ok_true)),
+        truth={st: mean(lambda r, st=st: r["truth"][st]) for st in TWO_SIDED_STATS},
+        estimate={st: mean(lambda r, st=st: r["est"][st]) for st in TWO_SIDED_STATS},
+        shift={st: mean(lambda r, st=st: r["shift"][st]) for st in rows[0]["shift"]},
+        shrinkage={
+            nm: mean(lambda r, nm=nm: np.mean([r["shrinkage"][h][nm] for h in "AB"]))
+            for nm in rows[0]["shrinkage"]["A"]
+        }
+        | {nm: mean(lambda r, nm=nm: r["shrinkage"][nm]) for nm in rows[0]["shrinkage"] if nm not in "AB"},
+        methods={},
+    )
+    for m in BOUNDS:
+        b = [r["bounds"][m] for r in rows]
+        gate = [bb["rel"][0] >= gate_k and bb["gain_fresh"][0] > 0 for bb in b]
+        out["methods"][m] = dict(
+            lb_cover={st: int(sum(bb[st][0] <= r["truth"][st] for bb, r in zip(b, rows))) for st in TWO_SIDED_STATS},
+            ub_cover={st: int(sum(bb[st][1] >= r["truth"][st] for bb, r in zip(b, rows))) for st in TWO_SIDED_STATS},
+            contains_estimate=int(
+                sum(all(bb[st][0] <= r["est"][st] <= bb[st][1] for st in TWO_SIDED_STATS) for bb, r in zip(b, rows))
+            ),
+            gate=int(sum(gate)),
+            gate_true=int(sum(g and t for g, t in zip(gate, ok_true))),
+            false_effective=int(sum(bb["gain_control"][0] > 0 for bb in b)),
+            false_ineffective=int(sum(bb["gain_dilute"][1] <= 0 for bb in b)),
+        )
+    return out
+
+# %% ../nbs/18_protocol.ipynb #c3933fab20d04ec698c2621248eb3be0
+def coverage_table_2s(cells: Sequence[dict]) -> dict:
+    """{method: {regime: {'lb/<stat>', 'ub/<stat>' coverage (COVERED_2S keys), 'false_effective', 'false_ineffective',
+    'contains', 'power', 'points'}}}, each regime's cells pooled."""
+    out = {}
+    for m in [m for m in BOUNDS if m in cells[0]["methods"]]:
+        for reg in dict.fromkeys(c["cell"]["regime"] for c in cells):
+            cs = [c for c in cells if c["cell"]["regime"] == reg]
+            n = sum(c["points"] for c in cs)
+            tot = lambda f, m=m, cs=cs: sum(f(c["methods"][m]) for c in cs)
+            row = {
+                f"{side}/{key}": tot(lambda x, side=side, sts=sts: sum(x[f"{side}_cover"][st] for st in sts))
+                / (n * len(sts))
+                for side in ("lb", "ub")
+                for key, sts in COVERED_2S.items()
+            }
+            row |= {nm: tot(lambda x, nm=nm: x[nm]) / n for nm in ("false_effective", "false_ineffective")}
+            row["contains"] = tot(lambda x: x["contains_estimate"]) / n
+            row["power"] = tot(lambda x: x["gate_true"]) / max(1, sum(c["true_admissible"] for c in cs))
+            out.setdefault(m, {})[reg] = row | dict(points=n)
+    return out
+
+
+def choose_bound_2s(table: dict, nominal: float = 0.95, half_width: float = 0.02, se_mult: float = 2.0) -> dict:
+    """The two-sided rule (stated before the run, see text): every LB and UB coverage within nominal -/+ max(half_width,
+    se_mult binomial SEs) and both controls' error rates <= 1 - nominal + that tolerance, in every regime; then the
+    highest mean power; if none qualifies, the fewest failing regimes, then the fewest failing quantities, then power.
+    Returns the choice and, per method, its failing regimes with the reasons."""
+    fails, power = {}, {}
+    for m, t in table.items():
+        power[m] = float(np.mean([r["power"] for r in t.values()]))
+        for reg, r in t.items():
+            tol = max(half_width, se_mult * np.sqrt(nominal * (1 - nominal) / r["points"]))
+            bad = [key for key in r if key.startswith(("lb/", "ub/")) and abs(r[key] - nominal) > tol]
+            bad += [key for key in ("false_effective", "false_ineffective") if r[key] > 1 - nominal + tol]
+            if bad:
+                fails.setdefault(m, {})[reg] = bad
+    ok = [m for m in table if m not in fails]
+    if ok:
+        return dict(bound=max(ok, key=lambda m: power[m]), qualified=ok, fails=fails, power=power)
+    order = {m: j for j, m in enumerate(BOUNDS)}
+    rank = lambda m: (len(fails[m]), sum(map(len, fails[m].values())), -power[m], order.get(m, len(order)))
+    pick = min(table, key=rank)
+    return dict(bound=pick, qualified=[], fails=fails, power=power)
 
 # %% ../nbs/18_protocol.ipynb #1f2da001
 def _small_point(
@@ -1503,4 +1960,40 @@ def check_bound_inputs():
         Check("protocol.jackknife", "max |Gram - direct| delete-one-rollout candidate scores", worst, 1e-9),
         Check("protocol.bounds", "max |BC - percentile| on replicates centred on the estimate", bc, 1e-12),
         Check("protocol.bounds", "|Gaussian LB - O(O^-1(Rel) - z se)|", inv, 1e-12),
+    ]
+
+# %% ../nbs/18_protocol.ipynb #cdf66aed5cc84ca1b48e60bad68798a8
+@verify_check
+def check_bounds_contain_estimate():
+    "On synthetic points, the default bound's LB95 <= estimate <= UB95 for every statistic (percentile: for contrast)."
+    bad = {DEFAULT_BOUND: 0, "percentile": 0}
+    total = 0
+    for K, sig in ((4, 0.7), (8, 0.2)):
+        D = Domain(0, ("protocol", "contains", K))
+        pool = synthetic_pool(D, 32, 8, 16, sigma_v=sig, frac_homog=0.2, signal=1.5)
+        for s in range(3):
+            cand, val = synthetic_point(pool, D.child(s), K, K)
+            r = analyse_point(
+                cand, val, 4, D.child(s), stale={"same": prompt_gradients(cand["R"])}, n_boot=200, gauss_reps=50
+            )
+            for st in r.stats:
+                total += 1
+                for m in bad:
+                    lb, ub = r.bounds(st, m)
+                    bad[m] += not (lb <= r.estimate(st) <= ub)
+    return [
+        Check(
+            "protocol.contains",
+            f"{DEFAULT_BOUND}: statistics with LB95 > estimate or UB95 < estimate, of {total}",
+            bad[DEFAULT_BOUND],
+            0,
+            "==",
+        ),
+        Check(
+            "protocol.contains",
+            f"percentile (old default): the same count, of {total} (information)",
+            bad["percentile"],
+            total,
+            "<=",
+        ),
     ]
