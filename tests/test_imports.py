@@ -40,7 +40,7 @@ LAYERS = [
 ]
 LAYER = {m: i for i, ms in enumerate(LAYERS) for m in ms}
 # Function-local imports are allowed only for these (heavy or optional) top-level packages, each with a comment.
-LAZY_OK = {"torch", "vllm", "ray", "papermill", "jupyter_client", "tqdm", "math_verify", "matplotlib"}
+LAZY_OK = {"torch", "vllm", "ray", "papermill", "jupyter_client", "tqdm", "math_verify", "matplotlib", "gguf"}
 
 
 def modules() -> list[str]:

@@ -15,15 +15,24 @@ from conftest import REDUCED
 
 from stalebook.core import Domain, StalebookError, hash_dir
 from stalebook.model import (
+    BUILD_FILE,
+    PACKAGED_MODELS,
     LoraSpec,
     TinySpec,
     adapter_state,
     build_tiny_snapshot,
     ensure_tiny_snapshot,
+    import_snapshot,
+    left_pad,
     load_adapter,
     load_policy,
+    packaged_model,
     policy_hash,
+    render_prompt,
     save_adapter,
+    smol_snapshot,
+    split_at_stop,
+    stop_token_ids,
 )
 from stalebook.snapshot import LOCKFILE, read_lock, write_lock
 
@@ -195,7 +204,8 @@ def test_cli_help_and_one_line_errors(tmp_path, cli):
     r = cli("--help")
     assert r.returncode == 0 and "snapshot" in r.stdout and "preflight" in r.stdout
     for args, msg in [
-        (("snapshot",), "choose 'tiny' or 'lock'"),
+        (("snapshot",), "choose 'tiny', 'import' or 'lock'"),
+        (("snapshot", "import", str(tmp_path / "x.gguf")), "--out"),
         (("snapshot", "tiny"), "--out"),
         (("snapshot", "tiny", "--out", str(tmp_path / "x"), "--threads", "zero"), "invalid int"),
         (("snapshot", "lock", str(tmp_path / "nope")), "is not a directory"),
@@ -274,3 +284,65 @@ def test_ensure_tiny_snapshot_reuses_and_repairs(tiny_snapshot, tmp_path):
         logs[0].startswith(f"rebuilding {d}: hash mismatch: config.json")
         and lock["revision"] == read_lock(tiny_snapshot)["revision"]
     )
+
+
+def test_import_hf_folder_locked_and_reproducible(tiny_snapshot, tmp_path, cli):
+    """`snapshot import` of a Hugging Face folder (the tiny snapshot, a base model without a chat template): refused
+    unless allowed, then a locked snapshot whose revision does not depend on where it was written."""
+    r = cli("snapshot", "import", tiny_snapshot, "--out", tmp_path / "a")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert str(tiny_snapshot) in r.stderr and "no chat template" in r.stderr and not (tmp_path / "a").exists()
+    r = cli("snapshot", "import", tiny_snapshot, "--out", tmp_path / "a", "--allow-no-chat-template")
+    assert r.returncode == 0 and "locked" in r.stdout, r.stderr
+    lock_b = import_snapshot(tiny_snapshot, tmp_path / "sub" / "b", require_chat_template=False, log=lambda *a: None)
+    assert read_lock(tmp_path / "a")["revision"] == lock_b["revision"]
+    rec = json.loads((tmp_path / "a" / BUILD_FILE).read_text())
+    assert rec["source"]["format"] == "hf" and rec["tokenizer"]["stop_tokens"] == ["<eos>"]
+    m, tok = load_policy(tmp_path / "a", dtype="auto")
+    assert tok.padding_side == "left" and next(m.parameters()).dtype == torch.float32
+    r = cli("snapshot", "import", tiny_snapshot, "--out", tmp_path / "a", "--allow-no-chat-template")
+    assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def test_import_refuses_bad_folders(tmp_path, cli):
+    "One line naming the file, exit 2, nothing written: missing source, no config, unsupported or quantized model."
+    (tmp_path / "empty").mkdir()
+    for name, cfg in [
+        ("bert", {"model_type": "bert"}),
+        ("awq", {"model_type": "qwen2", "quantization_config": {"quant_method": "awq"}}),
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    for src, msg in [
+        ("absent", "absent: no such file or folder"),
+        ("empty", "empty: not a Hugging Face model folder (no config.json)"),
+        ("bert", "bert/config.json: architecture 'bert' is not supported"),
+        ("awq", "awq/config.json: a pre-quantized folder (awq) is not supported"),
+    ]:
+        r = cli("snapshot", "import", tmp_path / src, "--out", tmp_path / "out")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, (src, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["absent", "awq", "bert", "empty"][1:]
+
+
+def test_missing_real_model_gets_the_how_to(tmp_path, monkeypatch):
+    monkeypatch.setitem(
+        PACKAGED_MODELS, "nosuch", {**PACKAGED_MODELS["smollm2"], "dist": "no-such-dist", "package": "no_such_pkg_xyz"}
+    )
+    with pytest.raises(StalebookError, match=r"nosuch: the package no-such-dist is not installed \(run `make smol`\)"):
+        packaged_model("nosuch")
+    monkeypatch.setenv("STALEBOOK_SMOL", str(tmp_path / "smol"))
+    with pytest.raises(StalebookError, match=r"no SmolLM2 snapshot \(run `make smol`\)"):
+        smol_snapshot()
+
+
+def test_tiny_prompts_unchanged_by_the_chat_path(tiny_snapshot):
+    "Without a chat template the prompt is `tok(prompt).input_ids`; the stop token is <eos>; left padding is masked."
+    m, tok = load_policy(tiny_snapshot)
+    assert render_prompt(tok, "1+2=") == tok("1+2=").input_ids
+    assert stop_token_ids(tok, m.generation_config) == (tok.eos_token_id,)
+    assert split_at_stop([4, tok.eos_token_id, 5], stop_token_ids(tok)) == ([4], True)
+    ids, att, pos = left_pad([tok("12+3=").input_ids, tok("1+2=").input_ids], tok.pad_token_id)
+    with torch.no_grad():
+        padded = m(input_ids=ids, attention_mask=att, position_ids=pos).logits[1, -1]
+        alone = m(input_ids=torch.tensor([tok("1+2=").input_ids])).logits[0, -1]
+    assert torch.allclose(padded, alone, atol=1e-5)

