@@ -47,6 +47,7 @@ from stalebook.model import (
     training_pools,
 )
 from stalebook.rollouts import (
+    Generation,
     RolloutStore,
     SamplingConfig,
     completion_logprobs,
@@ -98,15 +99,17 @@ def reference_store(
     purpose: str = "bolt/reference",
     reward_fn=None,
     progress: bool = False,
+    sampler=None,
 ) -> RolloutStore:
     """N = `sampling.group_size` completions per prompt from `model` (pi_ref) with verifier rewards, in a store bound to
-    its policy hash and the domain (seed, 'rollout', hash, purpose): generated, resumed, or reused when complete."""
+    its policy hash and the domain (seed, 'rollout', hash, purpose): generated (by `sampler`, default the config's
+    backend), resumed, or reused when complete."""
     ph = policy_hash(model)
     with _store_lock(root):
         store = RolloutStore(
             root, ph, rollout_domain(seed, ph, purpose), sampling, [t.id for t in tasks], numerics=numerics_of(model)
         )
-        return generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress)
+        return generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress, sampler=sampler)
 
 
 def open_reference(path, policy_hash: str) -> RolloutStore:
@@ -270,7 +273,14 @@ def reference(self: ReferenceTrainer, k: int) -> dict:
         store = open_reference(self.ref_path, ref_hash)
     elif policy_hash(self.model) == ref_hash:
         store = reference_store(
-            self.model, self.tok, self.tasks, self.stores, self.cfg.seed, self.cfg.sampling, reward_fn=self.reward_fn
+            self.model,
+            self.tok,
+            self.tasks,
+            self.stores,
+            self.cfg.seed,
+            self.cfg.sampling,
+            reward_fn=self.reward_fn,
+            sampler=self.sampler,
         )
     else:
         store = RolloutStore(
@@ -305,40 +315,52 @@ def reference(self: ReferenceTrainer, k: int) -> dict:
 
 # %% ../nbs/30_bolt.ipynb #8e8ee569
 @patch
-def _generate(self: ReferenceTrainer, batch, ph: str):
-    """The step's prompts' stored completions in the round's reference (nothing is sampled); their rewards and
-    weights are kept for the step."""
+def generate(self: ReferenceTrainer, batch, ph: str) -> Generation:
+    """The step's prompts' stored completions in the round's reference (nothing is sampled), carrying their stored
+    rewards [P, N] and weights [P*N]."""
     self.round = min(self.step // self.round_len, self.rounds - 1)
     ref = self.reference(self.round)
     rows = [ref["index"][t.id] for t in batch]
     recs = [ref["store"].records[i] for i in rows]
-    self._R, self._w = torch.from_numpy(ref["R"][rows]), torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1))
-    return [r["prompt_ids"] for r in recs for _ in r["tokens"]], [c for r in recs for c in r["tokens"]]
+    return Generation(
+        [r["prompt_ids"] for r in recs for _ in r["tokens"]],
+        [c for r in recs for c in r["tokens"]],
+        [x for r in recs for x in r["texts"]],
+        [x for r in recs for x in r["sampler_logp"]],
+        rewards=torch.from_numpy(ref["R"][rows]),
+        weights=torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1)),
+    )
 
 
 @patch
-def _reward_soon(self: ReferenceTrainer, batch, comps) -> torch.Tensor:
-    "The stored verifier rewards [P, N] (no verifier call)."
-    return self._R
+def rewards(self: ReferenceTrainer, batch, gen: Generation) -> torch.Tensor:
+    "The stored verifier rewards [P, N] the batch carries (no verifier call)."
+    return gen.rewards
 
 
 @patch
-def _behaviour_logprobs(self: ReferenceTrainer, pids, comps):
+def behaviour_logprobs(self: ReferenceTrainer, gen: Generation):
     "No behaviour forward pass (weighted SFT has no ratio to a sampling policy): only the completions' token mask."
-    lens = torch.tensor([len(c) for c in comps])
+    lens = torch.tensor([len(c) for c in gen.completions])
     return None, torch.arange(int(lens.max()) if len(lens) else 0)[None, :] < lens[:, None]
 
 
 @patch
-def _loss(self: ReferenceTrainer, pids, comps, R, old, mask, lag: int = 0):
-    """Weighted cross-entropy of the stored completions: one forward with gradients, no behaviour or reference pass;
-    its gradient accumulated into the LoRA tensors (the Trainer's contract), the loss returned detached."""
+def objective(self: ReferenceTrainer, gen: Generation, R, old, mask, lag: int = 0):
+    """Weighted cross-entropy of the stored completions with the batch's weights: one forward with gradients, no
+    behaviour or reference pass; its gradient accumulated into the LoRA tensors (the Trainer's contract), the loss
+    returned detached."""
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
     logp, mask = completion_logprobs(
-        self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id, shared_prefix=self.cfg.shared_prefix
+        self.model,
+        gen.prompt_ids,
+        gen.completions,
+        self.cfg.micro_batch,
+        self.tok.pad_token_id,
+        shared_prefix=self.cfg.shared_prefix,
     )
-    loss, st = weighted_sft_loss(logp, self._w, mask, self.cfg.loss_agg)
+    loss, st = weighted_sft_loss(logp, gen.weights, mask, self.cfg.loss_agg)
     loss.backward()
     return loss.detach(), {**st, "bolt/round": self.round}
 
@@ -575,9 +597,18 @@ def retention_nll(model, tok, pairs: dict, micro_batch: int = 64) -> dict:
 
 # %% ../nbs/30_bolt.ipynb #d02b1f33
 def measure_policy(
-    cfg: BoltConfig, model, tok, pools: dict, pairs: dict, stores, progress: bool = False, reward_fn=None
+    cfg: BoltConfig,
+    model,
+    tok,
+    pools: dict,
+    pairs: dict,
+    stores,
+    progress: bool = False,
+    reward_fn=None,
+    sampler=None,
 ) -> dict:
-    "One policy's pool metrics (K fresh samples per prompt in hash-bound stores) and retention NLL."
+    """One policy's pool metrics (K fresh samples per prompt in hash-bound stores, drawn by `sampler`, default the
+    config's backend) and retention NLL."""
     ph, sc, out = policy_hash(model), eval_sampling(cfg), {}
     for name, tasks in pools.items():
         with _store_lock(stores):
@@ -589,7 +620,7 @@ def measure_policy(
                 [t.id for t in tasks],
                 numerics=numerics_of(model),
             )
-            generate_store(model, tok, tasks, st, reward_fn=reward_fn, progress=progress)
+            generate_store(model, tok, tasks, st, reward_fn=reward_fn, progress=progress, sampler=sampler)
         lp, lr = sequence_logprobs(model, tok, st.records, cfg.train.micro_batch)
         out[name] = pool_metrics(np.array([r["rewards"] for r in st.records], np.float64), lp, lr, cfg.beta)
     return dict(policy_hash=ph, **out, retention=retention_nll(model, tok, pairs, cfg.train.micro_batch))
@@ -612,7 +643,10 @@ def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, 
             continue
         load_adapter_state(tr.model, d / "adapter")
         r = dict(
-            step=s, **measure_policy(cfg, tr.model, tr.tok, pools, pairs, stores_root(cfg, out), progress, reward_fn)
+            step=s,
+            **measure_policy(
+                cfg, tr.model, tr.tok, pools, pairs, stores_root(cfg, out), progress, reward_fn, tr.sampler
+            ),
         )
         atomic_write_json(f, r)
         res.append(r)

@@ -15,6 +15,7 @@ Docs: https://stalebook.github.io/stalebook/pipeline.html.md"""
 # %% ../nbs/29_pipeline.ipynb #7d000003
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import queue
@@ -40,7 +41,16 @@ from stalebook.core import (
     load_config,
 )
 from .model import compute_setup, policy_hash
-from .rollouts import SamplingConfig, completion_logprobs, load_run_policy, task_pool
+from stalebook.rollouts import (
+    Generation,
+    SamplingConfig,
+    completion_logprobs,
+    load_run_policy,
+    make_sampler,
+    rollout_domain,
+    sample_batch,
+    task_pool,
+)
 from .tasks import synthetic_tasks
 from .theory.async_sim import analyse_sweep, collapse_time, moving_average, rule_constants
 from stalebook.trainer import (
@@ -50,7 +60,6 @@ from stalebook.trainer import (
     lag_histogram,
     lineage_checkpoint,
     next_tasks,
-    sample_step,
     step_rewards,
 )
 
@@ -95,6 +104,7 @@ def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
     compute_setup(cfg.threads)
     model, tok = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sampler = make_sampler(cfg.sampling.backend, model, tok)
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     a, cur, cursor, n = cfg.async_training, -1, [0, 0], 0
     while not stop.is_set():
@@ -107,13 +117,15 @@ def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
             cur = v
         batch, cursor = next_tasks(tasks, cursor, cfg.prompts_per_step, cfg.seed, cfg.domain)
         t0, ph = time.perf_counter(), policy_hash(model)
-        pids, comps = sample_step(model, tok, cfg.sampling, batch, ph, cfg.seed, f"train/{n}", cfg.shared_prefix)
+        sampler.sync_weights(model)
+        gen = sample_batch(sampler, batch, rollout_domain(cfg.seed, ph, f"train/{n}"), cfg.sampling, cfg.shared_prefix)
+        pids, comps = gen.prompt_ids, gen.completions
         with torch.no_grad():
             old, mask = completion_logprobs(
                 model, pids, comps, cfg.micro_batch, tok.pad_token_id, shared_prefix=cfg.shared_prefix
             )
         t1 = time.perf_counter()
-        R = step_rewards(tok, batch, comps, cfg.sampling.group_size)
+        R = step_rewards(batch, gen.texts, cfg.sampling.group_size)
         item = dict(
             n=n,
             version=cur,
@@ -121,6 +133,8 @@ def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
             cursor=cursor,
             pids=pids,
             comps=comps,
+            texts=gen.texts,
+            sampler_logp=gen.sampler_logp,
             old=old.numpy(),
             mask=mask.numpy(),
             R=R.numpy(),
@@ -176,7 +190,7 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
     gen = ctx.Process(target=generator_main, args=(config_dict(cfg), str(wdir), q, version, stop), daemon=True)
     t0 = time.perf_counter()
     gen.start()
-    recent, dropped, tokens = {0: tr._flat()}, 0, 0
+    recent, dropped, tokens = {0: tr.flat_params()}, 0, 0
     bar = Progress(cfg.steps, f"pipeline {tr.dir.name}", unit="step", enabled=progress)
     try:
         while tr.step < cfg.steps:
@@ -190,9 +204,8 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
                     raise StalebookError(f"pipeline: batch {it['n']} has lag {lag} > max_staleness under 'block'")
                 dropped += 1
                 continue
-            rec = tr._learn(
-                it["pids"],
-                it["comps"],
+            rec = tr.learn(
+                Generation(it["pids"], it["comps"], it["texts"], it["sampler_logp"]),
                 torch.from_numpy(it["R"]),
                 torch.from_numpy(it["old"]),
                 torch.from_numpy(it["mask"]),
@@ -211,14 +224,14 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
             tr.log.append(rec)
             publish_weights(wdir, tr.step, named)
             version.value = tr.step
-            recent[tr.step] = tr._flat()
+            recent[tr.step] = tr.flat_params()
             for v in [v for v in recent if v < tr.step - async_cfg.max_staleness]:
                 del recent[v]
             for f in wdir.glob("v*.safetensors"):
                 if int(f.stem[1:]) < tr.step - async_cfg.max_staleness - async_cfg.queue_size - 2:
                     f.unlink(missing_ok=True)
-            if tr.step % cfg.checkpoint_every == 0 or tr.step in cfg.lineage_steps or tr.step == cfg.steps:
-                tr.lineage.commit(tr.step, tr.model, tr.opt, tr.sched, tr.cursor, tr._async_state())
+            if tr.should_checkpoint():
+                tr.checkpoint()
             bar.update(1, lag=lag)
     finally:
         _stop(q, gen, stop)
@@ -348,18 +361,15 @@ SERIES = (
 )
 
 
-def heldout_pass_rate(model, tok, cfg: TrainConfig, n: int, k: int) -> float:
-    "Mean pass rate of the model's weights on n held-out prompts (domain (seed, 'eval', domain, level)) x k samples."
+def heldout_pass_rate(model, tok, cfg: TrainConfig, n: int, k: int, sampler=None) -> float:
+    """Mean pass rate of the model's weights on n held-out prompts (domain (seed, 'eval', domain, level)) x k samples,
+    drawn by `sampler` (default: the run's backend on `model`) through `sample_batch`."""
     tasks = synthetic_tasks(cfg.domain, n, Domain(cfg.seed, ("eval", cfg.domain, cfg.task_level)), level=cfg.task_level)
-    sc = SamplingConfig(
-        group_size=k,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        temperature=cfg.sampling.temperature,
-        top_p=cfg.sampling.top_p,
-    )
-    ph = policy_hash(model)
-    _, comps = sample_step(model, tok, sc, tasks, ph, cfg.seed, "study-eval")
-    return float(step_rewards(tok, tasks, comps, k).mean())
+    sc = dataclasses.replace(cfg.sampling, group_size=k)
+    sampler = sampler or make_sampler(sc.backend, model, tok)
+    sampler.sync_weights(model)
+    gen = sample_batch(sampler, tasks, rollout_domain(cfg.seed, policy_hash(model), "study-eval"), sc)
+    return float(step_rewards(tasks, gen.texts, k).mean())
 
 # %% ../nbs/29_pipeline.ipynb #7d000021
 def _nan(xs) -> np.ndarray:
@@ -406,7 +416,7 @@ def run_cell(config, out_dir) -> dict:
         m0, tok0 = load_run_policy(cfg.snapshot, str(lineage_checkpoint(cfg.out, 0)), cfg.device, cfg.dtype)
         ev = dict(
             start=heldout_pass_rate(m0, tok0, cfg, cell.eval_n, cell.eval_k),
-            end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k),
+            end=heldout_pass_rate(tr.model, tr.tok, cfg, cell.eval_n, cell.eval_k, tr.sampler),
         )
     async_cfg = cfg.async_training
     res = dict(

@@ -12,13 +12,20 @@ Docs: https://stalebook.github.io/stalebook/rollouts.html.md"""
 # %% ../nbs/25_rollouts.ipynb #c0b17c0f
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
 import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 
@@ -28,6 +35,7 @@ from stalebook.core import (
     JsonlLog,
     Progress,
     StalebookError,
+    added_field,
     atomic_write_json,
     canonical_json,
     config_dict,
@@ -37,15 +45,226 @@ from stalebook.core import (
     hash_json,
     load_config,
 )
-from .model import LoraSpec, compute_setup, default_snapshot, load_policy, policy_hash
+from .model import LoraSpec, compute_setup, default_snapshot, load_policy, policy_hash, save_adapter
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['RUN_DETAILS', 'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache',
-           'hf_sample', 'pad_rows', 'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward',
-           'shared_prompt_cache', 'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain',
-           'task_pool', 'sample_groups', 'generate_store', 'lora_request_id', 'generate_store_vllm', 'RolloutsConfig',
-           'load_run_policy', 'cmd_rollouts']
+__all__ = ['SAMPLERS', 'RUN_DETAILS', 'Generation', 'register_sampler', 'Sampler', 'backend_problem', 'make_sampler',
+           'sample_seeds', 'lora_request_id', 'LoraFolders', 'HfSampler', 'sample_batch', 'FakeSampler', 'VllmSampler',
+           'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache', 'hf_sample',
+           'pad_rows', 'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache',
+           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
+           'sample_groups', 'generate_store', 'RolloutsConfig', 'load_run_policy', 'cmd_rollouts']
+
+# %% ../nbs/25_rollouts.ipynb #74a17aea
+@dataclass
+class Generation:
+    """Rows sampled for prompt groups, group by group (K consecutive rows each): prompt token ids, completion token
+    ids (cut after the first EOS), decoded texts, the sampler's log-probs of the completion tokens. `rewards` [P, K]
+    and `weights` [P*K] are set only by batches that carry them (BOLT's stored reference groups)."""
+
+    prompt_ids: list
+    completions: list
+    texts: list
+    sampler_logp: list
+    rewards: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+
+
+SAMPLERS: dict = {}
+
+
+def register_sampler(name: str):
+    "Class decorator: a generation backend, chosen by `SamplingConfig.backend == name`."
+
+    def deco(cls):
+        cls.name = name
+        SAMPLERS[name] = cls
+        return cls
+
+    return deco
+
+
+class Sampler:
+    """A generation backend. `generate(prompts, domains, cfg, shared_prefix)`: K = cfg.group_size completions per
+    prompt, group g from RNG domain `domains[g]` -> (prompt ids, completions, sampler log-probs), one row per sample.
+    `sync_weights(model)`: sample with the weights now on `model`. `requires`: the module it imports; `reproducible`:
+    'bitwise' (same domains and numerics, same bytes) or 'seeded' (per-sample seeds; equal where the engine is)."""
+
+    name, requires, reproducible = "", None, "bitwise"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tok = model, tokenizer
+
+    def sync_weights(self, model) -> None:
+        "Sample with the weights now on `model` (this one reads the model itself)."
+        self.model = model
+
+    def generate(self, prompts, domains, cfg, shared_prefix: bool = False):
+        "(prompt ids, completions, sampler log-probs): K rows per prompt, group g from `domains[g]`."
+        raise NotImplementedError
+
+# %% ../nbs/25_rollouts.ipynb #fdcfd91d
+def backend_problem(backend: str, reproducible: str = "bitwise") -> str | None:
+    "Why a config may not sample with `backend` under the guarantee `reproducible` (None: it may)."
+    cls = SAMPLERS.get(backend)
+    if cls is None:
+        return f"unknown backend {backend!r} (one of {', '.join(SAMPLERS)})"
+    if cls.requires and importlib.util.find_spec(cls.requires) is None:
+        return f"backend {backend!r} needs the {cls.requires!r} package, which is not installed here"
+    if reproducible == "bitwise" and cls.reproducible != "bitwise":
+        return (
+            f"backend {backend!r} is reproducible per seed, not bit for bit: set reproducible: {cls.reproducible} "
+            "to accept that"
+        )
+    return None
+
+
+def make_sampler(backend: str, model, tokenizer, **options) -> Sampler:
+    "The registered sampler `backend` on `model`'s weights (`options`: the backend's own)."
+    if why := backend_problem(backend, "seeded"):
+        raise StalebookError(why)
+    return SAMPLERS[backend](model, tokenizer, **options)
+
+# %% ../nbs/25_rollouts.ipynb #67b4f757
+def sample_seeds(domain: Domain, K: int) -> list[int]:
+    "Per-sample seeds of one group for an engine that draws itself (vLLM's `SamplingParams.seed`): (domain, 'seed', j)."
+    return [domain.child("seed", j).seed64() % 2**63 for j in range(K)]
+
+
+def lora_request_id(adapter_hash: str) -> int:
+    "Positive 31-bit integer id for vLLM's LoRARequest, derived from the adapter content hash."
+    return int(adapter_hash[:8], 16) % (2**31 - 1) + 1
+
+
+class LoraFolders:
+    """Adapters published for an inference engine: one peft folder per policy hash under `root` (the newest `keep`
+    kept), each with the integer id of its content hash; an id is never given to other weights (refused)."""
+
+    def __init__(self, root=None, keep: int = 4):
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="stalebook-lora-"))
+        self.keep, self.ids, self.order = keep, {}, []
+
+    def publish(self, model) -> tuple[Path, str, int]:
+        "(folder, policy hash, id) of the adapter on `model`, written once per content."
+        h = policy_hash(model)
+        i, path = lora_request_id(h), self.root / h[:32]
+        if self.ids.setdefault(i, h) != h:
+            raise StalebookError(
+                f"LoRA id {i} of adapter {h[:12]} was given to {self.ids[i][:12]}; ids are never reused"
+            )
+        if not (path / "adapter_config.json").is_file():
+            save_adapter(model, path)
+            self.order.append(path)
+            for old in self.order[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+            self.order = self.order[-self.keep :]
+        return path, h, i
+
+# %% ../nbs/25_rollouts.ipynb #7efeba09
+@register_sampler("hf")
+class HfSampler(Sampler):
+    "HF `generate` with the domain sampler (`hf_sample`): each group's uniforms pre-drawn from its domain."
+
+    def generate(self, prompts, domains, cfg, shared_prefix: bool = False):
+        K = cfg.group_size
+        u = torch.cat([group_uniforms(d, K, cfg.max_new_tokens) for d in domains])
+        return hf_sample(self.model, self.tok, [p for p in prompts for _ in range(K)], u, cfg, shared_prefix)
+
+
+def sample_batch(sampler: Sampler, tasks, domain: Domain, cfg, shared_prefix: bool = False) -> Generation:
+    """K completions per task from `sampler`, group g from `domain.child(task id)`, decoded: the generation step of
+    training, rollout stores, the pipeline's generator, BOLT's reference data and held-out evaluation."""
+    pids, comps, slp = sampler.generate(
+        [t.prompt for t in tasks], [domain.child(t.id) for t in tasks], cfg, shared_prefix
+    )
+    return Generation(pids, comps, [sampler.tok.decode(c, skip_special_tokens=True) for c in comps], slp)
+
+# %% ../nbs/25_rollouts.ipynb #c44b96f0
+@register_sampler("fake")
+class FakeSampler(Sampler):
+    """A deterministic CPU stand-in for an inference engine (tests): its own copy of the policy in `dtype` (bfloat16:
+    an engine's numerics, so sampler and trainer log-probs differ as they do with vLLM), weights synced through the
+    published LoRA folder, each group sampled alone (batch-invariant) with one seed per row from `sample_seeds`."""
+
+    def __init__(self, model, tokenizer, dtype: str = "bfloat16", adapters=None):
+        super().__init__(model, tokenizer)
+        self.engine, self.dtype = copy.deepcopy(model).to(getattr(torch, dtype)), getattr(torch, dtype)
+        self.folders, self.synced = LoraFolders(adapters), None
+
+    def sync_weights(self, model) -> None:
+        path, self.synced, _ = self.folders.publish(model)
+        state = load_file(str(path / "adapter_model.safetensors"))
+        set_peft_model_state_dict(self.engine, {k: v.to(self.dtype) for k, v in state.items()})
+
+    def generate(self, prompts, domains, cfg, shared_prefix: bool = False):
+        if self.synced is None:
+            raise StalebookError("fake sampler: no weights synced (call sync_weights first)")
+        K, L, out = cfg.group_size, cfg.max_new_tokens, ([], [], [])
+        for p, d in zip(prompts, domains):
+            u = torch.stack(
+                [
+                    torch.rand(L, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                    for s in sample_seeds(d, K)
+                ]
+            )
+            for acc, part in zip(out, hf_sample(self.engine, self.tok, [p] * K, u, cfg)):
+                acc.extend(part)
+        return out
+
+# %% ../nbs/25_rollouts.ipynb #f565def3
+@register_sampler("vllm")
+class VllmSampler(Sampler):
+    """vLLM (GPU): `vllm.LLM` on the base snapshot, the policy's adapter as a `LoRARequest` (a published peft folder,
+    id from its content hash), one `SamplingParams(seed=...)` per row from `sample_seeds`, the sampled token's
+    log-prob returned (`logprobs=0`), batch-invariant kernels (`VLLM_BATCH_INVARIANT=1`) unless `batch_invariant`
+    is off. `llm_options` go to `vllm.LLM` (default: 30% of the GPU's memory, the rest is the trainer's)."""
+
+    requires, reproducible = "vllm", "seeded"
+
+    def __init__(
+        self, model, tokenizer, snapshot: str = "", adapters=None, batch_invariant: bool = True, **llm_options
+    ):
+        super().__init__(model, tokenizer)
+        self.snapshot = snapshot or model.get_base_model().name_or_path
+        self.batch_invariant, self.llm_options = batch_invariant, {"gpu_memory_utilization": 0.3} | llm_options
+        self.folders, self.lora, self.llm = LoraFolders(adapters), None, None
+
+    def sync_weights(self, model) -> None:
+        from vllm.lora.request import LoRARequest  # optional extra (GPU): imported only on this path
+
+        self.model = model
+        path, h, i = self.folders.publish(model)
+        self.lora = LoRARequest(f"a{h[:12]}", i, str(path))
+
+    def engine(self):
+        "The `vllm.LLM`, started on first use."
+        if self.llm is None:
+            if self.batch_invariant:
+                os.environ["VLLM_BATCH_INVARIANT"] = "1"
+            from vllm import LLM  # the same optional extra
+
+            rank = max(8, 1 << (self.model.peft_config["default"].r - 1).bit_length())
+            self.llm = LLM(model=str(self.snapshot), enable_lora=True, max_lora_rank=rank, seed=0, **self.llm_options)
+        return self.llm
+
+    def generate(self, prompts, domains, cfg, shared_prefix: bool = False):
+        from vllm import SamplingParams  # the same optional extra
+        from vllm.inputs import TokensPrompt  # (vllm)
+
+        if self.lora is None:
+            self.sync_weights(self.model)
+        rows = [(self.tok(p).input_ids, s) for p, d in zip(prompts, domains) for s in sample_seeds(d, cfg.group_size)]
+        kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, logprobs=0)
+        outs = self.engine().generate(
+            [TokensPrompt(prompt_token_ids=p) for p, _ in rows],
+            [SamplingParams(n=1, seed=s, **kw) for _, s in rows],
+            lora_request=self.lora,
+            use_tqdm=False,
+        )
+        comps = [_cut(list(o.outputs[0].token_ids), _eos_ids(self.tok)) for o in outs]
+        slp = [[float(lp[t].logprob) for t, lp in zip(c, o.outputs[0].logprobs or [])] for c, o in zip(comps, outs)]
+        return [p for p, _ in rows], comps, slp
 
 # %% ../nbs/25_rollouts.ipynb #a40388a2
 @dataclass
@@ -57,7 +276,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     groups_per_batch: int = 8  # prompt groups per generate call (fixed batches => reproducible)
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm", "fake"] = "hf"  # a registered sampler (`register_sampler`)
+    reproducible: Literal["bitwise", "seeded"] = added_field("bitwise")  # the guarantee the run asks of it
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -70,6 +290,8 @@ class SamplingConfig:
             raise ValueError("top_p must be in (0, 1]")
         if self.groups_per_batch < 1:
             raise ValueError("groups_per_batch must be >= 1")
+        if why := backend_problem(self.backend, self.reproducible):
+            raise ValueError(why)
 
 # %% ../nbs/25_rollouts.ipynb #b96f6dd8
 def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
@@ -477,14 +699,18 @@ def _group_record(g: int, task, prompt_ids, comps, logp, sampler_logp, rw, texts
     )
 
 
-def sample_groups(model, tokenizer, batch, store: "RolloutStore", first: int, reward_fn=None) -> list[dict]:
-    "Records of the prompt groups `batch` (store positions `first`...): sample, teacher-force, verify."
-    cfg, K = store.sampling, store.sampling.group_size
-    u = torch.cat([group_uniforms(store.group_domain(t.id), K, cfg.max_new_tokens) for t in batch])
-    pids, comps, slp = hf_sample(model, tokenizer, [t.prompt for t in batch for _ in range(K)], u, cfg)
+def sample_groups(
+    model, tokenizer, batch, store: "RolloutStore", first: int, reward_fn=None, sampler=None
+) -> list[dict]:
+    """Records of the prompt groups `batch` (store positions `first`...): sample (`sample_batch` with `sampler`, default
+    the store's backend on `model`), teacher-force with `model`, verify."""
+    K = store.sampling.group_size
+    gen = sample_batch(
+        sampler or make_sampler(store.sampling.backend, model, tokenizer), batch, store.domain, store.sampling
+    )
+    pids, comps, slp, texts = gen.prompt_ids, gen.completions, gen.sampler_logp, gen.texts
     with torch.no_grad():  # one forward per generation batch (scoring repeats it)
         tf, m = completion_logprobs(model, pids, comps, micro_batch=len(comps), pad_id=tokenizer.pad_token_id)
-    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comps]
     rw = batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn)
     return [
         _group_record(
@@ -502,9 +728,17 @@ def sample_groups(model, tokenizer, batch, store: "RolloutStore", first: int, re
 
 # %% ../nbs/25_rollouts.ipynb #370dfe0a
 def generate_store(
-    model, tokenizer, tasks, store: RolloutStore, reward_fn=None, progress: bool = True, max_groups: int | None = None
+    model,
+    tokenizer,
+    tasks,
+    store: RolloutStore,
+    reward_fn=None,
+    progress: bool = True,
+    max_groups: int | None = None,
+    sampler: Sampler | None = None,
 ) -> RolloutStore:
-    "Fill `store` with one complete group per task (resuming after the last complete group)."
+    """Fill `store` with one complete group per task (resuming after the last complete group), sampled by `sampler`
+    (default: the store's backend) synced to `model`'s weights."""
     if store.complete:
         store.verify()
         return store
@@ -514,14 +748,18 @@ def generate_store(
         )
     if [t.id for t in tasks] != store.task_ids:
         raise StalebookError("generate_store: tasks differ from the store's task list")
-    if store.sampling.backend != "hf":
-        raise StalebookError(f"backend '{store.sampling.backend}': use generate_store_vllm")
+    if sampler is not None and sampler.name != store.sampling.backend:
+        raise StalebookError(
+            f"{store.path}: store samples with '{store.sampling.backend}', the sampler is '{sampler.name}'"
+        )
+    sampler = sampler or make_sampler(store.sampling.backend, model, tokenizer)
+    sampler.sync_weights(model)
     G, made = store.sampling.groups_per_batch, 0
     bar = Progress(len(tasks), f"rollouts {store.path.name[:16]}", initial=store.n_done, unit="group", enabled=progress)
     for b0 in range(
         (store.n_done // G) * G, len(tasks), G
     ):  # whole batches: a resumed run pads like an uninterrupted one
-        for rec in sample_groups(model, tokenizer, tasks[b0 : b0 + G], store, b0, reward_fn):
+        for rec in sample_groups(model, tokenizer, tasks[b0 : b0 + G], store, b0, reward_fn, sampler):
             if rec["group"] < store.n_done:
                 continue  # already on disk
             store.append(rec)
@@ -531,49 +769,6 @@ def generate_store(
             if max_groups is not None and made >= max_groups:
                 return store
     bar.close()
-    store.finish()
-    return store
-
-# %% ../nbs/25_rollouts.ipynb #98e38abb
-def lora_request_id(adapter_hash: str) -> int:
-    "Positive 31-bit integer id for vLLM's LoRARequest, derived from the adapter content hash."
-    return int(adapter_hash[:8], 16) % (2**31 - 1) + 1
-
-
-def generate_store_vllm(
-    llm, model, tokenizer, tasks, store: RolloutStore, adapter_dir=None, adapter_hash=None, reward_fn=None
-) -> RolloutStore:
-    "vLLM backend: sample with `llm` (a vllm.LLM), recompute behaviour log-probs with the HF `model`."
-    from vllm import SamplingParams  # optional extra (GPU): imported only on this path
-    from vllm.lora.request import LoRARequest  # (the same optional extra)
-
-    cfg, K = store.sampling, store.sampling.group_size
-    lora = (
-        LoRARequest(f"a{adapter_hash[:12]}", lora_request_id(adapter_hash), str(adapter_dir)) if adapter_dir else None
-    )
-    for g in range(store.n_done, len(tasks)):
-        t = tasks[g]
-        seed = store.group_domain(t.id).seed64() % (2**63)
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_tokens=cfg.max_new_tokens,
-                seed=(seed + j) % (2**63),
-                logprobs=0,
-            )
-            for j in range(K)
-        ]
-        outs = llm.generate([t.prompt] * K, params, lora_request=lora, use_tqdm=False)
-        pid = tokenizer(t.prompt).input_ids
-        comps = [_cut(list(o.outputs[0].token_ids), _eos_ids(tokenizer)) for o in outs]
-        with torch.no_grad():
-            tf, m = completion_logprobs(model, [pid] * K, comps, micro_batch=K, pad_id=tokenizer.pad_token_id)
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comps]
-        rw = batch_rewards([t] * K, texts, reward_fn)
-        slp = [[float(next(iter(lp.values())).logprob) for lp in (o.outputs[0].logprobs or [])] for o in outs]
-        store.append(_group_record(g, t, pid, comps, [tf[r, m[r]].tolist() for r in range(K)], slp, rw, texts))
     store.finish()
     return store
 

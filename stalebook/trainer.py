@@ -54,14 +54,15 @@ from stalebook.core import (
 )
 from .model import LoraSpec, compute_setup, load_adapter_state, policy_hash, save_adapter
 from stalebook.rollouts import (
+    Generation,
     SamplingConfig,
     batch_rewards,
     completion_logprobs,
-    group_uniforms,
-    hf_sample,
     load_run_policy,
+    make_sampler,
     micro_batches,
     rollout_domain,
+    sample_batch,
     task_pool,
 )
 from .snapshot import LOCKFILE, read_lock
@@ -70,10 +71,10 @@ from .theory.async_sim import behaviour_source
 
 # %% auto #0
 __all__ = ['ASYNC_STATE', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss',
-           'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'AsyncConfig', 'TrainConfig',
-           'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour', 'checkpoint_name',
-           'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
-           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'sample_step', 'step_rewards', 'groups_of',
+           'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'mismatch_stats', 'AsyncConfig',
+           'TrainConfig', 'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour',
+           'checkpoint_name', 'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
+           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'step_rewards', 'groups_of',
            'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers', 'lag_histogram',
            'cmd_train']
 
@@ -247,6 +248,37 @@ def offpolicy_stats(
         is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None,
     )
 
+# %% ../nbs/26_trainer.ipynb #075ece1d
+@torch.no_grad()
+def mismatch_stats(trainer_logp, sampler_logp, mask, threshold: float = 2.0) -> dict:
+    """Training–inference mismatch of one batch: trainer log-probs [B, L] (mask [B, L]) against the sampler's own
+    (`sampler_logp`: one list per row). |Δ log p| mean/max, k3 KL(sampler || trainer), and the token IS weights
+    w = pi_train / pi_sampler: mean, max, min, ESS fraction, then mean / max truncated at `threshold` and the fraction
+    beyond it. Tokens the sampler gave no log-prob for are left out."""
+    s = torch.zeros(mask.shape, dtype=torch.float64)
+    have = torch.zeros(mask.shape, dtype=torch.bool)
+    for i, row in enumerate(sampler_logp):
+        n = min(len(row), mask.shape[1])
+        s[i, :n], have[i, :n] = torch.tensor(row[:n], dtype=torch.float64), True
+    m = mask.cpu() & have
+    d = (trainer_logp.detach().cpu().double() - s)[m]
+    if not d.numel():
+        return {}
+    w, n = torch.exp(d), d.numel()
+    wt = w.clamp(max=threshold)
+    return {
+        "mismatch/logp_abs_diff_mean": _num(d.abs().mean()),
+        "mismatch/logp_abs_diff_max": _num(d.abs().max()),
+        "mismatch/k3_kl": _num((torch.expm1(d) - d).mean()),
+        "mismatch/is_mean": _num(w.mean()),
+        "mismatch/is_max": _num(w.max()),
+        "mismatch/is_min": _num(w.min()),
+        "mismatch/is_ess_frac": _num(w.sum() ** 2 / (w**2).sum() / n),
+        "mismatch/is_truncated_mean": _num(wt.mean()),
+        "mismatch/is_truncated_max": _num(wt.max()),
+        "mismatch/is_beyond_frac": _num((w > threshold).double().mean()),
+    }
+
 # %% ../nbs/26_trainer.ipynb #6a0b1c01
 @dataclass
 class AsyncConfig:
@@ -328,6 +360,8 @@ class TrainConfig:
     shared_prefix: bool = added_field(False)  # each prompt's tokens run once per group, not once per completion
     # (generation and teacher-forced passes; same numbers up to float order)
     ratio_tol: float = 1e-5
+    mismatch_diagnostics: bool = added_field(False)  # record `mismatch_stats` every step (always with a sampler
+    # other than hf, whose log-probs are the trainer's up to float order)
 
     def __post_init__(self):
         if self.steps < 0:
@@ -344,6 +378,8 @@ class TrainConfig:
             raise ValueError(
                 "lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation"
             )
+        if self.mismatch_diagnostics and self.objective != "grpo":
+            raise ValueError("mismatch_diagnostics needs objective 'grpo' (the SFT step has no sampler log-probs)")
         if self.async_training.enabled and self.objective != "grpo":
             raise ValueError("async_training needs objective 'grpo'")
 
@@ -614,7 +650,11 @@ def make_optimizer(cfg: TrainConfig, params):
 
 
 class Trainer:
-    "GRPO/SFT on LoRA parameters: the step, the data order and the loop; checkpoints go through a `Lineage`."
+    """GRPO/SFT on LoRA parameters: the step, the data order and the loop; checkpoints go through a `Lineage`. The
+    step is made of public hooks, in the order they run: `make_batch` -> `generate` -> `rewards` ->
+    `behaviour_logprobs` -> `learn` (`objective`, optimizer step, record) -> `should_checkpoint` / `checkpoint`. A
+    subclass changes a stage by overriding its hook (BOLT's `ReferenceTrainer`); the pipelined learner drives `learn`
+    and `checkpoint` itself."""
 
     def __init__(self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None):
         self.cfg, self.dir = cfg, Path(cfg.out)
@@ -633,6 +673,7 @@ class Trainer:
             if tasks is not None
             else task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
         )
+        self.sampler = make_sampler(cfg.sampling.backend, model, tokenizer)  # the generation backend
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise StalebookError("model has no trainable (LoRA) parameters")
@@ -649,7 +690,7 @@ class Trainer:
         save_run_config(cfg, self.dir / "config.yaml")
         self.log = JsonlLog(self.dir / "steps.jsonl")
         if meta is None:
-            self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self._async_state())  # the root
+            self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self.async_state())  # the root
 
 # %% ../nbs/26_trainer.ipynb #0d4e503b
 @patch
@@ -676,20 +717,20 @@ def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
 
 
 @patch
-def _next_tasks(self: Trainer) -> list:
-    "The step's prompts (`next_tasks` at the run's data cursor)."
+def make_batch(self: Trainer) -> list:
+    "Hook 1: the step's prompts (`next_tasks` at the run's data cursor, which it advances)."
     out, self.cursor = next_tasks(self.tasks, self.cursor, self.cfg.prompts_per_step, self.cfg.seed, self.cfg.domain)
     return out
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c05
 @patch
-def _flat(self: Trainer) -> torch.Tensor:
+def flat_params(self: Trainer) -> torch.Tensor:
     "The trainable (LoRA) tensors as one float64 vector."
     return torch.cat([p.detach().reshape(-1) for p in self.params]).double()
 
 
 @patch
-def _async_state(self: Trainer) -> dict | None:
+def async_state(self: Trainer) -> dict | None:
     "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
     if not self.async_on:
         return None
@@ -705,7 +746,7 @@ def _async_start(self: Trainer, meta) -> None:
     if not self.async_on:
         return
     if meta is None:
-        self.trace = {"theta0": self._flat()}
+        self.trace = {"theta0": self.flat_params()}
         if self.behaviour is not None:
             self.behaviour.record(0)
         return
@@ -715,19 +756,8 @@ def _async_start(self: Trainer, meta) -> None:
         self.behaviour.load_state(t)
 
 # %% ../nbs/26_trainer.ipynb #b8175436
-def sample_step(model, tok, sc: SamplingConfig, batch, ph: str, seed: int, purpose: str, shared_prefix: bool = False):
-    """K responses per prompt of `batch` from the model's weights (hash `ph`);
-    each group from (seed, 'rollout', ph, purpose, id)."""
-    K = sc.group_size
-    dom = rollout_domain(seed, ph, purpose)
-    u = torch.cat([group_uniforms(dom.child(t.id), K, sc.max_new_tokens) for t in batch])
-    pids, comps, _ = hf_sample(model, tok, [t.prompt for t in batch for _ in range(K)], u, sc, shared_prefix)
-    return pids, comps
-
-
-def step_rewards(tok, batch, comps, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
-    "Verifier rewards of the completions, [P, K] float64 (`reward_fn`, `verify`, `memo`: `batch_rewards`')."
-    texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
+def step_rewards(batch, texts, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
+    "Verifier rewards [P, K] float64 of the decoded `texts` (`reward_fn`, `verify`, `memo`: batch_rewards')."
     return torch.tensor(
         [r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
         dtype=torch.float64,
@@ -735,19 +765,25 @@ def step_rewards(tok, batch, comps, K: int, reward_fn=None, memo: dict | None = 
 
 
 @patch
-def _generate(self: Trainer, batch, ph: str):
-    "Sample K responses per prompt of `batch` with the policy on the model: (prompt ids, completions)."
-    return sample_step(
-        self.model, self.tok, self.cfg.sampling, batch, ph, self.cfg.seed, f"train/{self.step}", self.cfg.shared_prefix
-    )
+def generate(self: Trainer, batch, ph: str) -> Generation:
+    """Hook 2: K responses per prompt of `batch` from the weights on the model (hash `ph`) through the run's sampler
+    (synced to them first), group g from the domain (seed, 'rollout', ph, 'train/<step>', prompt id)."""
+    self.sampler.sync_weights(self.model)
+    dom = rollout_domain(self.cfg.seed, ph, f"train/{self.step}")
+    return sample_batch(self.sampler, batch, dom, self.cfg.sampling, self.cfg.shared_prefix)
 
 
 @patch
-def _behaviour_logprobs(self: Trainer, pids, comps):
-    "Teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
+def behaviour_logprobs(self: Trainer, gen: Generation):
+    "Hook 4: teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
     with torch.no_grad():
         return completion_logprobs(
-            self.model, pids, comps, self.cfg.micro_batch, self.tok.pad_token_id, shared_prefix=self.cfg.shared_prefix
+            self.model,
+            gen.prompt_ids,
+            gen.completions,
+            self.cfg.micro_batch,
+            self.tok.pad_token_id,
+            shared_prefix=self.cfg.shared_prefix,
         )
 
 # %% ../nbs/26_trainer.ipynb #84d3d0e0
@@ -813,33 +849,32 @@ def verifier_workers(threads: int) -> int:
 
 
 @patch
-def _reward_soon(self: Trainer, batch, comps) -> GroupRewards:
-    """The step's rewards, verified on the trainer's verifier thread in the learner's order (`reward_chunks`); code
-    programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` runs here)."""
+def rewards(self: Trainer, batch, gen: Generation) -> GroupRewards:
+    """Hook 3: the step's rewards, verified on the trainer's verifier thread in the learner's order (`reward_chunks`);
+    code programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` here)."""
     if self._verifier is None:
         self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         if self.reward_fn is None and self.cfg.domain == "code":
             self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
     K, memo, vp = self.cfg.sampling.group_size, {}, self._verifier_proc
     verify = lambda gs: step_rewards(
-        self.tok,
         [batch[g] for g in gs],
-        [comps[g * K + j] for g in gs for j in range(K)],
+        [gen.texts[g * K + j] for g in gs for j in range(K)],
         K,
         self.reward_fn,
         memo,
         vp.rewards if vp is not None else None,
     )
-    return GroupRewards(verify, reward_chunks(len(comps), K, self.cfg.micro_batch), len(batch), K, self._verifier)
+    return GroupRewards(verify, reward_chunks(len(gen.texts), K, self.cfg.micro_batch), len(batch), K, self._verifier)
 
 # %% ../nbs/26_trainer.ipynb #a8e927f7
 @patch
-def _loss(self: Trainer, pids, comps, R, old, mask, lag: int = 0):
-    """Accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and return
-    the batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each waiting for
-    its own groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every reward: one pass,
-    then R."""
-    cfg, pad = self.cfg, self.tok.pad_token_id
+def objective(self: Trainer, gen: Generation, R, old, mask, lag: int = 0):
+    """Hook 5: accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and
+    return the batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each
+    waiting for its own groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every
+    reward: one pass, then R."""
+    cfg, pad, pids, comps = self.cfg, self.tok.pad_token_id, gen.prompt_ids, gen.completions
     async_cfg, shared_prefix = cfg.async_training, cfg.shared_prefix
     ref = None
     if cfg.objective == "grpo" and cfg.kl_beta > 0:
@@ -913,27 +948,27 @@ def train_step(self: Trainer) -> dict:
     """behaviour policy -> sample -> behaviour log-probs -> loss and gradient -> step -> record (one optimizer step);
     the rewards are verified meanwhile, on a thread, each micro-batch's waited for only when its loss needs them."""
     t0 = time.perf_counter()
-    batch = self._next_tasks()
+    batch = self.make_batch()
     with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
         ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
-        pids, comps = self._generate(batch, ph)
+        gen = self.generate(batch, ph)
         t_gen = time.perf_counter() - t0
-        R = self._reward_soon(batch, comps)  # GroupRewards: verified on a thread
-        old, mask = self._behaviour_logprobs(pids, comps)
-        phi = self._flat() if self.async_on else None
-    rec = self._learn(pids, comps, R, old, mask, ph, src, phi)
+        R = self.rewards(batch, gen)  # GroupRewards: verified on a thread
+        old, mask = self.behaviour_logprobs(gen)
+        phi = self.flat_params() if self.async_on else None
+    rec = self.learn(gen, R, old, mask, ph, src, phi)
     rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
     return rec
 
 
 @patch
-def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None) -> dict:
-    """Loss, optimizer step and record for groups sampled by the weights of learner step `src` (hash `ph`, flat
-    tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or `GroupRewards`).
-    The pipelined learner calls it too."""
+def learn(self: Trainer, gen: Generation, R, old, mask, ph: str, src: int, phi=None) -> dict:
+    """Hook 6: objective, optimizer step and record for groups `gen` sampled by the weights of learner step `src`
+    (hash `ph`, flat tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or
+    `GroupRewards`); the mismatch diagnostics when `diagnose_mismatch`. The pipelined learner calls it too."""
     cfg = self.cfg
-    theta = self._flat() if self.async_on else None
-    loss, st = self._loss(pids, comps, R, old, mask, lag=self.step - src)  # the gradient is in place
+    theta = self.flat_params() if self.async_on else None
+    loss, st = self.objective(gen, R, old, mask, lag=self.step - src)  # the gradient is in place
     R = resolved(R)
     gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
     if not (torch.isfinite(loss) and torch.isfinite(gn)):
@@ -965,12 +1000,20 @@ def _learn(self: Trainer, pids, comps, R, old, mask, ph: str, src: int, phi=None
         loss_agg=cfg.loss_agg,
         **st,
     )
+    if self.diagnose_mismatch:
+        rec.update(mismatch_stats(old, gen.sampler_logp, mask, cfg.async_training.is_threshold))
     if self.async_on:
         rec.update(self._async_record(theta, grad, src, phi))
     self.step += 1
     if self.behaviour is not None:
         self.behaviour.record(self.step)
     return rec
+
+
+Trainer.diagnose_mismatch = property(
+    lambda self: self.cfg.mismatch_diagnostics or self.sampler.name != "hf",
+    doc="Does each step record `mismatch_stats` (asked for, or a sampler other than the HF model itself)?",
+)
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c07
 def _cos(a, b) -> float | None:
@@ -984,7 +1027,7 @@ def _cos(a, b) -> float | None:
 @patch
 def _async_record(self: Trainer, theta, grad, src: int, phi=None) -> dict:
     "Lag, distances, and the update's norm and direction (theta: the flat weights before the step)."
-    upd = self._flat() - theta
+    upd = self.flat_params() - theta
     rec = dict(
         lag=self.step - src,
         behaviour_step=src,
@@ -1007,6 +1050,19 @@ def lag_histogram(records) -> dict:
 
 # %% ../nbs/26_trainer.ipynb #c3407379
 @patch
+def should_checkpoint(self: Trainer) -> bool:
+    "Hook 7: is the step just taken one to commit (every `checkpoint_every`, the lineage steps, the last)?"
+    c = self.cfg
+    return self.step % c.checkpoint_every == 0 or self.step in c.lineage_steps or self.step == c.steps
+
+
+@patch
+def checkpoint(self: Trainer) -> str:
+    "Commit the current step's checkpoint to the lineage (adapter, optimizer, cursor, async state); its hash."
+    return self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self.async_state())
+
+
+@patch
 def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Trainer:
     "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
     if self.cfg.async_training.mode == "pipelined":
@@ -1020,12 +1076,8 @@ def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Train
         rec = self.train_step()
         fault_point("step", rec["step"])
         self.log.append(rec)
-        if (
-            self.step % self.cfg.checkpoint_every == 0
-            or self.step in self.cfg.lineage_steps
-            or self.step == self.cfg.steps
-        ):
-            self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self._async_state())
+        if self.should_checkpoint():
+            self.checkpoint()
         bar.update(1, reward=f"{rec['reward_mean']:.2f}")
     bar.close()
     return self
