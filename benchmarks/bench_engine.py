@@ -85,7 +85,7 @@ def instrument(tr, T: Timers):
     "Wrap what `Trainer.train_step` calls; returns an undo function."
     import stalebook.trainer as TM
 
-    saved = {k: getattr(TM, k) for k in ("hf_sample", "batch_rewards", "completion_logprobs")}
+    saved = {k: getattr(TM, k) for k in ("batch_rewards", "completion_logprobs")}
 
     def wrap(name, key):
         f = saved[name]
@@ -96,7 +96,13 @@ def instrument(tr, T: Timers):
 
         return g
 
-    TM.hf_sample = wrap("hf_sample", "sampling")
+    gen = tr.generate  # the trainer's public sampling hook (its Sampler: `hf`, today's sampler, by default)
+
+    def generate(*a, **kw):
+        with T("sampling"):
+            return gen(*a, **kw)
+
+    tr.generate = generate
     TM.batch_rewards = wrap("batch_rewards", "rewards")
     TM.completion_logprobs = wrap(
         "completion_logprobs",
@@ -127,6 +133,7 @@ def instrument(tr, T: Timers):
             setattr(TM, k, v)
         torch.Tensor.backward = back
         del tr.policy_hash
+        del tr.generate
         h1.remove()
         h2.remove()
 
@@ -161,7 +168,7 @@ def bench_train(cfg_path, steps, snapshot, domain=None):
     ck = []
     for _ in range(3):
         t0 = time.perf_counter()
-        tr._checkpoint()
+        tr.checkpoint()
         ck.append(time.perf_counter() - t0)
     per = {k: v / steps for k, v in T.t.items()}
     per["other"] = total / steps - sum(per.values())

@@ -75,9 +75,9 @@ __all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'op
            'sample_log_weights', 'reference_stats', 'reference_summary', 'ReferenceTrainer', 'EvalConfig', 'BoltConfig',
            'eval_steps', 'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
            'sequence_logprobs', 'pool_metrics', 'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm',
-           'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'arm_result', 'arm_stage',
-           'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired', 'aggregate_study',
-           'arm_table', 'claim_rows', 'claim_table']
+           'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result',
+           'arm_stage', 'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired',
+           'aggregate_study', 'arm_table', 'claim_rows', 'claim_table']
 
 # %% ../nbs/30_bolt.ipynb #2c34e1f8
 @contextlib.contextmanager
@@ -751,7 +751,7 @@ def _meter_sidecar(out: Path, meter: Meter) -> dict:
     return have
 
 
-def _content_config(cfg: BoltConfig) -> BoltConfig:
+def content_config(cfg: BoltConfig) -> BoltConfig:
     """The config as the result records it: the snapshot is named by its revision (`snapshot_revision`), not by
     where it lies."""
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=""))
@@ -763,7 +763,7 @@ def arm_result(cfg: BoltConfig, tr: Trainer, ev: list[dict]) -> dict:
         json.loads(f.read_text())
         for f in sorted(tr.dir.glob("reference-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))
     ]
-    recs, c = tr.log.records, _content_config(cfg)
+    recs, c = tr.log.records, content_config(cfg)
     return dict(
         kind="stalebook.bolt.arm",
         version=1,

@@ -22,11 +22,11 @@ from stalebook.bolt import (
     ARM_STAGES,
     BoltConfig,
     BoltStudy,
-    _content_config,
     aggregate_study,
     arm_stage,
     arm_train_config,
     claim_rows,
+    content_config,
     eval_steps,
     run_sweep,
     stores_root,
@@ -246,7 +246,7 @@ def bolt_budget(u: Unit) -> list[str]:
         return ["result.json missing"]
     probs = (
         []
-        if res["config_hash"] == config_hash(_content_config(cfg))
+        if res["config_hash"] == config_hash(content_config(cfg))
         else ["result.json is of another config than the registered arm's"]
     )
     if res["budget"]["optimizer_updates"] != cfg.train.steps:

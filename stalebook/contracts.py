@@ -505,6 +505,7 @@ COLUMNS = (
     "ratio",
     "kl_pi_beta",
     "verdict",
+    "note",
 )
 
 
@@ -555,6 +556,7 @@ def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
                     ratio=sg / fg if fg and sg is not None else None,
                     kl_pi_beta=_mean([r["kl_pi_beta"] for r in res]),
                     verdict=cell["verdict"],
+                    note=cell.get("note", ""),
                 )
             )
     sources = {

@@ -47,6 +47,7 @@ from stalebook.protocol import (
     Rollouts,
     admissible,
     analyse_point,
+    dilute_control,
     positive_control,
 )
 from stalebook.rollouts import (
@@ -332,6 +333,7 @@ def analysis(self: PointRun) -> dict:
     summ = self.res.summary()
     summ["admissible"] = admissible(self.res.rel_lb, self.res.gain_fresh_lb, cfg.k, cfg.n_candidates)
     summ["negative_control"] = negative_control(self.res)
+    summ["dilute_control"] = dilute_control(self.res)
     summ["positive_control"] = point_positive_control(self.res, cfg, self.pi_hash == self.beta_hash)
     summ["stale_zero_grad"] = {ab: int((np.abs(stale[f"g{ab}"]).sum(-1) == 0).sum()) for ab in ESTIMATORS}
     summ["stale_max_abs_logratio"] = float(stale["max_abs_logratio"])
@@ -436,11 +438,23 @@ def point_markdown(result: dict) -> str:
     lines.append(
         f"| negative control (random k-set) | {nc['gain']:.4f} | {nc['bounds'][0]:.4f} | {nc['bounds'][1]:.4f} | - |"
     )
+    dc = r.get("dilute_control")  # None in results written before the control existed
+    if dc:
+        lines.append(
+            f"| diluted control (part fresh set) | {dc['gain']:.4f} | {dc['bounds'][0]:.4f} | "
+            f"{dc['bounds'][1]:.4f} | - |"
+        )
     lines += [
         "",
         f"negative control: {'FALSE POSITIVE (LB95 > 0)' if nc['false_positive'] else 'LB95 <= 0 (as it should)'} · "
         + _positive_line(r["positive_control"]),
     ]
+    if dc:  # its true gain is a positive share of the fresh gain only where the gate showed that gain positive
+        lines[-1] += " · diluted control: " + (
+            ("FALSE INEFFECTIVE (UB95 <= 0)" if dc["false_ineffective"] else "UB95 > 0 (as it should)")
+            if r["admissible"]
+            else "not applicable (fresh gain not shown positive)"
+        )
     if not result["manifest"]["certified"]:
         lines += ["", "Capped ratios: not certified by the theory."]
     return "\n".join(lines) + "\n"

@@ -43,7 +43,7 @@ from stalebook.core import (
     save_figure,
 )
 from .executors import cmd_run, node_gpus
-from .protocol import pilot_model, pool_cell, predict_design
+from .protocol import dilute_control, pilot_model, pool_cell, predict_design
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
@@ -249,8 +249,9 @@ def cmd_report(argv) -> int:
 
 # %% ../nbs/34_report.ipynb #d4f2e8b3
 def control_summary(pts: list) -> dict:
-    """A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the positive control's
-    passes where it applies."""
+    """A cell's controls: the negative control's cell verdict and false positives (LB95 > 0); the diluted control's
+    false Ineffectives (UB95 <= 0 although its true gain is a positive share of the fresh gain) at the points that
+    passed the gate (there the fresh gain is shown positive); the positive control's passes where it applies."""
     res = [r for _, r in pts if r is not None]
     neg = pool_cell([p for p, _ in pts], "control")
     pos = [r["positive_control"] for r in res if r.get("positive_control") is not None]
@@ -261,6 +262,10 @@ def control_summary(pts: list) -> dict:
         negative_gain=neg.get("stale_gain"),
         negative_lb=neg.get("stale_lb"),
         negative_fp=sum(r["negative_control"]["false_positive"] for r in res),
+        dilute_points=len(
+            dil := [d for p, r in pts if p is not None and r["admissible"] and (d := dilute_control(p)) is not None]
+        ),
+        dilute_fi=sum(d["false_ineffective"] for d in dil),
         positive_applicable=len(pos),
         positive_passed=sum(pc["passed"] for pc in pos),
     )
@@ -318,6 +323,7 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
             out.append(
                 f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  "
                 f"{r['verdict']:13s} {_g(r['stale_gain']):>8s} {_g(r['stale_lb']):>8s} {_g(r['stale_ub']):>8s}"
+                + (f"   ({r['note']})" if r.get("note") else "")
             )
         cs = control_summary(pts)
         out.append(
@@ -325,6 +331,11 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
             f"{_g(cs['negative_gain']):>8s} {_g(cs['negative_lb']):>8s}"
             f"   LB95 > 0 in {cs['negative_fp']}/{cs['points']} seeds"
         )
+        if cs["dilute_points"]:
+            out.append(
+                f"{name:24s} {'diluted control':17s} UB95 <= 0 (a false Ineffective) in "
+                f"{cs['dilute_fi']}/{cs['dilute_points']} seeds"
+            )
         out.append(
             f"{name:24s} {'positive control':17s} "
             + (

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from stalebook.contracts import freeze
+from stalebook.protocol import DEFAULT_BOUND
 from stalebook.report import registry_decisions, run_report
 from stalebook.theory.estimators import ESTIMATORS
 from stalebook.units import run_registry
@@ -53,15 +54,19 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the
     # forecast
     lines = registry_decisions(reg, root, pools=6, draws=10, boot_reps=20, cells=200)
-    assert lines[0].startswith("decisions (frozen; bounds: percentile")
+    assert lines[0].startswith(f"decisions (frozen; bounds: {DEFAULT_BOUND}")
     rows = {(r["checkpoint"], r["estimator"]): r for r in json.loads((root / "frozen/table.json").read_text())["rows"]}
     for c in (0, 2):
         cell = [ln for ln in lines if ln.startswith(f"tiny math c={c} ")]
         for ab in ESTIMATORS:
             (ln,) = [x for x in cell if f"stale g{ab}" in x]
             r = rows[c, f"g{ab}"]
-            assert f"{r['admissible']}/2" in ln and r["verdict"] in ln
+            assert f"{r['admissible']}/2" in ln and r["verdict"] in ln and (r["note"] in ln if r["note"] else True)
         assert any("negative control" in x and "seeds" in x for x in cell)
+        # the false-Ineffective control counts at the points that passed the gate (their fresh gain is positive)
+        dil = [x for x in cell if "diluted control" in x]
+        n_gate = rows[c, "g00"]["admissible"]
+        assert (len(dil) == 1 and f"/{n_gate} seeds" in dil[0]) if n_gate else not dil
         (pos,) = [x for x in cell if "positive control" in x]
         assert (
             ("passed in" in pos and "/2 seeds" in pos) if c == 0 else "n/a" in pos

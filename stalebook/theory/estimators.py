@@ -15,6 +15,7 @@ from ..core import Check, Domain, group_advantages, homogeneous_groups, verify_c
 from stalebook.theory.tree import (
     Tree,
     expected_reward,
+    is_torch,
     q_values,
     random_logits,
     reach_probs,
@@ -27,12 +28,8 @@ from stalebook.theory.tree import (
 ESTIMATORS = ("00", "10", "01", "11")
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def _xp(x):
-    if _is_torch(x):
+    if is_torch(x):
         import torch  # lazy: the theory runs on numpy; torch only on its own tensors
 
         return torch
@@ -80,7 +77,7 @@ def advantages(rewards, weights=None, normalise: str | None = None, std: bool = 
     w = weights / weights.sum(-1, keepdims=True)
     centred = rewards - (w * rewards).sum(-1, keepdims=True)
     homog = homogeneous_groups(rewards)[..., None]
-    centred = centred * ~homog if _is_torch(centred) else np.where(homog, 0.0, centred)
+    centred = centred * ~homog if is_torch(centred) else np.where(homog, 0.0, centred)
     if not std:
         return centred
     denom = (w * centred**2).sum(-1, keepdims=True) ** 0.5 + eps

@@ -14,7 +14,7 @@ from scipy.stats import binom
 from ..core import Check, Domain, group_advantages, verify_check
 from stalebook.theory.tree import (
     Tree,
-    _is_torch,
+    is_torch,
     log_policy,
     policy_gradient,
     random_logits,
@@ -81,7 +81,7 @@ def _ratios(tree, theta, phi, agg):
     if agg == "sequence":
         return (
             lr.mean(-1, keepdims=True).expand_as(lr)
-            if _is_torch(lr)
+            if is_torch(lr)
             else np.broadcast_to(lr.mean(-1, keepdims=True), lr.shape)
         )
     raise ValueError(f"agg must be 'token' or 'sequence', not {agg!r}")
@@ -94,7 +94,7 @@ def surrogate_value(
     beta_kl * sum_Y m_Y mean_t k3_t (k3 = e^u - u - 1, u = log ref/pi_theta). numpy or torch in theta."""
     ap, am, m = masses
     r = _ratios(tree, theta, phi, agg)
-    if _is_torch(r):
+    if is_torch(r):
         import torch  # lazy: the theory runs on numpy; torch only for autograd checks
 
         ap, am, m = (torch.as_tensor(np.asarray(x), dtype=r.dtype) for x in (ap, am, m))
@@ -108,7 +108,7 @@ def surrogate_value(
     L = f.mean(-1).sum(-1)
     if beta_kl:
         u = token_logprobs(tree, ref) - token_logprobs(tree, theta)
-        eu = u.exp() if _is_torch(u) else np.exp(u)
+        eu = u.exp() if is_torch(u) else np.exp(u)
         L = L - beta_kl * (m[..., None] * (eu - u - 1)).mean(-1).sum(-1)
     return L
 

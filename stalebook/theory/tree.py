@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from ..core import Check, Domain, verify_check
 
 # %% auto #0
-__all__ = ['Tree', 'log_policy', 'token_logprobs', 'seq_logprobs', 'seq_probs', 'score_vectors', 'sample_responses',
+__all__ = ['Tree', 'is_torch', 'log_policy', 'token_logprobs', 'seq_logprobs', 'seq_probs', 'score_vectors', 'sample_responses',
            'random_logits', 'q_values', 'reach_probs', 'expected_reward', 'policy_gradient', 'check_tree_gradients',
            'check_tree_sampler']
 
@@ -70,20 +70,21 @@ class Tree:
         return slice(int(self.offsets[t]), int(self.offsets[t + 1]))
 
 # %% ../../nbs/10_tree.ipynb #42219bd8
-def _is_torch(x) -> bool:
+def is_torch(x) -> bool:
+    "Whether `x` is a torch tensor (the theory runs on numpy arrays, and on torch tensors for autograd checks)."
     return type(x).__module__.startswith("torch")
 
 
 def log_policy(logits):
     "log pi(.|h) for every history: log-softmax over the last axis (numpy or torch)."
-    return logits.log_softmax(-1) if _is_torch(logits) else _np_log_softmax(logits, axis=-1)
+    return logits.log_softmax(-1) if is_torch(logits) else _np_log_softmax(logits, axis=-1)
 
 
 def token_logprobs(tree: Tree, logits):
     "[..., N, T]: log pi(A_t | H_t) for every response and step."
     lp = log_policy(logits)
     h, a = tree.hist_index, tree.responses
-    if _is_torch(lp):
+    if is_torch(lp):
         import torch  # lazy: the theory runs on numpy; torch only for autograd checks
 
         h, a = torch.as_tensor(h), torch.as_tensor(a)
@@ -98,7 +99,7 @@ def seq_logprobs(tree: Tree, logits):
 def seq_probs(tree: Tree, logits):
     "[..., N]: pi(Y), exactly normalised."
     lp = seq_logprobs(tree, logits)
-    return lp.exp() if _is_torch(lp) else np.exp(lp)
+    return lp.exp() if is_torch(lp) else np.exp(lp)
 
 # %% ../../nbs/10_tree.ipynb #47b67cd0
 def score_vectors(tree: Tree, logits) -> np.ndarray:
