@@ -487,6 +487,8 @@ def load_policy(
     elif lora is not None:
         model = attach_lora(model, lora, init_domain or Domain(0, ("lora", "init")))
     model.stalebook_base_revision = revision
+    if tok.pad_token_id is None:  # e.g. a base model's tokenizer: pad with a stop token (padding is always masked)
+        tok.pad_token = tok.convert_ids_to_tokens(pad_token_id(tok, model.generation_config))
     return model, tok
 
 # %% ../nbs/23_model.ipynb #d5e992be

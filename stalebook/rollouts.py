@@ -45,16 +45,30 @@ from stalebook.core import (
     hash_json,
     load_config,
 )
-from .model import LoraSpec, compute_setup, default_snapshot, load_policy, policy_hash, save_adapter
+from stalebook.model import (
+    LoraSpec,
+    chat_template,
+    compute_setup,
+    default_snapshot,
+    left_pad,
+    load_policy,
+    pad_token_id,
+    policy_hash,
+    render_prompt,
+    save_adapter,
+    split_at_stop,
+    stop_token_ids,
+)
 from .tasks import load_tasks_jsonl, rewards, synthetic_tasks
 
 # %% auto #0
 __all__ = ['SAMPLERS', 'RUN_DETAILS', 'Generation', 'register_sampler', 'Sampler', 'backend_problem', 'make_sampler',
            'sample_seeds', 'lora_request_id', 'LoraFolders', 'HfSampler', 'sample_batch', 'FakeSampler', 'VllmSampler',
-           'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache', 'hf_sample',
-           'pad_rows', 'micro_batches', 'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache',
-           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
-           'sample_groups', 'generate_store', 'RolloutsConfig', 'load_run_policy', 'cmd_rollouts']
+           'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache',
+           'check_prompt_format', 'prompt_token_ids', 'completion_stops', 'hf_sample', 'pad_rows', 'micro_batches',
+           'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_of',
+           'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups',
+           'generate_store', 'RolloutsConfig', 'load_run_policy', 'cmd_rollouts']
 
 # %% ../nbs/25_rollouts.ipynb #74a17aea
 @dataclass
@@ -173,12 +187,15 @@ class HfSampler(Sampler):
 
 
 def sample_batch(sampler: Sampler, tasks, domain: Domain, cfg, shared_prefix: bool = False) -> Generation:
-    """K completions per task from `sampler`, group g from `domain.child(task id)`, decoded: the generation step of
-    training, rollout stores, the pipeline's generator, BOLT's reference data and held-out evaluation."""
+    """K completions per task from `sampler`, group g from `domain.child(task id)`, decoded on token boundaries (each
+    completion's own ids before its stop token, special tokens dropped): the generation step of training, rollout
+    stores, the pipeline's generator, BOLT's reference data and held-out evaluation."""
     pids, comps, slp = sampler.generate(
         [t.prompt for t in tasks], [domain.child(t.id) for t in tasks], cfg, shared_prefix
     )
-    return Generation(pids, comps, [sampler.tok.decode(c, skip_special_tokens=True) for c in comps], slp)
+    stops = completion_stops(sampler.model, sampler.tok)
+    texts = [sampler.tok.decode(split_at_stop(c, stops)[0], skip_special_tokens=True) for c in comps]
+    return Generation(pids, comps, texts, slp)
 
 # %% ../nbs/25_rollouts.ipynb #c44b96f0
 @register_sampler("fake")
@@ -254,15 +271,17 @@ class VllmSampler(Sampler):
 
         if self.lora is None:
             self.sync_weights(self.model)
-        rows = [(self.tok(p).input_ids, s) for p, d in zip(prompts, domains) for s in sample_seeds(d, cfg.group_size)]
+        ids, stops = prompt_token_ids(self.tok, prompts, cfg), completion_stops(self.model, self.tok)
+        rows = [(p, s) for p, d in zip(ids, domains) for s in sample_seeds(d, cfg.group_size)]
         kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, logprobs=0)
+        kw["stop_token_ids"] = list(stops)
         outs = self.engine().generate(
             [TokensPrompt(prompt_token_ids=p) for p, _ in rows],
             [SamplingParams(n=1, seed=s, **kw) for _, s in rows],
             lora_request=self.lora,
             use_tqdm=False,
         )
-        comps = [_cut(list(o.outputs[0].token_ids), _eos_ids(self.tok)) for o in outs]
+        comps = [_cut(list(o.outputs[0].token_ids), set(stops)) for o in outs]
         slp = [[float(lp[t].logprob) for t, lp in zip(c, o.outputs[0].logprobs or [])] for c, o in zip(comps, outs)]
         return [p for p, _ in rows], comps, slp
 
@@ -278,6 +297,8 @@ class SamplingConfig:
     groups_per_batch: int = 8  # prompt groups per generate call (fixed batches => reproducible)
     backend: Literal["hf", "vllm", "fake"] = "hf"  # a registered sampler (`register_sampler`)
     reproducible: Literal["bitwise", "seeded"] = added_field("bitwise")  # the guarantee the run asks of it
+    system_prompt: str | None = added_field(None)  # the system turn of a chat-template snapshot's prompts, chosen
+    # explicitly (a template may insert its own default); None for a snapshot without a template
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -374,14 +395,36 @@ def room_cache(model, room: int, like: DynamicCache | None = None) -> DynamicCac
             l.update(src.keys, src.values)
     return cache
 
+# %% ../nbs/25_rollouts.ipynb #b3d4e5f6
+def check_prompt_format(tokenizer, cfg) -> None:
+    "Refuse, naming the field, a chat-template tokenizer without `system_prompt` or a system prompt without a template."
+    has = chat_template(tokenizer) is not None
+    if has and cfg.system_prompt is None:
+        raise StalebookError(
+            "sampling.system_prompt: the snapshot's tokenizer has a chat template; choose the system prompt "
+            "explicitly (e.g. 'You are a helpful assistant.')"
+        )
+    if not has and cfg.system_prompt is not None:
+        raise StalebookError("sampling.system_prompt: the snapshot's tokenizer has no chat template; leave it unset")
+
+
+def prompt_token_ids(tokenizer, prompts: Sequence[str], cfg) -> list[list[int]]:
+    "Each prompt's token ids as the policy sees it: `render_prompt` with the config's system prompt."
+    check_prompt_format(tokenizer, cfg)
+    return [render_prompt(tokenizer, p, cfg.system_prompt) for p in prompts]
+
+
+def completion_stops(model, tokenizer) -> tuple[int, ...]:
+    "The ids that end a completion: `stop_token_ids` of the tokenizer and the model's generation config."
+    return stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+
+
+def _pad_id(model, tokenizer) -> int:
+    return pad_token_id(tokenizer, getattr(model, "generation_config", None))
+
 # %% ../nbs/25_rollouts.ipynb #b771dd7f
-def _eos_ids(tokenizer) -> set:
-    e = tokenizer.eos_token_id
-    return set(e if isinstance(e, (list, tuple)) else [e])
-
-
 def _cut(ids: list, eos: set) -> list:
-    "Completion tokens up to and including the first EOS."
+    "Completion tokens up to and including the first stop token (EOS, end of turn)."
     for i, t in enumerate(ids):
         if t in eos:
             return ids[: i + 1]
@@ -393,12 +436,13 @@ def hf_sample(
     model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False
 ):
     """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
-    sampler_logp). `shared_prefix`: each distinct prompt is prefilled once, its KV cache shared by its rows. The cache
-    reserves the completions' room (`room_cache`) unless the snapshot's generation config names a cache of its own."""
-    tokenizer.padding_side = "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True)  # the tokenizer's own specials (e.g. BOS)
-    dev = next(model.parameters()).device
-    enc = {k: v.to(dev) for k, v in enc.items()}
+    sampler_logp): prompts rendered by `prompt_token_ids` and left-padded, each row cut after its first stop token
+    (`completion_stops`), its log-probs those of exactly its tokens. `shared_prefix`: each distinct prompt is
+    prefilled once, its KV cache shared by its rows. The cache reserves the completions' room (`room_cache`) unless
+    the snapshot's generation config names a cache of its own."""
+    dev, stops, pad = next(model.parameters()).device, completion_stops(model, tokenizer), _pad_id(model, tokenizer)
+    ids, att, _ = left_pad(prompt_token_ids(tokenizer, prompts, cfg), pad, dev)  # generate counts positions itself
+    enc = {"input_ids": ids, "attention_mask": att}
     proc = _DomainSampler(uniforms, enc["input_ids"].shape[1], cfg.temperature, cfg.top_p)
     was_training = model.training
     model.eval()
@@ -419,14 +463,14 @@ def hf_sample(
         num_beams=1,
         max_new_tokens=cfg.max_new_tokens,
         logits_processor=LogitsProcessorList([proc]),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad,
+        eos_token_id=list(stops),
         temperature=None,
         top_p=None,
         top_k=None,
     )
     model.train(was_training)
-    plen, eos = enc["input_ids"].shape[1], _eos_ids(tokenizer)
+    plen, eos = enc["input_ids"].shape[1], set(stops)
     lp = torch.stack(proc.logp, 1) if proc.logp else torch.zeros(len(prompts), 0)
     prompt_ids = [
         [t for t, m in zip(r, a) if m] for r, a in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())
@@ -821,6 +865,7 @@ def cmd_rollouts(argv) -> int:
     compute_setup(cfg.threads)
     tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
+    check_prompt_format(tok, cfg.sampling)  # before any sampling: the config chose the prompts' format
     ph = policy_hash(model)
     store = RolloutStore(
         cfg.out,

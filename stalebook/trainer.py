@@ -57,6 +57,7 @@ from stalebook.rollouts import (
     Generation,
     SamplingConfig,
     batch_rewards,
+    check_prompt_format,
     completion_logprobs,
     load_run_policy,
     make_sampler,
@@ -658,7 +659,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None):
         self.cfg, self.dir = cfg, Path(cfg.out)
-        self.dir.mkdir(parents=True, exist_ok=True)
         check_resume_config(cfg, self.dir / "config.yaml")
         # torch's global generator is seeded at process start from the OS; nothing here should draw from it,
         # but library code may (e.g. peft's own init before ours): seed it from a named domain so that its
@@ -668,6 +668,8 @@ class Trainer:
         if model is None:
             model, tokenizer = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
         self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn  # reward_fn None = the package verifier
+        check_prompt_format(tokenizer, cfg.sampling)  # a chat template needs sampling.system_prompt, chosen
+        self.dir.mkdir(parents=True, exist_ok=True)  # only once the config is known to be usable
         self.tasks = (
             tasks
             if tasks is not None

