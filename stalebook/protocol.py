@@ -882,163 +882,78 @@ REGIME_CENTRES = {  # regime: (rho, fresh gain) of its grid cells' truth, for `r
 }
 CALIBRATION_FAILS = {  # method: {regime: what failed the two-sided rule there} (regimes not listed: passed)
     "basic": {
-        "low-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "false_effective",
-            "false_ineffective",
-        ],
-        "low-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/gain_fresh", "false_effective"],
-        "high-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
+        "low-rel/small-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel false_effective false_ineffective".split(),
+        "low-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/gain_fresh false_effective".split(),
+        "high-rel/small-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/gain_fresh ub/gain_stale false_effective".split(),
+        "high-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/gain_fresh ub/gain_stale false_effective".split(),
     },
     "bc": {
-        "low-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-            "false_ineffective",
-        ],
-        "low-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
+        "low-rel/small-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective false_ineffective"
+        ).split(),
+        "low-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/gain_fresh ub/gain_stale false_effective".split(),
+        "high-rel/small-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
+        "high-rel/large-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
     },
     "bca": {
-        "low-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-            "false_ineffective",
-        ],
-        "low-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
+        "low-rel/small-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective false_ineffective"
+        ).split(),
+        "low-rel/large-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
+        "high-rel/small-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
+        "high-rel/large-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
     },
     "centred": {
-        "low-rel/small-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/rel",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "low-rel/large-gain": [
-            "lb/rel",
-            "lb/gain_fresh",
-            "lb/gain_stale",
-            "ub/gain_fresh",
-            "ub/gain_stale",
-            "false_effective",
-        ],
-        "high-rel/small-gain": ["ub/gain_fresh", "ub/gain_stale"],
-        "high-rel/large-gain": ["lb/gain_fresh", "false_effective"],
+        "low-rel/small-gain": (
+            "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale false_effective"
+        ).split(),
+        "low-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/gain_fresh ub/gain_stale false_effective".split(),
+        "high-rel/small-gain": "ub/gain_fresh ub/gain_stale".split(),
+        "high-rel/large-gain": "lb/gain_fresh false_effective".split(),
     },
     "gaussian": {
-        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
-        "low-rel/large-gain": ["lb/rel", "ub/rel"],
-        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel"],
-        "high-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh"],
+        "low-rel/small-gain": "lb/rel ub/gain_fresh".split(),
+        "low-rel/large-gain": "lb/rel ub/rel".split(),
+        "high-rel/small-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel".split(),
+        "high-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh".split(),
     },
     "hybrid": {
-        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
-        "high-rel/small-gain": ["lb/gain_fresh", "ub/rel"],
-        "high-rel/large-gain": ["ub/rel"],
+        "low-rel/small-gain": "lb/rel ub/gain_fresh".split(),
+        "high-rel/small-gain": "lb/gain_fresh ub/rel".split(),
+        "high-rel/large-gain": "ub/rel".split(),
     },
     "jackknife": {
-        "low-rel/small-gain": ["lb/rel", "ub/rel", "ub/gain_fresh", "false_effective"],
-        "low-rel/large-gain": ["lb/rel", "ub/rel", "false_effective"],
-        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "ub/rel", "false_effective"],
-        "high-rel/large-gain": ["lb/rel", "ub/rel", "false_effective"],
+        "low-rel/small-gain": "lb/rel ub/rel ub/gain_fresh false_effective".split(),
+        "low-rel/large-gain": "lb/rel ub/rel false_effective".split(),
+        "high-rel/small-gain": "lb/rel lb/gain_fresh ub/rel false_effective".split(),
+        "high-rel/large-gain": "lb/rel ub/rel false_effective".split(),
     },
     "model": {
-        "low-rel/small-gain": ["lb/rel", "ub/gain_fresh"],
-        "high-rel/small-gain": ["ub/rel"],
-        "high-rel/large-gain": ["ub/rel"],
+        "low-rel/small-gain": "lb/rel ub/gain_fresh".split(),
+        "high-rel/small-gain": "ub/rel".split(),
+        "high-rel/large-gain": "ub/rel".split(),
     },
     "model_pivot": {
-        "low-rel/small-gain": ["ub/gain_fresh"],
-        "low-rel/large-gain": ["lb/rel"],
-        "high-rel/small-gain": ["lb/rel"],
-        "high-rel/large-gain": ["ub/rel"],
+        "low-rel/small-gain": "ub/gain_fresh".split(),
+        "low-rel/large-gain": "lb/rel".split(),
+        "high-rel/small-gain": "lb/rel".split(),
+        "high-rel/large-gain": "ub/rel".split(),
     },
     "percentile": {
-        "low-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
-        "low-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
-        "high-rel/small-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
-        "high-rel/large-gain": ["lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/rel", "ub/gain_fresh", "ub/gain_stale"],
+        "low-rel/small-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale".split(),
+        "low-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale".split(),
+        "high-rel/small-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale".split(),
+        "high-rel/large-gain": "lb/rel lb/gain_fresh lb/gain_stale ub/rel ub/gain_fresh ub/gain_stale".split(),
     },
 }
 DECISION_BOUNDS = ("lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/gain_stale", "false_effective", "false_ineffective")
