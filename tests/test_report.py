@@ -73,3 +73,24 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
         )  # pi = beta only at the behaviour checkpoint
     (fc,) = [ln for ln in lines if "predicted P(gate)" in ln]
     assert fc.startswith("tiny math c=0 ") and f"observed {rows[0, 'g00']['admissible']} of 2" in fc
+
+
+def test_control_summary_counts_false_ineffective_at_gated_points():
+    """The diluted control counts where the gate passed (there the fresh gain is shown positive): per point, its own
+    UB95 <= 0 from `dilute_control`; points that did not pass the gate, or are missing, are left out."""
+    from stalebook.core import Domain
+    from stalebook.protocol import analyse_point, dilute_control, synthetic_point, synthetic_pool
+    from stalebook.report import control_summary
+
+    D = Domain(0, ("test", "controls"))
+    pool = synthetic_pool(D, 48, 8, 16, sigma_v=0.2, frac_homog=0.1, signal=1.5)
+    pts = []
+    for s in range(3):
+        cand, val = synthetic_point(pool, D.child(s))
+        res = analyse_point(cand, val, 8, D.child(s, "analysis"), n_boot=200)
+        summ = res.summary() | dict(admissible=s != 2, negative_control={"false_positive": False})
+        pts.append((res, summ))
+    cs = control_summary(pts + [(None, None)])
+    gated = [dilute_control(p) for p, _ in pts[:2]]
+    assert cs["seeds"] == 4 and cs["points"] == 3
+    assert cs["dilute_points"] == 2 and cs["dilute_fi"] == sum(d["false_ineffective"] for d in gated)
