@@ -824,7 +824,7 @@ class RolloutsConfig:
     out: str  # root folder of rollout stores
     snapshot: str = ""  # "" = the embedded tiny snapshot
     adapter: str = ""  # a checkpoint dir (with adapter/) or an adapter dir; "" = fresh LoRA
-    domain: Literal["math", "code"] = "math"
+    domain: Literal["math", "math_nl", "code"] = "math"
     task_level: int = 0
     n_tasks: int = 64
     tasks_jsonl: str = ""

@@ -1,6 +1,7 @@
 """A *task* is a prompt plus what it takes to check a completion; a *verifier* maps (task, completion)
-to a reward in {0, 1} — the verifiable reward of RLVR. Two domains: math (numeric answers, checked
-exactly) and code (programs run against held-out unit tests in the sandbox of `20_sandbox`).
+to a reward in {0, 1} — the verifiable reward of RLVR. Three domains: math (numeric answers, checked
+exactly), math_nl (the same in natural language, for chat models) and code (programs run against
+held-out unit tests in the sandbox of `20_sandbox`).
 
 Docs: https://stalebook.github.io/stalebook/tasks.html.md"""
 
@@ -30,26 +31,28 @@ from . import sandbox
 from .core import Domain, StalebookError
 
 # %% auto #0
-__all__ = ['SCHEMA_VERSION', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'Task', 'synthetic_tasks', 'parse_number',
-           'extract_answer', 'call_with_timeout', 'math_reward', 'code_program', 'code_reward', 'reward', 'rewards',
-           'VerifierProcess', 'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
+__all__ = ['SCHEMA_VERSION', 'DOMAINS', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'MATH_NL_LEVELS', 'MATH_NL_FORMAT', 'Task',
+           'synthetic_tasks', 'parse_number', 'extract_answer', 'call_with_timeout', 'math_reward',
+           'extract_final_answer', 'code_program', 'code_reward', 'reward', 'rewards', 'VerifierProcess',
+           'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
 
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
+DOMAINS = ("math", "math_nl", "code")
 
 
 @dataclass(frozen=True)
 class Task:
     id: str
-    domain: str  # "math" | "code"
+    domain: str  # one of DOMAINS
     prompt: str  # text given to the model; the completion follows it directly
     answer: str  # math: reference answer; code: reference solution (may be "")
     tests: tuple = ()  # code: assert snippets; math: ()
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.domain not in ("math", "code"):
-            raise StalebookError(f"task {self.id!r}: domain must be 'math' or 'code', got {self.domain!r}")
+        if self.domain not in DOMAINS:
+            raise StalebookError(f"task {self.id!r}: domain must be one of {DOMAINS}, got {self.domain!r}")
         for k in ("id", "prompt", "answer"):
             if not isinstance(getattr(self, k), str):
                 raise StalebookError(f"task {self.id!r}: {k} must be a string")
@@ -58,8 +61,8 @@ class Task:
             raise StalebookError(f"task {self.id!r}: tests must be strings")
         if self.domain == "code" and not self.tests:
             raise StalebookError(f"task {self.id!r}: a code task needs tests")
-        if self.domain == "math" and self.tests:
-            raise StalebookError(f"task {self.id!r}: a math task has no tests")
+        if self.domain != "code" and self.tests:
+            raise StalebookError(f"task {self.id!r}: a {self.domain} task has no tests")
 
     def __hash__(self):
         return hash((self.id, self.domain, self.prompt, self.answer, self.tests))
@@ -134,6 +137,40 @@ def _eval_expr(expr: str, x: int) -> int:
     "Evaluate one of OUR generated expressions (trusted, integer arithmetic only)."
     return eval(compile(expr, "<ref>", "eval"), {"__builtins__": {}}, {"x": x})
 
+# %% ../nbs/21_tasks.ipynb #c2f8b4d1
+MATH_NL_LEVELS = (0, 1)
+MATH_NL_FORMAT = "Give only the final number after 'Answer:'."
+
+_NL_PEOPLE = (("Sam", "he"), ("Mia", "she"), ("Leo", "he"), ("Ana", "she"), ("Tom", "he"), ("Zoe", "she"))
+_NL_ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies")
+_NL_WORD = {
+    "+": (
+        "{n} has {a} {x} and buys {b} more. How many {x} does {p} have now?",
+        "There are {a} {x} in a box. {n} puts in {b} more. How many {x} are in the box now?",
+    ),
+    "-": (
+        "{n} has {a} {x} and gives {b} to a friend. How many {x} does {p} have left?",
+        "{n} had {a} {x} and lost {b} of them. How many {x} does {p} have left?",
+    ),
+    "*": ("{n} buys {a} bags with {b} {x} in each bag. How many {x} does {p} buy in all?",),
+}
+
+
+def _math_nl_item(g, level: int) -> tuple[str, int, str]:
+    "(question, value, kind) of one natural-language math item; kind is 'arithmetic' or 'word'."
+    if level not in MATH_NL_LEVELS:
+        raise StalebookError(f"math_nl level must be one of {MATH_NL_LEVELS}, got {level}")
+    op = ("+", "-", "*")[_int(g, 0, 1 if level == 0 else 2)]
+    hi = 12 if level == 0 or op == "*" else 50
+    a = _int(g, 3 if op == "-" else 2, hi)
+    b = _int(g, 2, a - 1 if op == "-" else hi)  # a - b >= 1: a word problem never ends with none left
+    val = a + b if op == "+" else a - b if op == "-" else a * b
+    if g.random() < 0.5:
+        return f"What is {a} {'×' if op == '*' else op} {b}?", val, "arithmetic"
+    temps = _NL_WORD[op]
+    t, (n, p), x = temps[_int(g, 0, len(temps) - 1)], _NL_PEOPLE[_int(g, 0, 5)], _NL_ITEMS[_int(g, 0, 5)]
+    return t.format(n=n, p=p, a=a, b=b, x=x), val, "word"
+
 # %% ../nbs/21_tasks.ipynb #7a4c2b5a
 def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> list[Task]:
     "`n` synthetic tasks of `domain` at `level`, drawn from the RNG domain `domain_rng` (deterministic)."
@@ -163,8 +200,12 @@ def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> 
                     {"source": "synthetic", "level": level, "header": "f=lambda x:", "entry": "f"},
                 )
             )
+        elif domain == "math_nl":
+            q, val, kind = _math_nl_item(g, level)
+            meta = {"source": "synthetic", "level": level, "kind": kind, "format": "answer:"}
+            out.append(Task(f"math_nl-l{level}-{tag}-{i}", "math_nl", f"{q}\n{MATH_NL_FORMAT}", str(val), (), meta))
         else:
-            raise StalebookError(f"domain must be 'math' or 'code', got {domain!r}")
+            raise StalebookError(f"domain must be one of {DOMAINS}, got {domain!r}")
     return out
 
 # %% ../nbs/21_tasks.ipynb #f465ce1d
@@ -233,9 +274,11 @@ def _math_verify_available() -> bool:
 
 # %% ../nbs/21_tasks.ipynb #9c6e4d7c
 def math_reward(
-    reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0
+    reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0, extract=extract_answer
 ) -> tuple[float, dict]:
-    ext, how = extract_answer(completion)
+    """(reward, detail): the answer `extract` finds in `completion` compared exactly with `reference`, then, if that
+    fails and math-verify is used (default: when installed), by math-verify in a forked process."""
+    ext, how = extract(completion)
     ref, got = parse_number(reference), parse_number(ext) if ext is not None else None
     ok = ref is not None and got is not None and got == ref
     det = {"extracted": ext, "method": how, "reference": reference, "exact": ok}
@@ -244,6 +287,23 @@ def math_reward(
         det["math_verify"] = mv
         ok = mv is True
     return float(ok), det
+
+# %% ../nbs/21_tasks.ipynb #a6d2f8b5
+_ANS_MARK_RE = re.compile(r"answer\s*:", re.IGNORECASE)
+_ANS_NUM_RE = re.compile(r"[\s*_$]*(?:\\boxed\{\s*)?(" + _NUM + r")(?![\d,/]|\.\d|\s*[-+*/×=^])")
+
+
+def extract_final_answer(text: str) -> tuple[str | None, str]:
+    "(answer string, method) after the last `Answer:`; method in {'answer', 'answer-text', 'none'}."
+    marks = list(_ANS_MARK_RE.finditer(text))
+    if not marks:
+        return None, "none"
+    rest = text[marks[-1].end() :]
+    m = _ANS_NUM_RE.match(rest)
+    if m:
+        return m.group(1), "answer"
+    line = rest.strip().split("\n", 1)[0].strip()
+    return (line, "answer-text") if line else (None, "none")
 
 # %% ../nbs/21_tasks.ipynb #33ee2c64
 def code_program(task: Task, completion: str) -> str:
@@ -292,15 +352,18 @@ def code_reward(
     return float(res.ok), res.detail()
 
 # %% ../nbs/21_tasks.ipynb #53c6f438
+_EXTRACT = {"math": extract_answer, "math_nl": extract_final_answer}
+
+
 def reward(
     task: Task, completion: str, *, pool: sandbox.Pool | None = None, timing: dict | None = None
 ) -> tuple[float, dict]:
     "Verifier reward in {0., 1.} and a JSON-able detail dict (a function of task and completion only)."
     if not isinstance(completion, str):
         raise TypeError("completion must be a str")
-    if task.domain == "math":
+    if task.domain in _EXTRACT:
         t0 = time.monotonic()
-        r, d = math_reward(task.answer, completion)
+        r, d = math_reward(task.answer, completion, extract=_EXTRACT[task.domain])
         if timing is not None:
             timing.update(_NO_RUN, wall_s=round(time.monotonic() - t0, 6))
     else:
@@ -472,6 +535,17 @@ def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
             (t3, "-5", 1.0),
             (t3, "5", 0.0),
         ]
+    if domain == "math_nl":
+        t1 = Task(
+            "selftest-math_nl-1", "math_nl", f"What is 7 + 5?\n{MATH_NL_FORMAT}", "12", (), {"source": "selftest"}
+        )
+        return [
+            (t1, "7 + 5 = 12.\nAnswer: 12", 1.0),
+            (t1, "**Answer:** 12", 1.0),
+            (t1, "Answer: 13", 0.0),
+            (t1, "12", 0.0),
+            (t1, "", 0.0),
+        ]
     if domain == "code":
         t1 = Task(
             "selftest-code-1",
@@ -500,7 +574,7 @@ def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
             (t2, "    return a - b\n", 0.0),
             (t2, "    import sys; sys.exit(0)\n", 0.0),
         ]
-    raise StalebookError(f"domain must be 'math' or 'code', got {domain!r}")
+    raise StalebookError(f"domain must be one of {DOMAINS}, got {domain!r}")
 
 
 def run_self_test(domain: str) -> list[str]:

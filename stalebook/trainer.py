@@ -326,7 +326,7 @@ class TrainConfig:
 
     out: str  # run directory
     snapshot: str = ""  # model snapshot dir; "" = the embedded tiny snapshot
-    domain: Literal["math", "code"] = "math"
+    domain: Literal["math", "math_nl", "code"] = "math"
     task_level: int = 0
     n_tasks: int = 256  # synthetic training pool size
     tasks_jsonl: str = ""  # optional JSONL task file instead of the synthetic pool

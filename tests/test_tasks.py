@@ -1,6 +1,7 @@
 """Tasks and verifiers: synthetic generators, answer extraction, math/code rewards, loaders, fixtures."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -9,16 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stalebook import sandbox
+from stalebook import tasks as tasks_mod
 from stalebook.core import Domain, StalebookError
+from stalebook.rollouts import task_pool
 from stalebook.tasks import (
     ALPHABET,
     CODE_LEVELS,
+    DOMAINS,
     MATH_LEVELS,
+    MATH_NL_FORMAT,
+    MATH_NL_LEVELS,
     SCHEMA_VERSION,
     Task,
     call_with_timeout,
     extract_answer,
+    extract_final_answer,
     load_tasks_jsonl,
+    math_reward,
     parse_number,
     reward,
     rewards,
@@ -337,3 +345,145 @@ def test_verifier_process_whose_caller_is_gone_exits_quietly():
     err = p.stderr.read()
     p.stderr.close()
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+# ---------------------------------------------------------------- math_nl: natural-language math for chat models
+_WORD_OPS = (("bags", "*"), ("buys", "+"), ("puts in", "+"), ("gives", "-"), ("lost", "-"))  # first match
+
+
+def _value_of_question(q: str) -> int:
+    "Independent reading of a math_nl question: its two numbers and the operation its words name."
+    a, b = (int(s) for s in re.findall(r"\d+", q))
+    if q.startswith("What is "):
+        op = q.split()[3]
+    else:
+        op = next(o for w, o in _WORD_OPS if w in q)
+    return {"+": a + b, "-": a - b, "×": a * b, "*": a * b}[op]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from(MATH_NL_LEVELS))
+def test_math_nl_reference_is_what_the_question_says(seed, level):
+    ts = task_pool("math_nl", 20, seed, level)
+    assert len({t.id for t in ts}) == 20
+    for t in ts:
+        q, fmt = t.prompt.split("\n")
+        assert t.domain == "math_nl" and fmt == MATH_NL_FORMAT and t.tests == ()
+        assert int(t.answer) == _value_of_question(q) >= 0, t.prompt
+        assert t.meta["kind"] == ("arithmetic" if q.startswith("What is ") else "word")
+
+
+def test_math_nl_pool_is_deterministic_and_pinned():
+    ts = task_pool("math_nl", 2, 0)
+    assert ts == task_pool("math_nl", 2, 0)
+    assert [(t.id, t.prompt, t.answer) for t in ts] == [
+        (
+            "math_nl-l0-e56da7f16b-0",
+            "Tom has 5 stickers and buys 10 more. How many stickers does he have now?\n" + MATH_NL_FORMAT,
+            "15",
+        ),
+        ("math_nl-l0-e56da7f16b-1", "What is 7 - 2?\n" + MATH_NL_FORMAT, "5"),
+    ]
+    assert task_pool("math_nl", 2, 1) != ts and task_pool("math_nl", 2, 0, 1) != ts
+    assert {t.meta["kind"] for t in task_pool("math_nl", 40, 0, 1)} == {"arithmetic", "word"}
+    assert any("×" in t.prompt for t in task_pool("math_nl", 40, 0, 1))  # level 1 multiplies
+    assert not any("×" in t.prompt or "bags" in t.prompt for t in task_pool("math_nl", 200, 0, 0))
+    with pytest.raises(StalebookError, match="math_nl level"):
+        task_pool("math_nl", 1, 0, 2)
+
+
+def test_existing_families_are_unchanged(monkeypatch):
+    "Digest of math/code tasks of every level and of math rewards on fixed completions (taken before math_nl)."
+    import hashlib
+
+    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)  # the exact path, installed or not
+    h = hashlib.sha256()
+    for dom, levels in (("math", MATH_LEVELS), ("code", CODE_LEVELS)):
+        for lv in levels:
+            for t in task_pool(dom, 30, 7, lv):
+                h.update(json.dumps(t.to_dict(), sort_keys=True).encode())
+                if dom == "math":
+                    for c in (t.answer, "#### " + t.answer, "Answer: " + t.answer + " then 3", "x"):
+                        h.update(json.dumps(reward(t, c, timing=None), sort_keys=True).encode())
+    assert h.hexdigest() == "6ce4918b322538d42354804907ee60297c68bb703c6e76e81e439f68dd077d15"
+
+
+def test_math_nl_grader_accepts_the_format_and_rejects_the_rest(monkeypatch):
+    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)  # the exact path, installed or not
+    t = Task("nl", "math_nl", "What is 7 + 5?\n" + MATH_NL_FORMAT, "12")
+    for c, want in (
+        ("Answer: 12", 1),
+        ("7 + 5 = 12.\nAnswer: 12", 1),
+        ("**Answer:** 12", 1),
+        ("answer: $12$", 1),
+        ("Answer: \\boxed{12}", 1),
+        ("Answer: 12 apples.", 1),
+        ("Answer: 12.0", 1),
+        ("Answer: 5\nSorry. Answer: 12", 1),  # the last marker counts
+        ("Answer: 12\nSorry. Answer: 5", 0),
+        ("Answer: 13", 0),
+        ("Answer: 120", 0),
+        ("Answer: 12.5", 0),
+        ("12", 0),  # right number, no format
+        ("The answer is 12.", 0),
+        ("Answer: 7 + 5 = 12", 0),  # not only the final number
+        ("Answer: twelve", 0),
+        ("Answer:", 0),
+        ("", 0),
+    ):
+        assert reward(t, c)[0] == want, c
+    r, d = reward(t, "So Answer: 12")
+    json.dumps(d)
+    assert d["domain"] == "math_nl" and d["method"] == "answer" and d["extracted"] == "12" and d["exact"]
+    assert [x for x, _ in rewards([t, t, t], ["Answer: 12", "12", "Answer: 12"])] == [1.0, 0.0, 1.0]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(-(10**6), 10**6), st.text(st.characters(blacklist_characters="aA"), max_size=30))
+def test_final_answer_extraction_property(n, noise):
+    assert extract_final_answer(f"{noise}\nAnswer: {n}") == (str(n), "answer")
+    assert extract_final_answer(f"{noise} {n}")[1] == "none"  # no marker, no answer
+
+
+def test_math_nl_task_validation_and_self_test():
+    with pytest.raises(StalebookError, match="has no tests"):
+        Task("x", "math_nl", "q", "1", ("assert True",))
+    with pytest.raises(StalebookError, match="domain must be one of"):
+        Task("x", "mathnl", "q", "1")
+    with pytest.raises(StalebookError, match="domain must be one of"):
+        synthetic_tasks("mathnl", 1, Domain(0, ("x",)))
+    assert "math_nl" in DOMAINS
+    cases = self_test_cases("math_nl")
+    assert {w for _, _, w in cases} == {0.0, 1.0} and run_self_test("math_nl") == []
+
+
+def test_math_nl_math_verify_path():
+    "math-verify (optional extra `math`) can accept an answer our exact parser cannot read; skipped without it."
+    pytest.importorskip("math_verify")
+    c = "Answer: $\\frac{24}{2}$"
+    assert extract_final_answer(c) == ("$\\frac{24}{2}$", "answer-text")
+    assert math_reward("12", c, use_math_verify=False, extract=extract_final_answer)[0] == 0.0
+    r, d = math_reward("12", c, use_math_verify=True, extract=extract_final_answer)
+    assert r == 1.0 and d["math_verify"] is True
+    assert math_reward("12", "Answer: $\\frac{26}{2}$", use_math_verify=True, extract=extract_final_answer)[0] == 0.0
+    # an expression where only the number was asked for: the exact path refuses it, math-verify reads its value
+    assert math_reward("12", "Answer: 7 + 5 = 12", use_math_verify=False, extract=extract_final_answer)[0] == 0.0
+    assert math_reward("12", "Answer: 7 + 5 = 12", use_math_verify=True, extract=extract_final_answer)[0] == 1.0
+
+
+def test_smol_pass_rate_rejects_bad_arguments_before_loading_a_model():
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "smol_pass_rate.py"
+    spec = importlib.util.spec_from_file_location("smol_pass_rate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for argv, field in (
+        (["--n", "4"], "--system"),
+        (["--system", "s", "--n", "0"], "--n"),
+        (["--system", "s", "--tokens", "25"], "--tokens"),
+        (["--system", "s", "--level", "5"], "--level"),
+        (["--system", " "], "--system"),
+    ):
+        with pytest.raises(StalebookError, match=field):
+            mod.main(argv)
