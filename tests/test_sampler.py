@@ -75,7 +75,10 @@ def pinned_bytes(tmp, snap) -> dict:
     return out
 
 
-# measured on the code before the generation-backend seam (CPU, float32, threads 1, the reduced tiny snapshot)
+# measured on the code before the generation-backend seam (CPU, float32, threads 1, the reduced tiny snapshot), with
+# torch's kernels for this CPU capability: another capability computes other float bits (CPU numerics are not pinned
+# across instruction sets yet), so there the constants cannot be compared and the test says so
+PINNED_CAPABILITY = "AVX512"
 PINNED = {
     "sync": {"adapter": "3cb09940eab2ea55", "log": "bdd79d263139dbe6"},
     "heldout": 0.0,
@@ -88,6 +91,10 @@ PINNED = {
 
 
 def test_step_bytes_are_pinned(tmp_path, tiny_snapshot):
+    import torch
+
+    if (cap := torch.backends.cpu.get_cpu_capability()) != PINNED_CAPABILITY:
+        pytest.skip(f"constants recorded with torch's {PINNED_CAPABILITY} kernels; this CPU runs {cap}")
     got = pinned_bytes(tmp_path, tiny_snapshot)
     assert got == PINNED
 
