@@ -1218,17 +1218,9 @@ def cell_pool(cell: CalibrationCell, domain: Domain) -> SyntheticPool:
     )
 
 # %% ../nbs/18_protocol.ipynb #b9c0d1e2
-def calibration_point(
-    pool: SyntheticPool,
-    truth: dict,
-    cell: CalibrationCell,
-    domain: Domain,
-    n_boot: int = 1000,
-    gauss_reps: int = 500,
-    n_perm: int = 200,
-) -> dict:
-    """One synthetic point of `cell`: estimates, truths and every method's bounds of CAL_STATS, the positive control's
-    p-values."""
+def _calibration_analysis(pool, truth, cell, domain, n_boot, gauss_reps):
+    """A synthetic point of `cell` (candidates, validation), its analysis with stale selectors 'same' (another split
+    of K) and 'weak' (K/2), and the true value of each statistic (`truth` from `truth_mc`)."""
     cand, val = synthetic_point(pool, domain, cell.K, cell.K)
     stale = {
         "same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
@@ -1240,6 +1232,21 @@ def calibration_point(
         "rel": float(truth["rel"]),
         **{stat_name(nm): float(s[m].mean() - s.mean()) for nm, m in res.selected.items()},
     }
+    return cand, val, res, true
+
+
+def calibration_point(
+    pool: SyntheticPool,
+    truth: dict,
+    cell: CalibrationCell,
+    domain: Domain,
+    n_boot: int = 1000,
+    gauss_reps: int = 500,
+    n_perm: int = 200,
+) -> dict:
+    """One synthetic point of `cell`: estimates, truths and every method's bounds of CAL_STATS, the positive control's
+    p-values."""
+    _, _, res, true = _calibration_analysis(pool, truth, cell, domain, n_boot, gauss_reps)
     true["gain_control"] = 0.0  # the selector's expected gain (see Controls)
     pc = positive_control(res, domain, ("same", "weak"), n_perm=n_perm)
     return dict(
@@ -1659,17 +1666,7 @@ def calibration_point_2s(
     """One synthetic point of `cell` for the two-sided study: estimates, truths, both bounds of every method for
     TWO_SIDED_STATS (the diluted control's truth is its factor times the fresh set's true gain), and the shrinkage
     diagnostics."""
-    cand, val = synthetic_point(pool, domain, cell.K, cell.K)
-    stale = {
-        "same": prompt_gradients(synthetic_split(pool, domain.child("split", "S"), cell.K, cell.K)[0]),
-        "weak": prompt_gradients(synthetic_split(pool, domain.child("split", "W"), max(2, cell.K // 2), cell.K)[0]),
-    }
-    res = analyse_point(cand, val, cell.k, domain, stale=stale, n_boot=n_boot, gauss_reps=gauss_reps)
-    s = truth["s"]
-    true = {
-        "rel": float(truth["rel"]),
-        **{stat_name(nm): float(s[m].mean() - s.mean()) for nm, m in res.selected.items()},
-    }
+    cand, val, res, true = _calibration_analysis(pool, truth, cell, domain, n_boot, gauss_reps)
     true["gain_control"] = 0.0
     true["gain_dilute"] = dilute_factor(dilute_size(cell.k, cell.n), cell.k, cell.n) * true["gain_fresh"]
     shift = {
