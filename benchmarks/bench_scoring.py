@@ -61,7 +61,14 @@ def bench_sketch(D=1_000_000, k=8192, block=65536):
 
 def bench_scoring(snapshot, rows=64):
     from stalebook.model import LoraSpec, load_policy, policy_hash
-    from stalebook.rollouts import RolloutStore, SamplingConfig, completion_logprobs, generate_store, rollout_domain
+    from stalebook.rollouts import (
+        RolloutStore,
+        SamplingConfig,
+        completion_logprobs,
+        generate_store,
+        numerics_of,
+        rollout_domain,
+    )
     from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
     from stalebook.tasks import synthetic_tasks
 
@@ -81,7 +88,7 @@ def bench_scoring(snapshot, rows=64):
         model,
         tok,
         tasks,
-        RolloutStore(tmp, ph, rollout_domain(0, ph, "bench"), cfg, [t.id for t in tasks]),
+        RolloutStore(tmp, ph, rollout_domain(0, ph, "bench"), cfg, [t.id for t in tasks], numerics=numerics_of(model)),
         progress=False,
     )
     t_gen = time.perf_counter() - t0

@@ -57,27 +57,31 @@ from stalebook.rollouts import (
     rollout_domain,
     task_pool,
 )
-from .tasks import load_tasks_jsonl, synthetic_tasks
+from .tasks import ALPHABET, load_tasks_jsonl, synthetic_tasks
 from stalebook.theory.boltzmann import (
     binary_ess_fraction,
     binary_expected_ess,
     binary_log_Z,
     binary_var_Zhat,
     ess,
+    induced_target,
+    log_normalize,
     mc_bolt_log_weights,
     mc_log_Z,
     refit_log_weights,
+    tv,
 )
 from .trainer import TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
 
 # %% auto #0
 __all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards',
-           'sample_log_weights', 'reference_stats', 'reference_summary', 'ReferenceTrainer', 'EvalConfig', 'BoltConfig',
-           'eval_steps', 'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
-           'sequence_logprobs', 'pool_metrics', 'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm',
-           'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result',
-           'arm_stage', 'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired',
-           'aggregate_study', 'arm_table', 'claim_rows', 'claim_table']
+           'sample_log_weights', 'reference_stats', 'reference_summary', 'ReferenceTrainer', 'first_token_law',
+           'on_support', 'enumerable_check', 'EvalConfig', 'BoltConfig', 'eval_steps', 'arm_train_config',
+           'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling', 'sequence_logprobs', 'pool_metrics',
+           'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm', 'arm_trainer', 'train_arm',
+           'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result', 'arm_stage', 'run_arm',
+           'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired', 'aggregate_study',
+           'arm_table', 'claim_rows', 'claim_table']
 
 # %% ../nbs/30_bolt.ipynb #2c34e1f8
 @contextlib.contextmanager
@@ -363,6 +367,60 @@ def objective(self: ReferenceTrainer, gen: Generation, R, old, mask, lag: int = 
     loss, st = weighted_sft_loss(logp, gen.weights, mask, self.cfg.loss_agg)
     loss.backward()
     return loss.detach(), {**st, "bolt/round": self.round}
+
+# %% ../nbs/30_bolt.ipynb #7dd19bd7
+def first_token_law(model, tok, tasks):
+    "log pi(y|x) of every one-token completion y, [P, V] float64 (all V tokens teacher-forced)."
+    V = len(tok)
+    pids = [tok(t.prompt).input_ids for t in tasks for _ in range(V)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, pids, [[y] for _ in tasks for y in range(V)], 512, tok.pad_token_id)
+    return lp[:, 0].double().view(len(tasks), V).numpy()
+
+
+def on_support(l, S):
+    "A log-law conditioned on the support S (rows)."
+    return log_normalize(np.where(S, l, -np.inf))
+
+
+def enumerable_check(snapshot, out, steps=100, N=64, beta=1.0, lr=3e-2, n_prompts=2, seed=0):
+    """BOLT on one-token reference samples through ReferenceTrainer: the model's law before/after against q-hat*w
+    and Refit's q-hat*r. `seed` draws the prompts, the reference samples, the LoRA init and the data order."""
+    rf = lambda t, x: ((ALPHABET.index(x) % 4) / 3 if len(x) == 1 else 0.0, {})  # vocab = 4 specials, then ALPHABET
+    tks = synthetic_tasks("math", n_prompts, Domain(seed, ("nb", "bolt", "enum")))
+    cfg = TrainConfig(
+        out=str(out),
+        snapshot=str(snapshot),
+        steps=steps,
+        prompts_per_step=n_prompts,
+        lr=lr,
+        objective="sft",
+        seed=seed,
+        lineage_steps=(0,),
+        checkpoint_every=steps,
+        sampling=SamplingConfig(group_size=N, max_new_tokens=1, groups_per_batch=n_prompts),
+    )
+    tr = ReferenceTrainer(cfg, "bolt", beta, tasks=tks, reward_fn=rf)
+    ref = tr.reference(0)
+    V = len(tr.tok)
+    y = np.array([[c[0] for c in r["tokens"]] for r in ref["store"].records])  # [P, N] sampled tokens
+    with np.errstate(divide="ignore"):
+        lq = np.log(np.stack([np.bincount(row, minlength=V) / N for row in y]))
+    r_tok = np.array([((v - 4) % 4) / 3 if v >= 4 else 0.0 for v in range(V)])
+    l_bolt, l_refit, S = induced_target(lq, r_tok / beta), induced_target(lq, refit_log_weights(r_tok)), np.isfinite(lq)
+    l0 = first_token_law(tr.model, tr.tok, tks)
+    tr.run(progress=False)
+    l1 = first_token_law(tr.model, tr.tok, tks)
+    out_mass = lambda l: np.exp(np.where(S, -np.inf, l)).sum(-1) if (~S).any() else np.zeros(len(l))
+    return dict(
+        tv_start=tv(on_support(l0, S), l_bolt),
+        tv_end=tv(on_support(l1, S), l_bolt),
+        tv_end_refit=tv(on_support(l1, S), l_refit),
+        tv_targets=tv(l_bolt, l_refit),
+        out_start=out_mass(l0),
+        out_end=out_mass(l1),
+        laws=(l0, l1, l_bolt, l_refit),
+    )
 
 # %% ../nbs/30_bolt.ipynb #ff86e4c1
 ARMS = ("bolt", "refit", "positive", "grpo", "iterative")

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import signal
 import sys
@@ -25,6 +26,7 @@ import types
 import typing
 import warnings
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -32,14 +34,15 @@ import numpy as np
 import yaml
 
 # %% auto #0
-__all__ = ['CHECKS', 'StalebookError', 'ConfigError', 'CommandParser', 'canonical_json', 'Domain', 'rng', 'hash_bytes',
-           'hash_json', 'hash_file', 'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor',
-           'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
-           'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config',
-           'config_dict', 'config_hash', 'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk',
-           'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks',
-           'assert_checks', 'check_rng_domains', 'check_state_dict_hash', 'experiment_notebook',
-           'split_notebook_timings', 'environ', 'run_notebook']
+__all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'NUMERICS', 'RESULT_PACKAGES', 'CHECKS', 'StalebookError', 'ConfigError',
+           'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'environment',
+           'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file', 'dir_listing', 'hash_listing',
+           'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir',
+           'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree',
+           'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config', 'homogeneous_groups',
+           'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows',
+           'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash',
+           'experiment_notebook', 'split_notebook_timings', 'environ', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -55,6 +58,84 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise StalebookError(f"{self.prog}: {message}")
+
+# %% ../nbs/00_core.ipynb #73f065f9
+PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+NUMERICS_VAR = "STALEBOOK_NUMERICS"  # 'pinned' (default) or 'native' (the machine's own kernels, never compared)
+_NUMERICS: dict = {}  # this process's numerics record, decided once
+
+
+def cpu_flags() -> set[str]:
+    "The CPU's feature flags from /proc/cpuinfo (empty where there is none)."
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def _unpinnable() -> str | None:
+    "Why this process cannot be pinned, or None."
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= cpu_flags():
+        return "this CPU is not x86-64 with AVX2 and FMA"
+    if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PINNED_NUMERICS.items()):
+        return "torch was loaded before stalebook"
+    return None
+
+
+def pin_numerics(threads: int | None = None) -> dict:
+    """Pin this process's CPU numerics (and, through the environment, its children's) before torch loads; with
+    `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned'."""
+    if not _NUMERICS:
+        want = os.environ.get(NUMERICS_VAR) or "pinned"
+        if want not in ("pinned", "native"):  # read at import: a one-line error and exit, as the CLI gives
+            print(f"stalebook: error: {NUMERICS_VAR}={want!r}: expected 'pinned' or 'native'", file=sys.stderr)
+            raise SystemExit(2)
+        why = _unpinnable() if want == "pinned" else None
+        if want == "pinned" and why is None:
+            os.environ.update(PINNED_NUMERICS)
+        elif why:
+            print(f"stalebook: numerics not pinned ({why}); this process's outputs are not compared", file=sys.stderr)
+        _NUMERICS.update(mode="unpinned" if why else want, **({"why": why} if why else {}))
+    if threads:
+        import torch  # lazy: only a model process asks for threads
+
+        torch.set_num_threads(threads)
+    return dict(_NUMERICS, env={k: os.environ.get(k) for k in PINNED_NUMERICS})
+
+
+def mark_unpinned(why: str) -> None:
+    "Record that this process, though asked to pin, computes unpinned (`why`: what was read back), once, in one line."
+    if _NUMERICS.get("mode") == "pinned":
+        print(f"stalebook: numerics not pinned ({why}); this process's outputs are not compared", file=sys.stderr)
+        _NUMERICS.update(mode="unpinned", why=why)
+
+
+def numerics_env() -> dict:
+    "The variables that carry this process's numerics to another one (a remote Ray worker, a spawned kernel)."
+    return {k: os.environ[k] for k in (*PINNED_NUMERICS, NUMERICS_VAR) if k in os.environ}
+
+
+NUMERICS = pin_numerics()["mode"]
+
+# %% ../nbs/00_core.ipynb #4f2b480f
+RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "scipy")
+
+
+def environment() -> dict:
+    "What a manifest records of the environment a run computed in: numerics mode, Python minor version, versions."
+
+    def _v(p):
+        try:
+            return version(p)
+        except PackageNotFoundError:
+            return None
+
+    return dict(
+        numerics=pin_numerics()["mode"],
+        python="{}.{}".format(*sys.version_info[:2]),
+        versions={p: _v(p) for p in RESULT_PACKAGES},
+    )
 
 # %% ../nbs/00_core.ipynb #60059105
 def canonical_json(obj: Any) -> str:
@@ -650,11 +731,11 @@ class CheckRows(list):
     "Check rows shown as a table: fixed-width text (`stalebook verify`, `repr`) or Markdown (a notebook's output)."
 
     HEAD = ("check", "quantity", "value", "tol", "pass")
-    TINY = 1e-12  # a value this small is rounding noise: shown as its bound, so a table reads the same on every machine
+    TINY = 1e-12  # a value this small (exact zero included) is rounding noise: shown as its bound on every machine
 
     @classmethod
     def value(cls, v: float) -> str:
-        return f"{v:.4g}" if v == 0 or not abs(v) < cls.TINY else f"< {cls.TINY:g}"
+        return f"< {cls.TINY:g}" if abs(v) < cls.TINY else f"{v:.4g}"
 
     def cells(self) -> list[tuple]:
         return [

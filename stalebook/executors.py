@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json
+from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json, numerics_env
 from .registry import Registry, load_registry, registry_problems, registry_root
 from stalebook.units import (
     UnitBusy,
@@ -555,6 +555,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: boo
             include_dashboard=dashboard,
             dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
+            runtime_env={"env_vars": numerics_env()},
         )  # "local": a new head, never a cluster found on this host
         return True
     import ray  # optional dependency (the `ray` extra): only the Ray executor needs it
@@ -570,7 +571,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, dashboard: boo
                 f"--address {address}: no Ray cluster reachable there ({e.strerror or e}); nothing was claimed"
             ) from None
     try:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env={"env_vars": numerics_env()})  # the driver's numerics, also remote
     except Exception as e:  # Ray raises ConnectionError, RuntimeError or its own errors here
         raise StalebookError(
             f"--address {address}: cannot connect to a Ray cluster "

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import importlib.metadata
+import importlib.resources
 import importlib.util
 import json
 import os
@@ -46,21 +48,24 @@ from stalebook.core import (
     hash_json,
     hash_listing,
     hash_state_dict,
+    mark_unpinned,
+    pin_numerics,
     project_root,
 )
 from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS', 'SUPPORTED_ARCHITECTURES',
-           'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS', 'GGUF_MAGIC',
-           'PACKAGED_MODELS', 'SMOL', 'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params', 'left_pad',
-           'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'build_tiny_snapshot',
-           'ensure_tiny_snapshot', 'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets',
-           'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
-           'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
-           'render_prompt', 'stop_token_ids', 'pad_token_id', 'split_at_stop', 'packaged_model', 'gguf_facts',
-           'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot', 'cmd_snapshot']
+__all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
+           'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
+           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'build_char_tokenizer', 'tiny_llama_config', 'init_model',
+           'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'mkl_branch',
+           'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'shipped_snapshot', 'default_snapshot_dir',
+           'default_snapshot', 'lora_targets', 'resolve_lora_targets', 'LoraSpec', 'attach_lora', 'load_policy',
+           'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter', 'load_adapter_state', 'keep_freed_memory',
+           'compute_setup', 'default_dtype', 'chat_template', 'render_prompt', 'stop_token_ids', 'pad_token_id',
+           'split_at_stop', 'packaged_model', 'gguf_facts', 'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot',
+           'cmd_snapshot']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -286,6 +291,28 @@ def _warm_start(model, tok, pools, spec: TinySpec, log, t0) -> tuple[int, dict |
         rates = {d: (r if spec.band[0] <= r else 0.0) for d, r in conf.items()}
     return step, confirmed, history
 
+# %% ../nbs/23_model.ipynb #5baf6983
+MKL_BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 10: "AVX2", 12: "AVX512"}
+
+
+def mkl_branch() -> str | None:
+    "MKL's active reproducibility branch, read back from the MKL linked into torch (None: no MKL there)."
+    try:
+        fn = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    v = fn(1)  # MKL_CBWR_BRANCH
+    return MKL_BRANCHES.get(v, str(v))
+
+
+def numerics_state() -> dict:
+    """The CPU numerics torch runs with, read back from the libraries: ATen's dispatch capability and MKL's
+    branch. A process that asked for the pin but does not have it is recorded as unpinned from here on."""
+    rec, cap, branch = pin_numerics(), torch.backends.cpu.get_cpu_capability(), mkl_branch()
+    if rec["mode"] == "pinned" and (cap != "AVX2" or branch not in (None, "COMPATIBLE")):
+        mark_unpinned(f"torch dispatches to {cap}, MKL runs branch {branch}")
+    return dict(mode=pin_numerics()["mode"], aten=cap, mkl_cbwr=branch, threads=torch.get_num_threads())
+
 # %% ../nbs/23_model.ipynb #9406f0b5
 def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite: bool = False) -> dict:
     "SFT-warm-start the tiny model and write it as a Hugging Face snapshot to `out`; returns the build record."
@@ -312,6 +339,7 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
             "history": history,
             "n_params": n_params(model),
             "versions": _versions(),
+            "numerics": numerics_state()["mode"],
             "task_schema_version": SCHEMA_VERSION,
         }
         hf_logging.disable_progress_bar()
@@ -346,16 +374,30 @@ def ensure_tiny_snapshot(d, spec=None, log=print) -> dict:
     return write_lock(d)
 
 
+SHIPPED_TINY = ("stalebook", "data/tiny")  # package, folder: the tiny snapshot shipped as package data
+
+
+@functools.cache
+def shipped_snapshot() -> Path | None:
+    "The tiny snapshot shipped with the package, if it is there and verifies against its lock (checked once)."
+    d = Path(str(importlib.resources.files(SHIPPED_TINY[0]).joinpath(SHIPPED_TINY[1])))
+    return d if d.is_dir() and not verify_snapshot(d, self_test=False) else None
+
+
 def default_snapshot_dir() -> Path:
-    "Where the embedded default lives: `$STALEBOOK_TINY`, else `<project root or cwd>/runs/snapshots/tiny`."
+    """Where the embedded default lives: `$STALEBOOK_TINY`, else the shipped snapshot, else
+    `<project root or cwd>/runs/snapshots/tiny`."""
     if os.environ.get("STALEBOOK_TINY"):
         return Path(os.environ["STALEBOOK_TINY"])
-    return (project_root() or Path.cwd()) / "runs" / "snapshots" / "tiny"
+    return shipped_snapshot() or (project_root() or Path.cwd()) / "runs" / "snapshots" / "tiny"
 
 
 def default_snapshot(log=print) -> Path:
-    "The embedded tiny snapshot, built and locked on first use (a file lock serialises concurrent builders)."
+    """The embedded tiny snapshot: the shipped one as it is (read only), else built and locked on first use
+    (a file lock serialises concurrent builders)."""
     d = default_snapshot_dir()
+    if d == shipped_snapshot():
+        return d
     d.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(d) + ".lock"):
         ensure_tiny_snapshot(d, log=log)
@@ -510,21 +552,28 @@ def policy_hash(model, base_revision: str | None = None) -> str:
 # %% ../nbs/23_model.ipynb #933b5218
 def _canonical_adapter_config(f: Path) -> None:
     """peft writes `target_modules` from a Python set, whose order follows PYTHONHASHSEED: sort it (and the
-    keys) so that equal adapters give equal bytes — checkpoint hashes must not depend on the process."""
+    keys) so that equal adapters give equal bytes — checkpoint hashes must not depend on the process. peft also
+    records the folder the base model was loaded from (`base_model_name_or_path`, a path on this machine): it is
+    cleared, so that they do not depend on the checkout's location either. The base is named by its revision in
+    `stalebook_adapter.json`, and an adapter is only ever loaded onto an explicitly given base."""
     cfg = json.loads(f.read_text())
     for k in ("target_modules", "modules_to_save", "layers_to_transform"):
         if isinstance(cfg.get(k), list):
             cfg[k] = sorted(cfg[k], key=str)
+    cfg["base_model_name_or_path"] = None
     atomic_write_json(f, cfg)
 
 
 def save_adapter(model, path) -> str:
-    "Save the adapter in peft's standard format (atomically) plus `stalebook_adapter.json`; returns the policy hash."
+    """Save the adapter in peft's standard format (atomically) plus `stalebook_adapter.json`; returns the policy hash.
+    The bytes depend on the adapter only: peft's model card (README.md, a template naming the base model's folder)
+    is not kept, and the config is canonical (`_canonical_adapter_config`)."""
     if not isinstance(model, PeftModel):
         raise StalebookError("save_adapter: model has no peft adapter")
     h = policy_hash(model)
     with atomic_dir(path, overwrite=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
+        (Path(tmp) / "README.md").unlink(missing_ok=True)
         _canonical_adapter_config(Path(tmp) / "adapter_config.json")
         atomic_write_json(Path(tmp) / ADAPTER_FILE, {"policy_hash": h, "base_revision": model.stalebook_base_revision})
     return h
@@ -578,10 +627,10 @@ def keep_freed_memory(limit: int = 256 << 20) -> bool:
 
 
 def compute_setup(threads: int) -> None:
-    """A model process: `threads` torch threads (0: torch's default)
-    and a heap that keeps its memory (`keep_freed_memory`)."""
-    if threads > 0:
-        torch.set_num_threads(threads)
+    """A model process: pinned numerics with `threads` torch threads (0: torch's default), checked, and a heap
+    that keeps its memory (`keep_freed_memory`)."""
+    pin_numerics(threads if threads > 0 else None)
+    numerics_state()
     keep_freed_memory()
 
 # %% ../nbs/23_model.ipynb #72eea5119410473aa328ad9291626812

@@ -36,6 +36,7 @@ from stalebook.core import (
     atomic_write,
     atomic_write_json,
     config_dict,
+    environment,
     from_dict,
     hash_json,
     load_config,
@@ -259,6 +260,7 @@ def _pipeline_manifest(tr: Trainer, dropped: int, tokens: int, wall: float) -> d
         lag_histogram={str(k): v for k, v in lag_histogram(recs).items()},
         max_lag=max(lags, default=0),
         lag_bound_held=all(l <= async_cfg.max_staleness for l in lags),
+        environment=environment(),
     )
     atomic_write_json(tr.dir / "pipeline.json", man)
     atomic_write_json(

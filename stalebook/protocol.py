@@ -26,20 +26,21 @@ from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_fr
 # %% auto #0
 __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'REGIME_CENTRES',
            'CALIBRATION_FAILS', 'DECISION_BOUNDS', 'NOT_CALIBRATED', 'REGIMES', 'CAL_STATS', 'COVERED',
-           'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'prompt_gradients', 'validation_gradient', 'cosine_scores',
-           'point_scores', 'tie_keys', 'reliability', 'selection_gain', 'auto_chunk', 'resample_streams',
-           'resampled_weights', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds',
-           'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world',
-           'replicate_stats', 'deleted_weights', 'jackknife_scores', 'rel_after_change', 'acceleration',
-           'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds', 'gaussian_gain_sd', 'control_sd',
-           'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks', 'PointResult', 'observed_sets', 'stat_name',
-           'bound_inputs', 'analyse_point', 'admissible', 'verdict', 'regime_of', 'bound_calibrated', 'pooled_bounds',
-           'pool_cell', 'positive_control', 'dilute_control', 'SyntheticPool', 'synthetic_pool', 'synthetic_split',
-           'synthetic_point', 'truth_mc', 'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point',
-           'calibrate_cell', 'summarise_cell', 'coverage_table', 'choose_bound', 'latent_draws', 'design_power',
-           'pilot_model', 'predict_design', 'smallest_design', 'cmd_design', 'shrinkage_diagnostics',
-           'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap',
-           'check_tie_streams', 'check_verdict_boundaries', 'check_bound_inputs', 'check_bounds_contain_estimate']
+           'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'det_matmul', 'prompt_gradients', 'validation_gradient',
+           'cosine_scores', 'point_scores', 'tie_keys', 'reliability', 'selection_gain', 'auto_chunk',
+           'resample_streams', 'resampled_weights', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive',
+           'percentile_bounds', 'basic_bounds', 'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds',
+           'pivot_bounds', 'jackknife_bounds', 'model_world', 'replicate_stats', 'deleted_weights', 'jackknife_scores',
+           'rel_after_change', 'acceleration', 'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds',
+           'gaussian_gain_sd', 'control_sd', 'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks',
+           'PointResult', 'observed_sets', 'stat_name', 'bound_inputs', 'analyse_point', 'admissible', 'verdict',
+           'regime_of', 'bound_calibrated', 'pooled_bounds', 'pool_cell', 'positive_control', 'dilute_control',
+           'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc', 'CalibrationCell',
+           'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell', 'summarise_cell', 'coverage_table',
+           'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'predict_design', 'smallest_design',
+           'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s',
+           'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams', 'check_verdict_boundaries',
+           'check_bound_inputs', 'check_bounds_contain_estimate']
 
 # %% ../nbs/18_protocol.ipynb #56527639
 SPLITS = ("R", "A", "B")
@@ -73,6 +74,31 @@ class Rollouts:
     def d(self):
         return self.vectors.shape[2]
 
+# %% ../nbs/18_protocol.ipynb #d7e1a0c6
+def det_matmul(a, b, block: tuple[int, int] = (32, 512)) -> np.ndarray:
+    """`a @ b` (`np.matmul` rules: 1-D operands, broadcast leading axes) in float64 without BLAS: `np.einsum` with
+    `optimize=False`, whose summation order does not depend on the CPU. Matrices are multiplied in `block` tiles of
+    the output (rows of `a`, columns of `b`) with `a` transposed, so that einsum's inner loop runs along cached rows
+    of `b`; every output entry is still one sum over the shared axis."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"det_matmul: operands must have at least one axis, got shapes {a.shape} and {b.shape}")
+    if a.ndim == 1 or b.ndim == 1:
+        sa, sb = ("j", "...ij")[a.ndim > 1], ("j", "...jk")[b.ndim > 1]
+        out = "..." + "i" * (a.ndim > 1) + "k" * (b.ndim > 1) if a.ndim > 1 or b.ndim > 1 else ""
+        return np.einsum(f"{sa},{sb}->{out}", a, b, optimize=False)
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"det_matmul: shapes {a.shape} and {b.shape} do not align")
+    at = np.swapaxes(a, -1, -2)
+    (I, K), (bi, bk) = (a.shape[-2], b.shape[-1]), block
+    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (I, K))
+    for k0 in range(0, K, bk):
+        bb = np.ascontiguousarray(b[..., k0 : k0 + bk])
+        for i0 in range(0, I, bi):
+            ai = np.ascontiguousarray(at[..., i0 : i0 + bi])
+            out[..., i0 : i0 + bi, k0 : k0 + bk] = np.einsum("...ji,...jk->...ik", ai, bb, optimize=False)
+    return out
+
 # %% ../nbs/18_protocol.ipynb #5b1589fa
 def prompt_gradients(ro: Rollouts, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     "Per-prompt gradients $\\sum_y \\mathrm{Adv}(y) v_y$, `[n, d]` (GRPO advantages within each group)."
@@ -88,10 +114,10 @@ def cosine_scores(grads: np.ndarray, g_val: np.ndarray) -> tuple[np.ndarray, np.
     """Cosines of the rows of `grads` [n, d] with `g_val` [d]; zero rows (or a zero `g_val`) score 0. Returns (scores,
     zero mask)."""
     nrm = np.linalg.norm(grads, axis=-1)
-    nv = np.linalg.norm(g_val)
+    nv = np.sqrt(det_matmul(g_val, g_val))
     zero = nrm == 0
     den = nrm * nv
-    s = np.where(den > 0, (grads @ g_val) / np.where(den > 0, den, 1.0), 0.0)
+    s = np.where(den > 0, det_matmul(grads, g_val) / np.where(den > 0, den, 1.0), 0.0)
     return s, zero
 
 
@@ -155,16 +181,21 @@ class GramHalf:
     def build(cls, cand: Rollouts, val: Rollouts) -> GramHalf:
         V = cand.vectors
         W = val.vectors.reshape(-1, val.d)
-        return cls(np.einsum("nkd,nld->nkl", V, V), W @ V.reshape(-1, cand.d).T, W @ W.T, val.n)
+        return cls(np.einsum("nkd,nld->nkl", V, V), det_matmul(W, V.reshape(-1, cand.d).T), det_matmul(W, W.T), val.n)
 
     def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights
         `wv [c,n_val,K']`."""
         c, n, K = wc.shape
         om = wv.reshape(c, -1) / self.n_val
-        dot = ((om @ self.CT).reshape(c, n, K) * wc).sum(-1)
-        nc2 = (np.matmul(wc.transpose(1, 0, 2), self.G).transpose(1, 0, 2) * wc).sum(-1)
-        nv2 = ((om @ self.GW) * om).sum(-1)[:, None]
+        lv = np.flatnonzero((om != 0).any(0))  # validation rollouts with a weight in some replicate
+        lc = np.flatnonzero((wc != 0).any((0, 2)))  # candidate prompts with a weight in some replicate
+        om, w = om[:, lv], wc[:, lc]
+        dot, nc2 = np.zeros((c, n)), np.zeros((c, n))
+        CT = self.CT[np.ix_(lv, (lc[:, None] * K + np.arange(K)).ravel())]
+        dot[:, lc] = (det_matmul(om, CT).reshape(c, len(lc), K) * w).sum(-1)
+        nc2[:, lc] = (det_matmul(w.transpose(1, 0, 2), self.G[lc]).transpose(1, 0, 2) * w).sum(-1)
+        nv2 = (det_matmul(om, self.GW[np.ix_(lv, lv)]) * om).sum(-1)[:, None]
         zero = ~(wc != 0).any(-1) | (nc2 <= 0)
         ok = ~zero & (nv2 > 0)
         den = np.sqrt(np.where(ok, nc2 * nv2, 1.0))
@@ -206,7 +237,7 @@ def bootstrap_gram(
         }
         u = (s["A"] + s["B"]) / 2
         out["rel"].append(reliability(topk_mask(s["A"], k, keys_a), topk_mask(s["B"], k, keys_b)))
-        g = (u @ M.T) / M.sum(1) - u.mean(1, keepdims=True)  # [c, S]
+        g = det_matmul(u, M.T) / M.sum(1) - u.mean(1, keepdims=True)  # [c, S]
         for j, nm in enumerate(masks):
             out[f"gain/{nm}"].append(g[:, j])
         cm = topk_mask(np.zeros_like(u), k, gc.random(u.shape)) if gc else None
@@ -330,7 +361,7 @@ def model_world(sA: np.ndarray, sB: np.ndarray, bA: np.ndarray, bB: np.ndarray) 
     replicates bA, bB [B, n]; and its parameters."""
     u = (sA + sB) / 2
     vu = float(u.var(ddof=1)) if len(u) > 1 else 0.0
-    tau2 = float(np.cov(sA, sB)[0, 1]) if len(u) > 1 else 0.0
+    tau2 = float(det_matmul(sA - sA.mean(), sB - sB.mean()) / (len(u) - 1)) if len(u) > 1 else 0.0
     lam = float(np.sqrt(np.clip(tau2 / vu, 0.0, 1.0))) if vu > 0 else 0.0
     centre = u.mean() + lam * (u - u.mean())
     eA, eB = bA - bA.mean(0), bB - bB.mean(0)
@@ -389,9 +420,9 @@ def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = 
     wc, wv = group_advantages(cand.rewards, std, eps), group_advantages(val.rewards, std, eps)
     (n, K), (nv, Kv) = wc.shape, wv.shape
     om = wv.ravel() / nv
-    P = (om @ half.CT).reshape(n, K)  # <v_ik, g_val>
-    nc2, gwo = np.einsum("nk,nkl,nl->n", wc, half.G, wc), half.GW @ om
-    nv2 = float(om @ gwo)
+    P = det_matmul(om, half.CT).reshape(n, K)  # <v_ik, g_val>
+    nc2, gwo = np.einsum("nk,nkl,nl->n", wc, half.G, wc), det_matmul(half.GW, om)
+    nv2 = float(det_matmul(om, gwo))
     wd = deleted_weights(cand.rewards, std, eps)
     sc = _cos(np.einsum("nyl,nl->ny", wd, P), np.einsum("nyl,nlm,nym->ny", wd, half.G, wd), nv2, (wd != 0).any(-1))
     wvd = deleted_weights(val.rewards, std, eps)
@@ -1607,9 +1638,9 @@ def parts(self: GramHalf, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, n
     `scores`."""
     c, n, K = wc.shape
     om = wv.reshape(c, -1) / self.n_val
-    dot = ((om @ self.CT).reshape(c, n, K) * wc).sum(-1)
-    nc2 = (np.matmul(wc.transpose(1, 0, 2), self.G).transpose(1, 0, 2) * wc).sum(-1)
-    return dot, nc2, np.broadcast_to(((om @ self.GW) * om).sum(-1)[:, None], dot.shape)
+    dot = (det_matmul(om, self.CT).reshape(c, n, K) * wc).sum(-1)
+    nc2 = (det_matmul(wc.transpose(1, 0, 2), self.G).transpose(1, 0, 2) * wc).sum(-1)
+    return dot, nc2, np.broadcast_to((det_matmul(om, self.GW) * om).sum(-1)[:, None], dot.shape)
 
 
 def shrinkage_diagnostics(cand, val, mask: np.ndarray, domain: Domain, n_boot: int = 200, std=True, eps=1e-6) -> dict:
@@ -1634,7 +1665,9 @@ def shrinkage_diagnostics(cand, val, mask: np.ndarray, domain: Domain, n_boot: i
             infl_c.append(c[:, live] / c0[:, live])
             infl_v.append(v[:, 0] / v0[0, 0])
         full, fixed = np.concatenate(full), np.concatenate(fixed)
-        slope = lambda x, s0=s0, live=live: float((s0[live] @ x.mean(0)[live]) / max(s0[live] @ s0[live], 1e-300))
+        slope = lambda x, s0=s0, live=live: float(
+            det_matmul(s0[live], x.mean(0)[live]) / max(det_matmul(s0[live], s0[live]), 1e-300)
+        )
         out[h] = dict(
             slope_full=slope(full),
             slope_fixed_norm=slope(fixed),

@@ -4,7 +4,10 @@ figures — split-half reliability Rel_k with its LB95 against the checkpoint, p
 2k/n; the stale/fresh gain ratio per estimator against the measured drift (KL(π‖β) and the largest
 |log π − log β|); the verdict grid — and writes the aggregate table. A report of a registry that is
 not frozen is **PARTIAL**: the word is in every title and every file name, so a partial figure can
-never be mistaken for a paper figure.
+never be mistaken for a paper figure. Everything the report writes stays in the registry's own results
+folder (`<root>/report/`, e.g. `runs/tiny-demo/report/`); the committed results that the README shows are
+copied from a frozen registry's report by one deliberate command (`stalebook report REGISTRY --publish`,
+`make publish`).
 
 Docs: https://stalebook.github.io/stalebook/report.html.md"""
 
@@ -13,7 +16,9 @@ Docs: https://stalebook.github.io/stalebook/report.html.md"""
 # %% ../nbs/34_report.ipynb #e8843181
 from __future__ import annotations
 
+import io
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -34,13 +39,13 @@ from stalebook.contracts import (
 from stalebook.core import (
     CommandParser,
     StalebookError,
+    atomic_dir,
     atomic_write,
     atomic_write_json,
     experiment_notebook,
-    figures_dir,
     hash_json,
+    project_root,
     run_notebook,
-    save_figure,
 )
 from .executors import cmd_run, node_gpus
 from .protocol import dilute_control, pilot_model, pool_cell, predict_design
@@ -49,8 +54,9 @@ from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
 
 # %% auto #0
-__all__ = ['VERDICT_COLOURS', 'point_rows', 'study_view', 'report_name', 'report_title', 'save_report_figure', 'plot_reliability',
-           'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report', 'cmd_report', 'control_summary',
+__all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'point_rows', 'study_view', 'report_name', 'report_title',
+           'save_report_figure', 'plot_reliability', 'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report',
+           'cmd_report', 'results_dir', 'frozen_root', 'publish_sources', 'publish_report', 'control_summary',
            'gate_forecast', 'decision_lines', 'registry_decisions', 'demo_workers', 'cmd_demo']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
@@ -114,11 +120,12 @@ def report_title(view: dict, text: str) -> str:
     return ("PARTIAL - " if view["partial"] else "") + f"{view['registry']}: {text}"
 
 
-def save_report_figure(fig, view: dict, what: str, out_dir) -> Path:
-    "Write a figure to the project's figures/ (`core.save_figure`) and to `out_dir`; returns the latter."
-    p = save_figure(fig, report_name(view["registry"], what, view["partial"]))
+def save_report_figure(fig, view: dict, what: str, out_dir, dpi=110) -> Path:
+    "Write a figure as `<out_dir>/report-<registry>-<what>[-PARTIAL].png` (atomically, no version metadata); closes it."
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
-    return atomic_write(Path(out_dir) / p.name, p.read_bytes())
+    return atomic_write(Path(out_dir) / f"{report_name(view['registry'], what, view['partial'])}.png", buf.getvalue())
 
 # %% ../nbs/34_report.ipynb #363509e6
 def _strata(points):
@@ -201,12 +208,9 @@ def plot_verdicts(view: dict):
 
 # %% ../nbs/34_report.ipynb #ec6b1f27
 def write_tables(view: dict, out_dir) -> list[Path]:
-    """The aggregate table as Markdown, CSV and JSON in `out_dir` (PARTIAL in the names unless frozen); the JSON also
-    goes to the project's figures/ next to the report's figures (`report-<registry>-table.json`), where the front
-    page reads it."""
+    "The aggregate table as Markdown, CSV and JSON in `out_dir` (PARTIAL in the names unless frozen)."
     sfx, t, ch = "-PARTIAL" if view["partial"] else "", view["table"], view["content_hash"]
     out, js = Path(out_dir), t | {"content_hash": ch, "partial": view["partial"]}
-    atomic_write_json(figures_dir() / f"{report_name(view['registry'], 'table', view['partial'])}.json", js)
     return [
         atomic_write(out / f"table{sfx}.md", table_markdown(t, ch, partial=view["partial"])),
         atomic_write(out / f"table{sfx}.csv", table_csv(t)),
@@ -235,17 +239,85 @@ def _spec(reg: Registry) -> str:
 
 # %% ../nbs/34_report.ipynb #7cb0554b
 def cmd_report(argv) -> int:
-    "Execute the report notebook of a registry and say where it is."
+    "Execute the report notebook of a registry and say where it is; with `--publish`, then publish it."
     parser = CommandParser(
         prog="stalebook report", description="Figures and tables of a registry (PARTIAL until frozen)."
     )
     parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
     parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="then copy the frozen table and the figures into results/<registry>/ (what the README reads); "
+        "refused, before anything runs, unless the registry is frozen",
+    )
+    parser.add_argument("--results", default=None, help="where --publish writes (default: the project's results/)")
     args = parser.parse_args(argv)
+    if args.results and not args.publish:
+        raise StalebookError("stalebook report: --results is where --publish writes; give --publish too")
+    if args.publish:
+        frozen_root(args.registry, args.root)
     out = run_report(args.registry, args.root)
     figs = sorted(x.name for x in out.parent.glob("report-*.png"))
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
+    if args.publish:
+        d = publish_report(args.registry, args.root, args.results)
+        ch = json.loads((d / "table.json").read_text())["content_hash"]
+        print(f"[publish] {d}: {', '.join(sorted(x.name for x in d.iterdir()))} (frozen table {ch[:16]})")
     return 0
+
+# %% ../nbs/34_report.ipynb #c4e2f8b9
+PUBLISHED_FIGURES = ("rel", "gain-ratio", "verdicts")
+
+
+def results_dir() -> Path:
+    "Where published results go: `<project root>/results` (committed: the README reads them)."
+    return (project_root() or Path.cwd()) / "results"
+
+
+def frozen_root(registry, root=None) -> Path:
+    "The results folder of a frozen registry; a registry that is not frozen is refused with its watermark."
+    reg = load_registry(registry)
+    root = registry_root(reg, root)
+    st = registry_status(reg, root)
+    if st["state"] != "frozen":
+        raise StalebookError(f"publish refused: {watermark(st)}")
+    return root
+
+
+def publish_sources(registry, root=None) -> dict[str, Path]:
+    """{published name: file}: a frozen registry's table (JSON, Markdown) and its report's three figures; refused
+    unless the frozen table hashes to its content hash and the report was drawn from it."""
+    reg, root = load_registry(registry), frozen_root(registry, root)
+    t = json.loads((root / "frozen" / "table.json").read_text())
+    ch = t.pop("content_hash", None)
+    if ch != hash_json(t):
+        raise StalebookError(f"publish refused: {root}/frozen/table.json does not hash to its content hash")
+    rep = root / "report"
+    try:
+        drawn = json.loads((rep / "table.json").read_text()).get("content_hash")
+    except (OSError, ValueError):
+        drawn = None
+    if drawn != ch:
+        raise StalebookError(
+            f"publish refused: {rep} holds no report of the frozen table {ch[:16]} (`stalebook report {reg.name}`)"
+        )
+    src = {f"table.{x}": root / "frozen" / f"table.{x}" for x in ("json", "md")}
+    src |= {f"{w}.png": rep / f"{report_name(reg.name, w, False)}.png" for w in PUBLISHED_FIGURES}
+    if missing := [str(p) for p in src.values() if not p.is_file()]:
+        raise StalebookError(f"publish refused: {', '.join(missing)} missing")
+    return src
+
+
+def publish_report(registry, root=None, dest=None) -> Path:
+    """Copy `publish_sources` into `<dest>/<registry>/` (default `results/`; ':' of a slice becomes '-'), replacing
+    the folder as a whole; returns it."""
+    src = publish_sources(registry, root)
+    out = Path(dest or results_dir()) / load_registry(registry).name.replace(":", "-")
+    with atomic_dir(out, overwrite=True) as d:
+        for name, p in src.items():
+            shutil.copyfile(p, d / name)
+    return out
 
 # %% ../nbs/34_report.ipynb #d4f2e8b3
 def control_summary(pts: list) -> dict:
@@ -416,5 +488,10 @@ def cmd_demo(argv) -> int:
             return rc
     print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
     print("\n".join(registry_decisions(args.registry, args.root)))
-    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s")
+    root = registry_root(load_registry(args.registry), args.root)
+    print(
+        f"\n[demo] report: {root / 'report'} (figures and tables); "
+        f"`stalebook report {args.registry} --publish` (`make publish` for tiny:demo) copies it into results/"
+    )
+    print(f"[demo] done in {time.perf_counter() - t0:.0f} s")
     return 0

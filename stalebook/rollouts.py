@@ -52,6 +52,7 @@ from stalebook.model import (
     default_snapshot,
     left_pad,
     load_policy,
+    numerics_state,
     pad_token_id,
     policy_hash,
     render_prompt,
@@ -591,10 +592,11 @@ def _store_name(policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids
 
 
 def numerics_of(model) -> str:
-    """The numeric setting a store is bound to besides the weights:
-    parameter dtype and device type (e.g. 'bfloat16/cuda')."""
+    """The numeric setting a store is bound to besides the weights: parameter dtype and device type
+    (e.g. 'bfloat16/cuda'); on the CPU a process that is not pinned says so ('float32/cpu/native')."""
     p = next(model.parameters())
-    return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}"
+    mode = numerics_state()["mode"] if p.device.type == "cpu" else "pinned"
+    return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}" + ("" if mode == "pinned" else f"/{mode}")
 
 
 RUN_DETAILS = ("wall_s", "stderr_tail")  # verifier details of this run on this machine (sidecar, not content)

@@ -62,6 +62,7 @@ from stalebook.rollouts import (
     load_run_policy,
     make_sampler,
     micro_batches,
+    numerics_of,
     rollout_domain,
     sample_batch,
     task_pool,
@@ -170,10 +171,12 @@ def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
     response token whatever its weight, so the batch objective is sum_i w_i log pi(y_i) up to a constant."""
     w = weights.to(logp.device, logp.dtype)[:, None]
     loss = -aggregate(logp * w, mask, agg)
+    # the statistics of the weights the loss used (logp's dtype): float64 weights from numpy can differ in their
+    # last bits between CPUs (numpy's exp/log dispatch by instruction set); rounded to float32 they agree
     return loss, {
-        "sft/weight_mean": float(weights.mean()),
-        "sft/weight_max": float(weights.max()),
-        "sft/n_weighted": int((weights > 0).sum()),
+        "sft/weight_mean": float(w.mean()),
+        "sft/weight_max": float(w.max()),
+        "sft/n_weighted": int((w > 0).sum()),
     }
 
 # %% ../nbs/26_trainer.ipynb #5c1d2e02
@@ -534,6 +537,7 @@ class Lineage:
             objective=self.objective,
             config_hash=self.identity,
             policy_hash=policy_hash(model),
+            numerics=numerics_of(model),
         )
         with atomic_dir(path, overwrite=True) as d:
             save_adapter(model, d / "adapter")
@@ -582,6 +586,11 @@ def restore(self: Lineage, model, opt, sched) -> dict | None:
         raise StalebookError(
             f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{self.objective}'; "
             "an SFT run never resumes from a GRPO checkpoint (or the reverse)"
+        )
+    if meta.get("numerics") != (num := numerics_of(model)):  # numerics are part of a run's identity
+        raise StalebookError(
+            f"{path}: the run computed in numerics {meta.get('numerics')}, this process in {num}; "
+            "a lineage never mixes them (use another out dir)"
         )
     self.chain = [c for c in chain if c["step"] <= meta["step"]]
     self.parent = self.chain[-1]["hash"]

@@ -33,11 +33,13 @@ from stalebook.core import (
     atomic_write,
     atomic_write_json,
     config_dict,
+    environment,
     fault_point,
     from_dict,
     hash_dir,
     hash_file,
     hash_json,
+    pin_numerics,
 )
 from .point import PointConfig, execute_point, resolve_point, run_stale
 from stalebook.registry import (
@@ -93,9 +95,11 @@ def phase_problems(udir: Path, ph: Phase, deps: dict) -> list[str]:
     f = record_path(udir, ph.name)
     if not f.is_file():
         return ["not run"]
-    rec = json.loads(f.read_text())
+    rec, mode = json.loads(f.read_text()), pin_numerics()["mode"]
     if rec.get("after") != deps:
         return ["an earlier phase it depends on changed"]
+    if (rec.get("environment") or {}).get("numerics") != mode:  # the numerics are part of a run's identity
+        return [f"ran under numerics {(rec.get('environment') or {}).get('numerics')}, this process computes {mode}"]
     probs = []
     for rel, h in rec["outputs"].items():
         got = output_hash(Path(udir) / rel)
@@ -112,7 +116,7 @@ def write_record(udir: Path, unit_id: str, ph: Phase, deps: dict, extra) -> dict
     missing = [rel for rel, h in outs.items() if h is None]
     if missing:
         raise StalebookError(f"unit {unit_id}: phase {ph.name} finished without its output {missing[0]}")
-    rec = dict(unit=unit_id, phase=ph.name, after=deps, outputs=outs)
+    rec = dict(unit=unit_id, phase=ph.name, after=deps, outputs=outs, environment=environment())
     atomic_write_json(record_path(udir, ph.name), rec)
     return rec
 
@@ -530,6 +534,7 @@ def point_manifest(udir: Path, unit_id: str, fam: FamilyConfig, c: int) -> dict:
         behaviour=fam.behaviour,
         objective=fam.objective,
         table=fam.table,
+        environment=environment(),
         files={f: output_hash(Path(udir) / f) for f in files},
     )
 

@@ -2,6 +2,8 @@
 
 import pytest
 
+import stalebook  # noqa: F401  (first: pins the CPU numerics before any test loads torch)
+
 REDUCED = dict(max_steps=30, first_eval=10**9, require_band=False)
 
 
@@ -12,6 +14,16 @@ def tiny_snapshot(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("snap") / "tiny"
     ensure_tiny_snapshot(d, TinySpec(**REDUCED), log=lambda *a: None)
+    return d
+
+
+@pytest.fixture(scope="session")
+def shipped_snapshot():
+    "The tiny snapshot shipped with the package (a warm-started model: its GRPO steps have non-zero advantages)."
+    from stalebook.model import shipped_snapshot
+
+    d = shipped_snapshot()
+    assert d is not None, "stalebook/data/tiny is missing or does not verify against its lock"
     return d
 
 

@@ -2,7 +2,8 @@
 fits its induced target on an enumerable problem (BOLT and Refit each land nearest their own), bad input (a reference
 from another policy, beta <= 0, an empty group) fails with one line naming the file or field, a BOLT step runs no
 sampling and no reference forward, and a reduced comparison of all five arms runs end to end, idempotent and
-resumable bit for bit (~1.5 min for the whole file on the shared 2-core machine)."""
+resumable bit for bit (~1.5 min for the whole file on the shared 2-core machine); and (slow, 4-7 min) the notebook's
+enumerable check's bounds hold over 20 seeds."""
 
 import dataclasses
 import json
@@ -151,6 +152,29 @@ def test_weighted_sft_through_the_trainer_fits_its_induced_target(tmp_path, tiny
     l1 = _first_token_law(tr.model, tr.tok, tks)[0]
     d0, d1, d_plain = tv(cond(l0), target), tv(cond(l1), target), tv(cond(l1), lq)
     assert d1 < 0.4 * d0 and d1 < d_plain, (d0, d1, d_plain)
+
+
+ENUM_SEEDS = 20
+
+
+@pytest.mark.slow
+def test_enumerable_check_margins_hold_over_seeds(tmp_path):
+    """The notebook's enumerable check (30_bolt: 60 BOLT steps at beta = 1 on one prompt's 64 one-token samples, on the
+    notebook's 60-step reduced snapshot) over 20 seeds, each its own prompt, reference samples, LoRA init and data
+    order: in every seed the model's TV to q-hat*w ends below 0.35 of where it started and below 0.6 of its TV to
+    Refit's q-hat*r, the bounds the notebook asserts for seeds 0-4 (measured: largest ratios about 0.26 and 0.51, the
+    second in seeds whose two targets are close). 4-7 min on the shared 2-core machine."""
+    from stalebook.bolt import enumerable_check
+    from stalebook.model import TinySpec, ensure_tiny_snapshot
+
+    snap = tmp_path / "tiny"
+    ensure_tiny_snapshot(snap, TinySpec(max_steps=60, first_eval=10**9, require_band=False), log=lambda *a: None)
+    rel = {}
+    for s in range(ENUM_SEEDS):
+        c = enumerable_check(snap, tmp_path / f"enum-{s}", steps=60, n_prompts=1, seed=s)
+        rel[s] = (c["tv_end"][0] / c["tv_start"][0], c["tv_end"][0] / c["tv_end_refit"][0])
+    worst = np.max(list(rel.values()), 0)
+    assert worst[0] < 0.35 and worst[1] < 0.6, {s: np.round(r, 3).tolist() for s, r in rel.items()}
 
 
 def test_bad_input_names_the_file_or_field(tmp_path, tiny_snapshot):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stalebook.core import ConfigError, Domain, JsonlLog, atomic_write, hash_dir, load_config, read_jsonl
+from stalebook.core import ConfigError, Domain, JsonlLog, atomic_write, cpu_flags, hash_dir, load_config, read_jsonl
 
 parts = st.one_of(st.text(max_size=8), st.integers(min_value=-(2**40), max_value=2**40))
 paths = st.lists(parts, max_size=4).map(tuple)
@@ -147,3 +148,127 @@ def test_cli_version_and_bad_args():
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--nope" in r.stderr
     r = subprocess.run([exe, "verify", "--json", "--only", "core."], capture_output=True, text=True)
     assert r.returncode == 0 and all(row["passed"] for row in json.loads(r.stdout))
+
+
+# ------------------------------------------------------------------------------------------ pinned numerics
+# What a CPU without AVX-512 gives each library, simulated on this one: MKL and oneDNN limited to AVX2, OpenBLAS's
+# Haswell kernels, numpy's SIMD loops without their AVX-512 variants, torch's AVX2 kernels.
+AVX2_MACHINE = {
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OPENBLAS_CORETYPE": "Haswell",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+    "ATEN_CPU_CAPABILITY": "avx2",
+}
+ASKS_AVX512 = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+
+
+def _grpo_bytes(tmp, snap, name, env):
+    "Three GRPO steps through `stalebook train` in a process started with `env` (over a clean environment)."
+    import yaml
+
+    from stalebook.core import NUMERICS_VAR, PINNED_NUMERICS
+
+    d = tmp / name
+    d.mkdir()
+    cfg = dict(
+        out=str(d / "run"),
+        snapshot=str(snap),
+        domain="math",
+        n_tasks=12,
+        steps=3,
+        prompts_per_step=2,
+        sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=2),
+        lineage_steps=[0, 3],
+        checkpoint_every=3,
+        lr=0.01,
+    )
+    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
+    base = {k: v for k, v in os.environ.items() if k not in (*PINNED_NUMERICS, NUMERICS_VAR, *AVX2_MACHINE)}
+    exe = str(Path(sys.executable).parent / "stalebook")
+    r = subprocess.run([exe, "train", str(d / "train.yaml"), "--quiet"], env={**base, **env}, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    ck = d / "run" / "lineage" / "step-000003"
+    meta = json.loads((ck / "meta.json").read_text())
+    steps = [
+        {k: v for k, v in r.items() if k not in ("t_gen", "t_step")}
+        for r in read_jsonl(d / "run" / "steps.jsonl").records
+    ]
+    assert any(r["grad_norm"] > 0 for r in steps), "no step moved the weights: the comparison would be vacuous"
+    return (ck / "adapter" / "adapter_model.safetensors").read_bytes() + json.dumps(steps).encode(), meta["numerics"]
+
+
+def test_pinned_numerics_give_the_same_bytes_on_another_cpu(tmp_path, shipped_snapshot):
+    "The same GRPO steps: pinned, whatever the start-up environment asks for; unpinned, they differ."
+    tiny_snapshot = shipped_snapshot  # warm-started: the steps have non-zero advantages, so the weights move
+    pinned, mode = _grpo_bytes(tmp_path, tiny_snapshot, "pinned", {})
+    assert mode == "float32/cpu"
+    for name, env in [("asks-avx512", {**ASKS_AVX512, "MKL_ENABLE_INSTRUCTIONS": "AVX512"}), ("avx2", AVX2_MACHINE)]:
+        got, got_mode = _grpo_bytes(tmp_path, tiny_snapshot, name, env)
+        assert got == pinned and got_mode == mode, name
+    native, nmode = _grpo_bytes(tmp_path, tiny_snapshot, "native", {"STALEBOOK_NUMERICS": "native", **ASKS_AVX512})
+    assert nmode == "float32/cpu/native"
+    if "avx512f" not in cpu_flags():
+        pytest.skip("this CPU has no AVX-512: the unpinned AVX-512 computation cannot be run here")
+    native_avx2, _ = _grpo_bytes(
+        tmp_path, tiny_snapshot, "native-avx2", {"STALEBOOK_NUMERICS": "native", **AVX2_MACHINE}
+    )
+    assert native != native_avx2  # unpinned, the two "machines" compute other bytes
+    assert native != pinned
+
+
+def test_unpinnable_or_late_pin_is_recorded_and_said(tmp_path):
+    "A process that loaded torch first runs unpinned, says so in one line, and records it."
+    code = "import torch; from stalebook.model import numerics_state; print(numerics_state()['mode'])"
+    from stalebook.core import NUMERICS_VAR, PINNED_NUMERICS
+
+    base = {k: v for k, v in os.environ.items() if k not in (*PINNED_NUMERICS, NUMERICS_VAR)}
+    r = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "unpinned", r.stderr
+    assert r.stderr.count("\n") == 1 and "torch was loaded before stalebook" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-c", "import stalebook"], env={**base, NUMERICS_VAR: "fast"}, capture_output=True, text=True
+    )
+    assert (
+        r.returncode == 2 and r.stderr == "stalebook: error: STALEBOOK_NUMERICS='fast': expected 'pinned' or 'native'\n"
+    )
+
+
+# A forward and backward pass of a Llama block's operations (matmuls, SiLU, RMSNorm, log-softmax): small enough to
+# run under a CPU emulator, which can present another vendor's CPU (AuthenticAMD, AVX2 without AVX-512).
+_BLOCK_PROBE = """
+import hashlib, sys
+import stalebook.core
+import torch
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+a, w, w2 = torch.randn(48, 128, generator=g), torch.randn(256, 128, generator=g), torch.randn(128, 256, generator=g)
+w.requires_grad_(True)
+h = torch.nn.functional.silu(a @ w.T) @ w2.T
+y = torch.nn.functional.log_softmax(torch.nn.functional.rms_norm(h, (128,)) @ w2, -1)
+y.sum().backward()
+out = b"".join(t.detach().numpy().tobytes() for t in (h, y, w.grad))
+print(stalebook.core.NUMERICS, hashlib.sha256(out).hexdigest())
+"""
+
+
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None, reason="qemu-user (Debian's qemu-user) is not installed")
+def test_pinned_numerics_agree_on_an_emulated_amd_cpu():
+    """The same pinned computation on this CPU and on an emulated AMD EPYC (Rome: AVX2, no AVX-512; MKL sees
+    another vendor); unpinned, they differ where this CPU has AVX-512. MKL's own AVX2 branch is not enough: on a
+    non-Intel CPU MKL ignores it (checked: this probe's bytes differ between the two CPUs under MKL_CBWR=AVX2)."""
+    from stalebook.core import NUMERICS_VAR, PINNED_NUMERICS
+
+    base = {k: v for k, v in os.environ.items() if k not in (*PINNED_NUMERICS, NUMERICS_VAR)}
+
+    def probe(env, emulate=False):
+        cmd = ["qemu-x86_64", "-cpu", "EPYC-Rome-v1"] * emulate + [sys.executable, "-c", _BLOCK_PROBE]
+        r = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.split()
+
+    here, amd = probe({}), probe({}, emulate=True)
+    assert here[0] == amd[0] == "pinned" and here[1] == amd[1]
+    if "avx512f" in cpu_flags():
+        native_here, native_amd = probe({NUMERICS_VAR: "native"}), probe({NUMERICS_VAR: "native"}, emulate=True)
+        assert native_here[0] == "native" and native_here[1] != native_amd[1]

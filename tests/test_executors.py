@@ -267,7 +267,8 @@ def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"[demo] stalebook run {reg} --executor shared --workers 2 (" in r.stdout
     assert "[work] worker w0" in r.stdout and "[work] worker w1" in r.stdout and "[demo] done in" in r.stdout
-    assert (tmp_path / "r/frozen/table.json").is_file() and (tmp_path / "figs/report-fam-rel.png").is_file()
+    assert (tmp_path / "r/frozen/table.json").is_file() and (tmp_path / "r/report/report-fam-rel.png").is_file()
+    assert not (tmp_path / "figs").exists()  # the report stays under the results root, never in a figures folder
     owners = {
         json.loads((tmp_path / "r/queue" / u / "done.json").read_text())["owner"]
         for u in ("tiny-math-s0", "tiny-math-s1")

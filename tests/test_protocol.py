@@ -7,6 +7,9 @@ largest part (see its docstring)."""
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -571,3 +574,38 @@ def test_default_bound_coverage_larger_grid():
         w = np.mean([r["bounds"][DEFAULT_BOUND][s][1] >= r["truth"][s] for r in rows])
         assert 0.90 <= v <= 0.99 and 0.90 <= w <= 0.99, (s, v, w)
         assert np.mean([r["bounds"]["percentile"][s][0] <= r["truth"][s] for r in rows]) >= 0.99
+
+
+# The analysis in a fresh interpreter (stalebook imported first, as every entry point does); prints a hash of every
+# number a point writes. `BLAS_SUBST` (empty here) lets a manual run put a BLAS product back to see the test fail.
+_XM_SCRIPT = """
+import hashlib, json, os, sys
+import stalebook
+import numpy as np
+import stalebook.protocol as P
+from stalebook.core import Domain
+if os.environ.get("BLAS_SUBST"):
+    P.det_matmul = np.matmul
+g = np.random.default_rng(3)
+mu = g.standard_normal(512)
+ro = lambda m: P.Rollouts((g.random((m, 8)) < 0.4) * 1.0, g.standard_normal((m, 8, 512)) + 0.3 * mu)
+cand, val = {h: ro(48) for h in P.SPLITS}, {h: ro(12) for h in P.SPLITS}
+res = P.analyse_point(cand, val, 12, Domain(0, ("test", "xm")), stale={"s": g.standard_normal((48, 512))}, n_boot=2000)
+arr = res.to_arrays()
+h = hashlib.sha256(json.dumps(res.summary(), sort_keys=True).encode())
+for k in sorted(arr):
+    h.update(k.encode() + np.ascontiguousarray(arr[k]).tobytes())
+print(h.hexdigest())
+"""
+
+
+def _xm_hash(**env):
+    e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "BLAS_SUBST")} | env
+    r = subprocess.run([sys.executable, "-c", _XM_SCRIPT], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_analysis_independent_of_blas_kernels():
+    "A point's analysis gives the same bytes with this CPU's OpenBLAS kernels and with the Haswell (AVX2) ones."
+    assert _xm_hash() == _xm_hash(OPENBLAS_CORETYPE="Haswell")

@@ -1,19 +1,25 @@
 """The report notebook: its parameters; a report of a partially run registry says PARTIAL in its file names, figure
-titles and tables; once frozen it does not, and its table is the frozen one byte for byte."""
+titles and tables; once frozen it does not, and its table is the frozen one byte for byte. The report writes only
+under the registry's root; publishing (the committed results the README reads) is refused for a registry that is not
+frozen or whose report is not of the frozen table. A run's frozen table does not depend on the folders it ran in."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from stalebook.contracts import freeze
+from stalebook.core import StalebookError, hash_json
 from stalebook.protocol import DEFAULT_BOUND
-from stalebook.report import registry_decisions, run_report
+from stalebook.report import PUBLISHED_FIGURES, publish_report, registry_decisions, run_report
 from stalebook.theory.estimators import ESTIMATORS
 from stalebook.units import run_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_units import ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
+from test_units import content_files, ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
 
 
 def test_report_notebook_parameters():
@@ -27,23 +33,48 @@ def test_report_notebook_parameters():
     }
 
 
-def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
-    monkeypatch.setenv(
-        "STALEBOOK_FIGURES", str(tmp_path / "figures")
-    )  # the kernel inherits it: figures stay out of the project
+def listing(d: Path) -> dict:
+    "{relative path: (size, mtime_ns)} of every file under d ({} if d does not exist)."
+    return {p.relative_to(d).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*") if p.is_file()}
+
+
+def leaked(registry: str) -> list[Path]:
+    "A registry's report figures or published results in this repository's figures/ or results/ (there must be none)."
+    return [*(ROOT / "figures").glob(f"report-{registry}-*"), *(ROOT / "results").glob(f"{registry}*")]
+
+
+def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
+    # a trap: anything still writing to "the project's figures/" (core.figures_dir) would land here; the kernel
+    # inherits the variable
+    monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "figures"))
+    assert not leaked("rep")
     reg = ranking_registry(tmp_path, tiny_snapshot, name="rep", checkpoints=(0, 2), seeds=(0, 1))
-    root = tmp_path / "root"
+    root, res = tmp_path / "root", tmp_path / "results"
     run_registry(reg, root, only="tiny-math-s0", progress=False, log=lambda *a: None)
+    before = set(listing(root))
     nb = run_report(reg, root)
     assert nb.name == "report-PARTIAL.ipynb"
+    assert all(f.startswith("report/") for f in set(listing(root)) - before)  # only the report folder is new
     figs = sorted(p.name for p in (root / "report").glob("*.png"))
     assert figs == [f"report-rep-{w}-PARTIAL.png" for w in ("gain-ratio", "rel", "verdicts")]
-    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == figs
     assert (root / "report/table-PARTIAL.md").read_text().startswith("# PARTIAL - Tiny-model demonstration")
     text = nb.read_text()
     assert "PARTIAL - registry rep: 2 of 4 points pass every contract" in text
+    # publishing a partial registry is refused before anything runs, in one line, and writes nothing
+    r = cli("report", reg, "--root", root, "--publish", "--results", res)
+    assert r.returncode == 2 and r.stdout == ""
+    assert (
+        r.stderr == "stalebook: error: publish refused: PARTIAL - registry rep: 2 of 4 points pass every "
+        "contract (0 failing, 2 missing); not paper numbers\n"
+    )
+    assert not res.exists() and not (root / "report/report.ipynb").exists()
     run_registry(reg, root, progress=False, log=lambda *a: None)
+    with pytest.raises(StalebookError, match="publish refused: COMPLETE - registry rep"):  # complete, not frozen
+        publish_report(reg, root, res)
     freeze(reg, root)
+    with pytest.raises(StalebookError, match="holds no report of the frozen table"):  # frozen, report still partial
+        publish_report(reg, root, res)
+    assert not res.exists()
     nb = run_report(reg, root)
     assert nb.name == "report.ipynb"
     assert sorted(p.name for p in (root / "report").glob("report-*[!L].png")) == [
@@ -51,6 +82,18 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
     ]
     assert (root / "report/table.md").read_bytes() == (root / "frozen/table.md").read_bytes()
     assert json.loads((root / "report/table.json").read_text())["partial"] is False
+    # published: the frozen table byte for byte and the report's figures, in results/<registry>/
+    out = publish_report(reg, root, res)
+    assert out == res / "rep"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["table.json", "table.md"] + [f"{w}.png" for w in PUBLISHED_FIGURES]
+    )
+    for f in ("table.json", "table.md"):
+        assert (out / f).read_bytes() == (root / "frozen" / f).read_bytes()
+    for w in PUBLISHED_FIGURES:
+        assert (out / f"{w}.png").read_bytes() == (root / f"report/report-rep-{w}.png").read_bytes()
+    assert not (tmp_path / "figures").exists()  # nothing went to the project's figures/ ...
+    assert not leaked("rep")  # ... nor into the repository's figures/ or results/
     # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the
     # forecast
     lines = registry_decisions(reg, root, pools=6, draws=10, boot_reps=20, cells=200)
@@ -67,30 +110,71 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch):
         dil = [x for x in cell if "diluted control" in x]
         n_gate = rows[c, "g00"]["admissible"]
         assert (len(dil) == 1 and f"/{n_gate} seeds" in dil[0]) if n_gate else not dil
+        # the positive control applies where pi = beta: at the behaviour checkpoint, and later only where training
+        # has not moved the policy (a reduced model whose every group had zero advantage)
         (pos,) = [x for x in cell if "positive control" in x]
-        assert (
-            ("passed in" in pos and "/2 seeds" in pos) if c == 0 else "n/a" in pos
-        )  # pi = beta only at the behaviour checkpoint
+        same = [
+            json.loads((root / f"units/tiny-math-s{s}/points/c-{c:06d}/result.json").read_text())["result"][
+                "positive_control"
+            ]
+            is not None
+            for s in (0, 1)
+        ]
+        assert all(same) or c != 0
+        assert ("passed in" in pos and f"/{sum(same)} seeds" in pos) if any(same) else "n/a" in pos
     (fc,) = [ln for ln in lines if "predicted P(gate)" in ln]
     assert fc.startswith("tiny math c=0 ") and f"observed {rows[0, 'g00']['admissible']} of 2" in fc
+    # a frozen table that no longer hashes to its content hash (a hand-edited number) is not published
+    f, t = root / "frozen/table.json", json.loads((root / "frozen/table.json").read_text())
+    t["rows"][0]["verdict"] = "Effective" if t["rows"][0]["verdict"] != "Effective" else "Ineffective"
+    f.write_text(json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    with pytest.raises(StalebookError, match="does not hash to its content hash"):
+        publish_report(reg, root, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
 
 
-def test_control_summary_counts_false_ineffective_at_gated_points():
-    """The diluted control counts where the gate passed (there the fresh gain is shown positive): per point, its own
-    UB95 <= 0 from `dilute_control`; points that did not pass the gate, or are missing, are left out."""
-    from stalebook.core import Domain
-    from stalebook.protocol import analyse_point, dilute_control, synthetic_point, synthetic_pool
-    from stalebook.report import control_summary
-
-    D = Domain(0, ("test", "controls"))
-    pool = synthetic_pool(D, 48, 8, 16, sigma_v=0.2, frac_homog=0.1, signal=1.5)
-    pts = []
-    for s in range(3):
-        cand, val = synthetic_point(pool, D.child(s))
-        res = analyse_point(cand, val, 8, D.child(s, "analysis"), n_boot=200)
-        summ = res.summary() | dict(admissible=s != 2, negative_control={"false_positive": False})
-        pts.append((res, summ))
-    cs = control_summary(pts + [(None, None)])
-    gated = [dilute_control(p) for p, _ in pts[:2]]
-    assert cs["seeds"] == 4 and cs["points"] == 3
-    assert cs["dilute_points"] == 2 and cs["dilute_fi"] == sum(d["false_ineffective"] for d in gated)
+def test_frozen_table_does_not_depend_on_the_folders(tmp_path, tiny_snapshot, monkeypatch, cli):
+    """The same registry run in two project folders, each with its own copy of the snapshot (as two clones at
+    different paths would be), once by `run_registry` + `freeze` and once by `stalebook demo`: the frozen tables are
+    byte-identical, content hash included, and so is every content file of the runs (peft records the base model's
+    folder in adapter_config.json and its model card; stalebook's adapters do not). The demo writes only under the
+    project's runs/ (its registry's root, the snapshot's lock) and says where its report is."""
+    assert not leaked("where")
+    monkeypatch.delenv("STALEBOOK_PROJECT", raising=False)
+    monkeypatch.delenv("STALEBOOK_FIGURES", raising=False)
+    roots = {}
+    for side in ("a", "b"):
+        d = tmp_path / side / "clone"  # a project: the demo resolves its paths from here
+        (d / "configs").mkdir(parents=True)
+        (d / "pyproject.toml").write_text("[tool.nbdev]\n")
+        snap = d / "runs/snapshots/tiny"
+        shutil.copytree(tiny_snapshot, snap)
+        monkeypatch.setenv("STALEBOOK_TINY", str(snap))  # the embedded model's folder in this clone
+        monkeypatch.chdir(d)
+        reg = d / "configs/where.yaml"
+        reg.write_text(
+            ranking_registry(tmp_path / side, tiny_snapshot, name="where", checkpoints=(0, 1), seeds=(0,))
+            .read_text()
+            .replace(f"models: {{tiny: {{snapshot: {tiny_snapshot}}}}}", "out: runs/where\nmodels: {tiny: {}}")
+        )
+        assert "snapshot" not in reg.read_text()  # the embedded model: no folder in the registry (or its hash)
+        root = roots[side] = d / "runs/where"
+        before = set(listing(d))
+        if side == "a":
+            run_registry(reg, root, progress=False, log=lambda *a: None)
+            freeze(reg, root)
+        else:
+            r = cli("demo", reg, "--workers", 1)  # the registry's `out`, under this project
+            assert r.returncode == 0, r.stderr
+            assert f"[demo] report: {root / 'report'} " in r.stdout
+            assert (root / "report/report.ipynb").is_file()
+        assert all(f.startswith("runs/") for f in set(listing(d)) - before)  # nothing outside runs/
+        adapters = list(root.rglob("adapter_config.json"))
+        assert adapters and all(str(tmp_path) not in p.read_text() for p in adapters)
+    ta, tb = ((roots[s] / "frozen/table.json").read_bytes() for s in "ab")
+    assert ta == tb and json.loads(ta)["content_hash"] == hash_json(
+        {k: v for k, v in json.loads(ta).items() if k != "content_hash"}
+    )
+    content = {s: {k: v for k, v in content_files(roots[s]).items() if not k.startswith("report/")} for s in "ab"}
+    assert content["a"] == content["b"]
+    assert not leaked("where")  # nor into this repository's figures/ or results/

@@ -75,26 +75,27 @@ def pinned_bytes(tmp, snap) -> dict:
     return out
 
 
-# measured on the code before the generation-backend seam (CPU, float32, threads 1, the reduced tiny snapshot), with
-# torch's kernels for this CPU capability: another capability computes other float bits (CPU numerics are not pinned
-# across instruction sets yet), so there the constants cannot be compared and the test says so
-PINNED_CAPABILITY = "AVX512"
+# The bytes of every consumer of generation (CPU, float32, threads 1, the reduced tiny snapshot). First measured on
+# the code before the generation-backend seam, with torch's AVX-512 kernels, and equal after it; re-recorded under
+# the pinned numerics (AVX2 kernels, MKL's COMPATIBLE branch), where they are the same on every x86-64 CPU with AVX2:
+# checked here and under a simulated AVX2-only CPU (OpenBLAS Haswell kernels, numpy without its AVX-512 loops, MKL
+# limited to AVX2, AVX-512 requested from torch). A process whose numerics are not pinned cannot compare them.
 PINNED = {
-    "sync": {"adapter": "3cb09940eab2ea55", "log": "bdd79d263139dbe6"},
+    "sync": {"adapter": "d8ada9541aeea921", "log": "7dc3a81c2939667a"},
     "heldout": 0.0,
-    "sync_kl_prefix": {"adapter": "ea7fba26233036ef", "log": "51082b9eac76599f"},
-    "fixed_lag": {"adapter": "b0ce365092e431c2", "log": "83e5dd6d36efa2a2"},
-    "store": "3854f16db4b4e0c8",
-    "bolt": {"adapter": "76c7da484c3885de", "log": "51615acfdf4909ff"},
-    "bolt_reference": "c99362f66ede74cc",
+    "sync_kl_prefix": {"adapter": "cfa3e6977b372aa0", "log": "f285197065e32824"},
+    "fixed_lag": {"adapter": "7cf1d37201072fca", "log": "3f8057c5971d427f"},
+    "store": "c7db4f6cbfc85c79",
+    "bolt": {"adapter": "abef1298b2348041", "log": "28110f729c8d8442"},
+    "bolt_reference": "521b5a42753f9962",
 }
 
 
 def test_step_bytes_are_pinned(tmp_path, tiny_snapshot):
-    import torch
+    from stalebook.model import numerics_state
 
-    if (cap := torch.backends.cpu.get_cpu_capability()) != PINNED_CAPABILITY:
-        pytest.skip(f"constants recorded with torch's {PINNED_CAPABILITY} kernels; this CPU runs {cap}")
+    if (mode := numerics_state()["mode"]) != "pinned":
+        pytest.skip(f"constants recorded under the pinned numerics; this process runs {mode}")
     got = pinned_bytes(tmp_path, tiny_snapshot)
     assert got == PINNED
 

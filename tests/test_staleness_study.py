@@ -207,3 +207,65 @@ def test_killed_unit_resumes_to_the_same_cell(tmp_path, tiny_snapshot):
         for x in read_jsonl(d / "cell/run/steps.jsonl").records
     ]
     assert strip(a) == strip(b) and len(strip(a)) == 12
+
+
+def _flat_sweep(collapsed: bool, logratio: float) -> dict:
+    "A synthetic study sweep (S in {1, 4} x 2 etas x 2 seeds, 30 steps), named as `pipeline.study_sweep` names it."
+    steps, shp = 30, (2, 2, 2)
+    t = np.arange(steps)
+    series = dict(
+        J=np.full(steps, 0.5),
+        gnorm=np.ones(steps),
+        lagdist=0.1 * (1 + t % 4),
+        logratio=logratio * (1 + t % 4),
+        drift=0.01 * t,
+        cos=np.zeros(steps),
+        ucos=np.zeros(steps),
+        kl=np.zeros(steps),
+        lag=(t % 4).astype(float),
+    )
+    sw = {k: np.broadcast_to(v, shp + (steps,)).copy() for k, v in series.items()}
+    return dict(S=np.array([1, 4]), eta=np.array([1e-3, 0.3]), seeds=np.array([0, 1]), steps=steps, **sw) | dict(
+        t_c=np.full(shp, 20 if collapsed else -1)
+    )
+
+
+@pytest.mark.parametrize(
+    "collapsed,logratio", [(False, 0.0), (False, 0.05), (True, 0.05)], ids=["none-Rbatch-inf", "none", "all"]
+)
+def test_report_figures_render_without_collapse(tmp_path, collapsed, logratio):
+    """The study's figures (benchmarks/study_staleness.py: study_report, then plot_phase, plot_tcollapse, plot_cosine)
+    render for a grid in which no run collapsed — R_crit is then inf, and with log-ratios that do not grow with the lag
+    R_batch too, so the rule's bounds are inf (this raised 'Axis limits cannot be NaN or Inf') — and say so; and for
+    a grid in which every run collapsed (no stable run: G_upd and the local bound NaN)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stalebook.pipeline import study_report
+    from stalebook.theory.async_sim import plot_cosine, plot_phase, plot_tcollapse
+
+    sw = _flat_sweep(collapsed, logratio)
+    rep = study_report(sw, n_boot=20)
+    rc = rep["rule"]
+    if not collapsed:
+        assert rc["R_crit"] == np.inf and np.isinf(rc["horizon"]).all()
+        assert (rc["R_batch"] == np.inf) == (logratio == 0.0)
+    else:
+        assert np.isnan(rc["G_upd"]) and np.isnan(rc["local"]).all()
+    fig, ax = plt.subplots(1, 3)
+    plot_phase(ax[0], sw, rep["analysis"], rc, "synthetic")
+    plot_tcollapse(ax[1], sw, "synthetic")
+    plot_cosine(ax[2], sw, "synthetic")
+    fig.savefig(tmp_path / "f.png")
+    plt.close(fig)
+    lo, hi = ax[0].get_ylim()
+    assert np.isfinite([lo, hi]).all() and 0 < lo < 1e-3 and hi > 0.3
+    notes = [[t.get_text() for t in a.texts] for a in ax]
+    if collapsed:
+        assert notes == [[], [], []] and ax[1].get_legend() is not None
+    else:
+        assert notes[1] == ["no run collapsed"] and all(n and n[0].startswith("no run collapsed") for n in notes)
+        assert ax[1].get_legend() is None
+    assert (tmp_path / "f.png").stat().st_size > 0

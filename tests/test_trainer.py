@@ -254,6 +254,19 @@ def _files(run):
     return out
 
 
+def _drop_identity(f: dict, keys=("numerics", "parent", "hash")) -> dict:
+    """`_files` with `keys` removed from checkpoint meta.json and lineage.json (and their chain entries): for runs of
+    trainers from before a key existed (the numerics a run computes in, since the pinned numerics; the chain's
+    hashes follow from meta.json)."""
+    for k in [k for k in f if k.endswith("meta.json") or k == "lineage.json"]:
+        d = json.loads(f[k])
+        for e in [d, *d.get("chain", [])]:
+            for key in keys:
+                e.pop(key, None)
+        f[k] = d
+    return f
+
+
 def test_staleness_zero_is_the_synchronous_trainer(tmp_path, tiny_snapshot):
     """S = 0 byte for byte: a run whose config has no async_training / optimizer fields (what the synchronous trainer
     was configured with) and one that spells them out at S = 0 write the same files — steps.jsonl (timing keys aside),
@@ -286,9 +299,11 @@ def _recs(cfg):
     return Trainer(cfg).run(progress=False).log.records
 
 
-def test_async_lags_and_ratios(tmp_path, tiny_snapshot):
+def test_async_lags_and_ratios(tmp_path, shipped_snapshot):
     """fixed-lag: lag exactly S after warm-up; sync-every: lags cycle 1..S; ratios differ from 1 once the lag is
-    positive."""
+    positive. On the shipped (warm-started) snapshot: the reduced one rarely earns a reward, so its learner may
+    not move at all on some machines."""
+    tiny_snapshot = shipped_snapshot
     from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import AsyncConfig, TrainConfig, lag_histogram
 
@@ -536,12 +551,7 @@ def test_staleness_zero_matches_the_pre_async_trainer(tmp_path, tiny_snapshot):
     # snapshot's lockfile revision instead of its folder. Everything else, weights and optimizer state included: the
     # same bytes.
     for f in (fa, fb):
-        for k in [k for k in f if k.endswith("meta.json") or k == "lineage.json"]:
-            d = json.loads(f[k])
-            for e in [d, *d.get("chain", [])]:
-                for key in ("config_hash", "parent", "hash"):
-                    e.pop(key, None)
-            f[k] = d
+        _drop_identity(f, ("config_hash", "numerics", "parent", "hash"))
     assert fa == fb, [k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)]
 
 
@@ -585,7 +595,7 @@ def test_micro_batch_backward_writes_the_bytes_of_one_backward(tmp_path, tiny_sn
     old.Trainer(mk(old, "old")).run(progress=False)
     b = new.Trainer(mk(new, "new")).run(progress=False)
     assert len(b.log.records) == 8 and len({r["policy_hash"] for r in b.log.records}) > 1  # the weights moved
-    fa, fb = _files(tmp_path / "old"), _files(tmp_path / "new")
+    fa, fb = _drop_identity(_files(tmp_path / "old")), _drop_identity(_files(tmp_path / "new"))
     assert _steps(tmp_path / "old") == _steps(tmp_path / "new")
     fa.pop("steps.jsonl")
     fb.pop("steps.jsonl")

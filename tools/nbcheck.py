@@ -28,6 +28,12 @@ so a reader sees what was measured, but they are never compared,
 because no normalisation makes a timing repeat on another machine. Only such cells carry the tag; \
 everything else is compared.
 
+Numerics: nbcheck imports `stalebook.core` before any worker starts, which pins the CPU numerics (ATen's
+capability, MKL's reproducibility branch, oneDNN's ISA) in the environment every notebook inherits, so the
+committed outputs are compared with what any x86-64 CPU with AVX2 computes. A worker whose numerics are not
+pinned (no AVX2, or `STALEBOOK_NUMERICS=native`) still runs every notebook and its checks, but neither compares
+nor saves outputs, and says so.
+
 Normalisation, applied to both sides before comparing (`normalise`):
 * ANSI escapes removed; a carriage return keeps only the text after it (what a terminal shows);
   tqdm-style bar lines (`37%|####  | 37/100`) dropped;
@@ -290,6 +296,14 @@ class RecordingShell(CaptureShell):
         return r
 
 
+def numerics_mode() -> str:
+    """This worker's numerics ('pinned', 'native' or 'unpinned'), decided by `stalebook.core` before any notebook
+    loads torch; the kernels of every notebook the worker runs inherit the pinned environment."""
+    import stalebook.core
+
+    return stalebook.core.pin_numerics()["mode"]
+
+
 def forget_package(name: str = "stalebook") -> None:
     """Drop the package's modules from `sys.modules` after a notebook, so the next notebook that the same worker
     process runs imports them afresh. Otherwise module-level registries leak between notebooks (a unit kind or a
@@ -304,6 +318,7 @@ def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
     " the `--save` of the outputs. Returns `(passed, seconds)` as `test_nb` does."
     fn = Path(fn)
     committed = json.loads(fn.read_text(encoding="utf-8"))
+    mode = numerics_mode()
     _nbt.CaptureShell, RecordingShell.ran = RecordingShell, []
     try:
         ok, secs = _orig_test_nb(fn, *args, save=False, **kwargs)
@@ -312,6 +327,11 @@ def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
         forget_package()
     if not ok:
         return ok, secs
+    if mode != "pinned":  # another machine's kernels: its outputs are not the committed ones' to compare or replace
+        print(
+            f"{fn.name}: ran; outputs not {'saved' if write else 'compared'} (numerics {mode}, not pinned)", flush=True
+        )
+        return not write, secs
     if write:
         ok, msgs = save_outputs(fn, committed, ran)
         for m in msgs:
@@ -334,6 +354,7 @@ def main(argv=None):
     from nbdev.test import nbdev_test
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    print(f"nbcheck: numerics {numerics_mode()}", flush=True)  # pinned here, before any worker starts
     if "-h" in argv or "--help" in argv:
         print(__doc__)
     save = "--save" in argv

@@ -1,9 +1,9 @@
 """Generate README.md from nbs/index.ipynb without Quarto (nbdev-readme needs the Quarto binary,
 which is not installable on our machines). Markdown cells are copied verbatim; code cells that are
-not hidden become fenced python blocks. Image links `../figures/X` (relative to nbs/, where the notebook is)
-become `figures/X` (relative to the README). A code cell marked `#| echo: false` contributes its committed
-Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like every output).
-Deterministic: `python tools/readme.py --check` fails if README.md is out of date."""
+not hidden become fenced python blocks. Links and images `../X` (relative to nbs/, where the notebook is, e.g.
+`../results/tiny-demo/rel.png`) become `X` (relative to the README). A code cell marked `#| echo: false`
+contributes its committed Markdown output (a table computed from the results, checked by `tools/nbcheck.py` like
+every output). Deterministic: `python tools/readme.py --check` fails if README.md is out of date."""
 
 import json
 import sys
@@ -17,7 +17,7 @@ for c in nb["cells"]:
     if not src:
         continue
     if c["cell_type"] == "markdown":
-        parts.append(src.replace("](../figures/", "](figures/"))  # the notebook sits in nbs/
+        parts.append(src.replace("](../", "]("))  # the notebook sits in nbs/, the README at the root
     elif c["cell_type"] == "code" and "#| echo: false" in src:  # its committed Markdown output, not its code
         parts += [
             "".join(o["data"]["text/markdown"]).strip("\n")

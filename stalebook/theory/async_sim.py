@@ -243,6 +243,20 @@ def rule_constants(sw: dict, clip_eps: float = 0.2) -> dict:
     return dict(G_upd=G, R_batch=Rb, R_crit=Rc, **b)
 
 # %% ../../nbs/16_async_sim.ipynb #8c83e58c
+def _finite_pos(*xs) -> np.ndarray:
+    "The finite positive entries of `xs` (candidate limits of a log axis; None, NaN and inf dropped)."
+    v = np.concatenate([np.ravel(np.asarray(x, dtype=float)) for x in xs])
+    return v[np.isfinite(v) & (v > 0)]
+
+
+def _no_collapse_note(ax, sw: dict, text: str) -> bool:
+    "Write `text` on the axes when no run of the sweep collapsed; returns whether none did."
+    none = not (np.asarray(sw["t_c"]) >= 0).any()
+    if none:
+        ax.text(0.5, 0.97, text, transform=ax.transAxes, ha="center", va="top", fontsize=7)
+    return none
+
+
 def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
     "S x eta phase diagram: fraction of collapsed replicates, eta_max per S, the two-constraint rule's curves."
     S, eta = sw["S"], sw["eta"]
@@ -255,13 +269,16 @@ def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
     ax.plot(x, rc["local"], "b--", label=r"$R_{batch}/(S\,G_{upd})$")
     ax.plot(x, rc["horizon"], "m:", lw=2, label=r"$R_{crit}/(T\,G_{upd})$")
     ax.set_yscale("log")
-    ax.set_ylim(min(edges[0], np.nanmin(rc["eta"])) / 1.5, max(edges[-1], np.nanmax(rc["local"])) * 1.5)
+    # limits from finite bounds only: with no collapsed run R_crit (and so the horizon bound) is inf, and R_batch
+    # is inf where the log-ratios do not grow with the lag; such a bound is not drawn and sets no limit
+    ax.set_ylim(_finite_pos(edges[0], rc["eta"]).min() / 1.5, _finite_pos(edges[-1], rc["local"]).max() * 1.5)
     ax.set_xticks(x, [str(s) for s in S])
     ax.set_xlim(-0.5, len(S) - 0.5)
     ax.set_xlabel("S (max lag)")
     ax.set_ylabel(r"$\eta$ (colour: fraction of replicates collapsed)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=6, loc="lower left")
+    _no_collapse_note(ax, sw, "no run collapsed: no horizon bound (R_crit undefined)")
 
 
 def plot_tcollapse(ax, sw: dict, title: str = ""):
@@ -280,7 +297,8 @@ def plot_tcollapse(ax, sw: dict, title: str = ""):
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$t_{collapse}$ (learner steps)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6)
+    if not _no_collapse_note(ax, sw, "no run collapsed"):
+        ax.legend(fontsize=6)
 
 # %% ../../nbs/16_async_sim.ipynb #7fd9b548
 def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
@@ -311,6 +329,7 @@ def plot_cosine(ax, sw: dict, title: str = "", w: int = 10):
     ax.set_ylabel("cos(g_t, g_{t-1}) (10-step MA)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=5)
+    _no_collapse_note(ax, sw, "no run collapsed: stable runs only")
 
 
 def plot_bias(ax, b: dict):
