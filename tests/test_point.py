@@ -3,6 +3,7 @@ notebook's parameters are exactly PointConfig's fields."""
 
 import ast
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from stalebook.core import Domain
+from stalebook.snapshot import read_lock
 
 EXE = str(Path(sys.executable).parent / "stalebook")
 
@@ -149,11 +151,11 @@ def test_papermill_parameters_are_exactly_pointconfig():
     assert parameter_mismatches(PointConfig, changed) == ["k_sketch: default 512 != 1024"]
 
 
-def test_point_kernel_elsewhere_finds_this_process_default_snapshot(tmp_path, tiny_snapshot):
-    """A run whose config leaves `snapshot` empty uses the embedded default, which is found from the working folder (the
-    project's runs/snapshots/tiny). A study's point kernel starts in the unit's folder; when that folder is outside the
-    project, the kernel must still use the default this process uses, not look for (and build) one under the unit's
-    folder."""
+def test_point_kernel_elsewhere_finds_this_process_default_snapshot(tmp_path, tiny_snapshot, shipped_snapshot):
+    """A run whose config leaves `snapshot` empty uses the embedded default: the snapshot shipped with the package,
+    used as it is (before it shipped, the project's runs/snapshots/tiny, found from the working folder). A study's
+    point kernel starts in the unit's folder; when that folder is outside the project, the kernel must still use the
+    default this process uses, not look for (and build) one under the unit's folder or the project's."""
     proj, unit = tmp_path / "project", tmp_path / "results" / "unit"
     (proj / "runs" / "snapshots").mkdir(parents=True)
     unit.mkdir(parents=True)
@@ -176,7 +178,6 @@ print("RESULT", r["point"]["checkpoint"])
     assert (unit / "runs").is_file() and (
         unit / "train" / "points" / "c-000002" / "point.ipynb"
     ).is_file()  # run by papermill
-    assert sorted(p.name for p in (proj / "runs" / "snapshots").iterdir()) == [
-        "tiny",
-        "tiny.lock",
-    ]  # the one the run used
+    assert sorted(p.name for p in (proj / "runs" / "snapshots").iterdir()) == ["tiny"]  # nothing built or locked
+    res = json.loads((unit / "train" / "points" / "c-000002" / "result.json").read_text())
+    assert res["manifest"]["snapshot_revision"] == read_lock(shipped_snapshot)["revision"]  # the shipped one

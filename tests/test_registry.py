@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     "name,units,points",
-    [("tiny", 6, 24), ("tiny:demo", 3, 9), ("main", 10, 40), ("extension", 18, 72), ("sft-ablation", 20, 80)],
+    [("tiny", 6, 24), ("tiny:demo", 2, 4), ("main", 10, 40), ("extension", 18, 72), ("sft-ablation", 20, 80)],
 )
 def test_registered_sizes(name, units, points):
     reg = load_registry(name)
