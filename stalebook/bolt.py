@@ -356,14 +356,7 @@ def objective(self: ReferenceTrainer, gen: Generation, R, old, mask, lag: int = 
     returned detached."""
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
-    logp, mask = completion_logprobs(
-        self.model,
-        gen.prompt_ids,
-        gen.completions,
-        self.cfg.micro_batch,
-        self.tok.pad_token_id,
-        shared_prefix=self.cfg.shared_prefix,
-    )
+    logp, mask = self.teacher_forced(gen)
     loss, st = weighted_sft_loss(logp, gen.weights, mask, self.cfg.loss_agg)
     loss.backward()
     return loss.detach(), {**st, "bolt/round": self.round}

@@ -785,17 +785,24 @@ def generate(self: Trainer, batch, ph: str) -> Generation:
 
 
 @patch
+def teacher_forced(self: Trainer, gen: Generation):
+    """Log-probs [B, L] and mask of the batch's completions under the weights on the model (the run's micro-batch,
+    pad and shared-prefix settings): the one call behind the behaviour pass and a weighted-SFT learner's forward."""
+    return completion_logprobs(
+        self.model,
+        gen.prompt_ids,
+        gen.completions,
+        self.cfg.micro_batch,
+        self.tok.pad_token_id,
+        shared_prefix=self.cfg.shared_prefix,
+    )
+
+
+@patch
 def behaviour_logprobs(self: Trainer, gen: Generation):
     "Hook 4: teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
     with torch.no_grad():
-        return completion_logprobs(
-            self.model,
-            gen.prompt_ids,
-            gen.completions,
-            self.cfg.micro_batch,
-            self.tok.pad_token_id,
-            shared_prefix=self.cfg.shared_prefix,
-        )
+        return self.teacher_forced(gen)
 
 # %% ../nbs/26_trainer.ipynb #84d3d0e0
 def groups_of(rows: slice, K: int) -> range:
