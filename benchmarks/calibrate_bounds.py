@@ -3,7 +3,8 @@
 Synthetic pools that reproduce the protocol's own sampling (fixed prompts with per-prompt pass rates and
 score-vector populations; R/A/B splits of K rollouts; the same Gram-space bootstrap, tie streams and sets),
 with the truth conditional on the pool by Monte Carlo (`truth_mc`). Grid: 4 regimes (low/high reliability x
-small/large fresh gain) x K in {4, 8, 16} x n in {64, 256}, k = n/8; per cell `--pools` pools x `--seeds`
+small/large fresh gain; the two-sided study adds a fifth, mid-reliability/small gain) x K in {4, 8, 16} x n in
+{64, 256}, k = n/8; per cell `--pools` pools x `--seeds`
 points; every bound method (percentile, bc, bca, basic, gaussian, model) on every point; the negative and
 positive controls; and, per point, the design function's prediction of the gate's power from that point
 alone (a one-point pilot).
@@ -36,6 +37,7 @@ import numpy as np
 from stalebook.core import Domain, atomic_write_json
 from stalebook.protocol import (
     DEFAULT_BOUND,
+    REGIMES_2S,
     calibrate_cell,
     calibration_grid,
     calibration_point_2s,
@@ -58,7 +60,9 @@ def two_sided(a) -> int:
     """The two-sided study: every method's LB and UB on the same points, both controls, the shrinkage diagnostics."""
     D = Domain(a.root, ("calibration", "two-sided"))
     cells, t0, per_cell = [], time.perf_counter(), {}
-    grid = [c for c in calibration_grid() if a.only is None or a.only in f"{c.regime} n={c.n} K={c.K}"]
+    grid = [
+        c for c in calibration_grid(regimes=REGIMES_2S) if a.only is None or a.only in f"{c.regime} n={c.n} K={c.K}"
+    ]
     for j, cell in enumerate(grid):
         t1, dom, rows = time.perf_counter(), D.child(cell.regime, cell.n, cell.K), []
         for p in range(a.pools):

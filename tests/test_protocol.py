@@ -54,6 +54,7 @@ from stalebook.protocol import (
     positive_control,
     predict_design,
     prompt_gradients,
+    regime_of,
     reliability,
     selection_gain,
     smallest_design,
@@ -465,6 +466,19 @@ def test_bounds_contain_estimate_and_legacy_method():
     cell = pool_cell([r] * 5, "g00", bound="percentile")
     assert cell["verdict"] == "Inconclusive" and cell["note"] == NOT_CALIBRATED
     assert pool_cell([r] * 5, "g00", bound="percentile", check_calibration=False)["note"] == ""
+
+
+def test_the_tiny_demo_regime_is_calibrated():
+    """The regime the tiny demo's cells sit in (its frozen table: pooled Rel_k 0.484 at c = 0, 0.547 at c = 25, fresh
+    gains 0.12-0.13, n = 256, k = 32) is the fifth calibration regime, and the default bound passed the two-sided rule
+    there for every quantity a decision uses; its nearest old neighbour is not (the demo's c = 0 used to be
+    Inconclusive there)."""
+    got = {regime_of(rel, 256, 32, g) for rel, g in ((0.484, 0.1216), (0.547, 0.1341))}
+    assert got == {"mid-rel/small-gain"}
+    assert bound_calibrated(DEFAULT_BOUND, "mid-rel/small-gain")
+    assert not bound_calibrated(DEFAULT_BOUND, "low-rel/small-gain")
+    old = {r: c for r, c in REGIME_CENTRES.items() if r != "mid-rel/small-gain"}
+    assert regime_of(0.484, 256, 32, 0.1216, old) == "low-rel/small-gain"
 
 
 # ---------- synthetic stale selectors -> verdicts ----------
