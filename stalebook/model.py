@@ -22,7 +22,7 @@ import platform
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -58,14 +58,15 @@ from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
            'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
-           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'build_char_tokenizer', 'tiny_llama_config', 'init_model',
-           'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec', 'training_pools', 'mkl_branch',
-           'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'shipped_snapshot', 'default_snapshot_dir',
-           'default_snapshot', 'lora_targets', 'resolve_lora_targets', 'LoraSpec', 'attach_lora', 'load_policy',
-           'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter', 'load_adapter_state', 'keep_freed_memory',
-           'compute_setup', 'default_dtype', 'chat_template', 'render_prompt', 'stop_token_ids', 'pad_token_id',
-           'split_at_stop', 'packaged_model', 'gguf_facts', 'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot',
-           'cmd_snapshot']
+           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'WARMSTART_ANSWER', 'WARMSTART_OPTIONS', 'build_char_tokenizer',
+           'tiny_llama_config', 'init_model', 'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec',
+           'training_pools', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot',
+           'shipped_snapshot', 'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets',
+           'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
+           'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
+           'render_prompt', 'stop_token_ids', 'pad_token_id', 'split_at_stop', 'packaged_model', 'gguf_facts',
+           'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot', 'WarmStartSpec', 'chat_sft_ids', 'answer_loss',
+           'chat_pass_rate', 'warmstart_snapshot', 'cmd_snapshot']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -848,26 +849,30 @@ def _import_versions() -> dict:
     return v
 
 # %% ../nbs/23_model.ipynb #4dd4641cc4064e0191573fe9c69df29b
+def _tokenizer_record(tok, model) -> dict:
+    "What a snapshot's build record says of its tokenizer: vocabulary, chat template hash, stop and pad tokens."
+    stops, tmpl = stop_token_ids(tok, model.generation_config), chat_template(tok)
+    return {
+        "vocab": len(tok),
+        "chat_template_sha256": hash_bytes(tmpl.encode("utf-8")) if tmpl else None,
+        "stop_token_ids": list(stops),
+        "stop_tokens": tok.convert_ids_to_tokens(list(stops)),
+        "pad_token_id": pad_token_id(tok, model.generation_config),
+        "padding_side": "left",
+    }
+
+
 def _import_record(source: dict, tok, model) -> dict:
     "The build record of an imported snapshot: source, weights, tokenizer and stop tokens, converter versions."
     f = source["facts"]
     q = f.get("quantization")
     exact = f["format"] == "hf" or q in ("F32", "F16", "BF16")
-    stops = stop_token_ids(tok, model.generation_config)
-    tmpl = chat_template(tok)
     return {
         "kind": "stalebook-import",
         "source": f,
         "weights": "the source's weights" if exact else f"a {q} dequantization, not the original weights",
         "model": {"model_type": model.config.model_type, "n_params": n_params(model), "dtype": str(model.dtype)[6:]},
-        "tokenizer": {
-            "vocab": len(tok),
-            "chat_template_sha256": hash_bytes(tmpl.encode("utf-8")) if tmpl else None,
-            "stop_token_ids": list(stops),
-            "stop_tokens": tok.convert_ids_to_tokens(list(stops)),
-            "pad_token_id": pad_token_id(tok, model.generation_config),
-            "padding_side": "left",
-        },
+        "tokenizer": _tokenizer_record(tok, model),
         "versions": _import_versions(),
         "task_schema_version": SCHEMA_VERSION,
     }
@@ -929,6 +934,216 @@ def smol_snapshot() -> Path:
         raise StalebookError(f"{d}: {bad[0]} (rebuild it with `make smol`)")
     return d
 
+# %% ../nbs/23_model.ipynb #f1acaad8
+WARMSTART_ANSWER = {"math_nl": "Answer: {answer}"}  # per family: the assistant turn the warm start trains on
+
+
+@dataclass
+class WarmStartSpec:
+    "A format warm start of an imported chat snapshot on one task family (all of it recorded in the build record)."
+
+    family: str = "math_nl"
+    steps: int = 20
+    batch: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+    system: str = "You are a helpful assistant."
+    threads: int = 1
+    level: int = 0
+    pool: int = 512  # training tasks, from (seed, 'warmstart', family, 'train')
+    lora_r: int = 8  # LoRA on every projection, alpha = 2 r, merged into the weights at the end
+    eval_n: int = 64  # evaluation prompts, from (seed, 'warmstart', family, 'eval') ...
+    eval_k: int = 4  # ... times samples each, at temperature 1
+    max_new_tokens: int = 24
+
+    def check(self) -> None:
+        "Refuse a spec that cannot run, in one line naming the option."
+        if self.family not in WARMSTART_ANSWER:
+            raise StalebookError(
+                f"--family: {self.family!r} has no warm-start format (known: {', '.join(WARMSTART_ANSWER)})"
+            )
+        for k in ("steps", "batch", "lr", "threads", "pool", "lora_r", "eval_n", "eval_k", "max_new_tokens"):
+            if not getattr(self, k) > 0:
+                raise StalebookError(f"--{k.replace('_', '-')}: must be > 0, got {getattr(self, k)}")
+        if self.pool < self.batch:
+            raise StalebookError(f"--pool: must be >= --batch ({self.batch}), got {self.pool}")
+        if not self.system.strip():
+            raise StalebookError("--system: must not be empty (the system prompt is chosen explicitly)")
+        try:
+            synthetic_tasks(self.family, 1, Domain(self.seed, ("warmstart", "check")), self.level)
+        except StalebookError as e:
+            raise StalebookError(f"--level: {e}") from None
+
+    def domain(self, *parts) -> Domain:
+        "The warm start's RNG domains: (seed, 'warmstart', family, ...parts), disjoint from every run's."
+        return Domain(self.seed, ("warmstart", self.family, *parts))
+
+# %% ../nbs/23_model.ipynb #82caf5e4
+def chat_sft_ids(tok, prompt: str, answer: str, system: str, stops=None) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) of one chat SFT example: the prompt as `render_prompt` gives it; the assistant turn's
+    tokens up to and including its first stop token (`stop_token_ids`, or `stops`)."""
+    p = render_prompt(tok, prompt, system=system)
+    msgs = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": answer},
+    ]
+    full = list(tok.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    if full[: len(p)] != p:
+        raise StalebookError("chat template: the rendered assistant turn does not extend the generation prompt")
+    a, stopped = split_at_stop(full[len(p) :], stops or stop_token_ids(tok))
+    if not stopped:
+        raise StalebookError("chat template: the assistant turn is not closed by an end-of-turn token")
+    return p, full[len(p) : len(p) + len(a) + 1]
+
+
+def answer_loss(model, pairs, pad_id: int):
+    "Token-mean cross-entropy of the answer ids of (prompt ids, answer ids) pairs, left-padded, last logits only."
+    ids, att, pos = left_pad([p + a for p, a in pairs], pad_id, next(model.parameters()).device)
+    A = max(len(a) for _, a in pairs)
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=A + 1).logits[:, :-1]
+    tgt = torch.full((len(pairs), A), -100, device=ids.device)
+    for i, (_, a) in enumerate(pairs):  # logits[:, j] predicts column L - A + j
+        tgt[i, A - len(a) :] = torch.tensor(a)
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+# %% ../nbs/23_model.ipynb #bfeb8c87
+def chat_pass_rate(
+    model, tok, tasks, system: str, domain: Domain, k: int = 4, max_new_tokens: int = 24, rows: int = 64
+):
+    """Temperature-1 pass rate of a chat model on `tasks`, `k` samples each (`generate`, chunks of `rows` rows, chunk c
+    seeded from `domain.child(c)`), graded by `tasks.rewards`; binomial SE, SE over prompts, answer-format use."""
+    stops, pad = stop_token_ids(tok, model.generation_config), pad_token_id(tok, model.generation_config)
+    gc = transformers.GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad
+    )
+    gc.eos_token_id = list(stops)
+    flat = [t for t in tasks for _ in range(k)]
+    ids = {t.id: render_prompt(tok, t.prompt, system=system) for t in tasks}
+    was, texts = model.training, []
+    model.eval()
+    for c in range(0, len(flat), rows):
+        x, att, _ = left_pad([ids[t.id] for t in flat[c : c + rows]], pad, next(model.parameters()).device)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(domain.child(c // rows).seed64())
+            out = model.generate(input_ids=x, attention_mask=att, generation_config=gc)
+        texts += [
+            tok.decode(split_at_stop(o, stops)[0], skip_special_tokens=True) for o in out[:, x.shape[1] :].tolist()
+        ]
+    model.train(was)
+    got = rewards(flat, texts)
+    r = np.array([x for x, _ in got]).reshape(len(tasks), k)
+    p, m = float(r.mean()), r.size
+    se_prompts = round(float(r.mean(1).std(ddof=1) / np.sqrt(len(tasks))), 4) if len(tasks) > 1 else None
+    return {
+        "pass_rate": round(p, 4),
+        "se": round(float(np.sqrt(p * (1 - p) / m)), 4),
+        "se_prompts": se_prompts,  # None for a single prompt
+        "passed": int(r.sum()),
+        "n_prompts": len(tasks),
+        "k": k,
+        "samples": m,
+        "answer_format_used": round(float(np.mean([d.get("method") == "answer" for _, d in got])), 4),
+        "temperature": 1.0,
+        "max_new_tokens": max_new_tokens,
+        "sampler": "transformers generate, do_sample, temperature 1, top_k 0, top_p 1",
+        "examples": [[t.prompt, t.answer, s] for t, s in list(zip(flat, texts))[:: max(1, k)][:3]],
+    }
+
+# %% ../nbs/23_model.ipynb #b39649ef
+def _format_sft(model, pairs, pad_id: int, spec: WarmStartSpec, log, t0) -> list[float]:
+    "AdamW steps of `answer_loss` on batches of `pairs` drawn from the spec's batch domains; the loss of every step."
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
+    warm, every, losses = max(1, spec.steps // 10), max(1, spec.steps // 8), []
+    model.train()
+    for step in range(1, spec.steps + 1):
+        for grp in opt.param_groups:
+            grp["lr"] = spec.lr * min(1.0, step / warm)
+        idx = spec.domain("batch", step).numpy().permutation(len(pairs))[: spec.batch]
+        opt.zero_grad(set_to_none=True)
+        loss = answer_loss(model, [pairs[j] for j in sorted(idx)], pad_id)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step == 1 or step % every == 0 or step == spec.steps:
+            log(f"warmstart step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  ({time.time() - t0:.0f} s)")
+    return losses
+
+
+def _loss_points(losses: list[float]) -> list[dict]:
+    "A few points of the loss curve: the first step, every eighth of the run, the last step."
+    every = max(1, len(losses) // 8)
+    steps = sorted({1, len(losses), *range(every, len(losses) + 1, every)})
+    return [{"step": s, "loss": round(losses[s - 1], 4)} for s in steps]
+
+# %% ../nbs/23_model.ipynb #a25ec1db
+def _warmstart_record(parent: dict, spec: WarmStartSpec, losses, rate: dict, tok, model, seen: int) -> dict:
+    "The build record of a warm-started snapshot: parent revision and provenance, spec, loss points, pass rate."
+    pw = parent["build"].get("weights", "the parent snapshot's weights")
+    return {
+        "kind": "stalebook-warmstart",
+        "parent": parent,
+        "weights": f"{pw}, format warm-started on {spec.family} (LoRA SFT merged into the weights)",
+        "warmstart": {
+            **asdict(spec),
+            "answer_format": WARMSTART_ANSWER[spec.family],
+            "lora": {"r": spec.lora_r, "alpha": 2 * spec.lora_r, "targets": list(lora_targets(model.config, "all"))},
+            "warmup_steps": max(1, spec.steps // 10),
+            "loss": "token-mean cross-entropy of the assistant turn (answer and end-of-turn token)",
+            "domains": {p: str(spec.domain(p)) for p in ("train", "batch", "lora", "eval", "sample")},
+        },
+        "loss_curve": _loss_points(losses),
+        "pass_rate": {**rate, "eval_prompts_in_train_pool": seen},
+        "model": {"model_type": model.config.model_type, "n_params": n_params(model), "dtype": str(model.dtype)[6:]},
+        "tokenizer": _tokenizer_record(tok, model),
+        "versions": _import_versions(),
+        "numerics": numerics_state()["mode"],
+        "task_schema_version": SCHEMA_VERSION,
+    }
+
+# %% ../nbs/23_model.ipynb #4af91a91
+def warmstart_snapshot(src, out, spec: WarmStartSpec | None = None, overwrite: bool = False, log=print) -> dict:
+    "Format-warm-start the chat snapshot `src` on `spec.family` and write it as a new locked snapshot `out`; the lock."
+    spec, src, out = spec or WarmStartSpec(), Path(src), Path(out)
+    spec.check()
+    if out.exists() and not overwrite:
+        raise StalebookError(f"{out} already exists (use --force to replace it)")
+    bad = verify_snapshot(src, self_test=False)
+    if bad:
+        raise StalebookError(f"{src}: not a verified snapshot ({bad[0]})")
+    t0, old_threads = time.time(), torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        model, tok = load_policy(src, verify=False)
+        if chat_template(tok) is None:
+            raise StalebookError(f"{src}: the tokenizer has no chat template (a format warm start trains a chat turn)")
+        build = json.loads((src / BUILD_FILE).read_text()) if (src / BUILD_FILE).is_file() else {}
+        parent = {"revision": read_lock(src)["revision"], "build": build}
+        train = synthetic_tasks(spec.family, spec.pool, spec.domain("train"), spec.level)
+        fmt, stops = WARMSTART_ANSWER[spec.family], stop_token_ids(tok, model.generation_config)
+        pairs = [chat_sft_ids(tok, t.prompt, fmt.format(answer=t.answer), spec.system, stops) for t in train]
+        pm = attach_lora(
+            model, LoraSpec(r=spec.lora_r, alpha=2.0 * spec.lora_r, target_modules="all"), spec.domain("lora")
+        )
+        losses = _format_sft(pm, pairs, pad_token_id(tok, model.generation_config), spec, log, t0)
+        with _peft_quiet():
+            model = pm.merge_and_unload()
+        evals = synthetic_tasks(spec.family, spec.eval_n, spec.domain("eval"), spec.level)
+        rate = chat_pass_rate(model, tok, evals, spec.system, spec.domain("sample"), spec.eval_k, spec.max_new_tokens)
+        seen = len({t.prompt for t in evals} & {t.prompt for t in train})
+        rec = _warmstart_record(parent, spec, losses, rate, tok, model, seen)
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            _write_import(Path(tmp), tok, model, rec)
+            lock = write_lock(tmp)
+    finally:
+        torch.set_num_threads(old_threads)
+    log(
+        f"warm-started {src.name} on {spec.family}: {spec.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
+        f"pass rate {rate['pass_rate']:.3f} ± {rate['se']:.3f} (T=1, {rate['n_prompts']} x {rate['k']}); "
+        f"{time.time() - t0:.1f} s -> {out}"
+    )
+    return lock
+
 # %% ../nbs/23_model.ipynb #33b0902fd34d4ace834912fa1002cf8e
 def _import_parser(sub) -> None:
     "The `snapshot import` subcommand's arguments."
@@ -946,13 +1161,43 @@ def _import_parser(sub) -> None:
     )
 
 
+WARMSTART_OPTIONS = {  # WarmStartSpec field: help of its --option
+    "steps": "SFT steps",
+    "batch": "examples per step",
+    "lr": "AdamW learning rate (LoRA)",
+    "seed": "root of the warm start's RNG domains",
+    "threads": "torch threads during the build (part of what fixes the revision)",
+    "system": "the system prompt of every example and evaluation prompt",
+    "level": "task level",
+    "pool": "training tasks",
+    "lora_r": "LoRA rank (alpha = 2 r), merged at the end",
+    "eval_n": "evaluation prompts",
+    "eval_k": "samples per evaluation prompt (temperature 1)",
+    "max_new_tokens": "new tokens per evaluation sample",
+}
+
+
+def _warmstart_parser(sub) -> None:
+    "The `snapshot warmstart` subcommand's arguments: the spec's fields, defaults from `WarmStartSpec`."
+    w = sub.add_parser("warmstart", help="format warm start (LoRA SFT, merged) of a chat snapshot on one task family")
+    w.add_argument("src", help="a locked snapshot with a chat template (e.g. from `stalebook snapshot import`)")
+    w.add_argument("--out", required=True, help="snapshot folder to create")
+    w.add_argument("--family", required=True, help=f"task family: one of {sorted(WARMSTART_ANSWER)}")
+    w.add_argument("--force", action="store_true", help="replace an existing folder")
+    for f in fields(WarmStartSpec):
+        if f.name in WARMSTART_OPTIONS:
+            w.add_argument(
+                f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=WARMSTART_OPTIONS[f.name]
+            )
+
+
 def cmd_snapshot(argv) -> int:
-    "`stalebook snapshot tiny --out DIR` | `stalebook snapshot import SRC --out DIR` | `stalebook snapshot lock DIR`."
+    "`stalebook snapshot tiny|import|warmstart|lock ...`: build, import, warm-start or lock a snapshot."
     p = CommandParser(
         prog="stalebook snapshot",
-        description="Build the embedded tiny snapshot, import a pretrained model, or lock a snapshot folder.",
+        description="Build the embedded tiny snapshot, import a pretrained model, warm-start one, or lock a folder.",
     )
-    sub = p.add_subparsers(dest="what", metavar="{tiny,import,lock}", parser_class=CommandParser)
+    sub = p.add_subparsers(dest="what", metavar="{tiny,import,warmstart,lock}", parser_class=CommandParser)
     tiny_parser = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
     tiny_parser.add_argument("--out", required=True, help="snapshot folder to create")
     tiny_parser.add_argument("--seed", type=int, default=0)
@@ -962,13 +1207,17 @@ def cmd_snapshot(argv) -> int:
     tiny_parser.add_argument("--force", action="store_true", help="replace an existing folder")
     tiny_parser.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
     _import_parser(sub)
+    _warmstart_parser(sub)
     lock_parser = sub.add_parser(
         "lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder"
     )
     lock_parser.add_argument("dir")
     args = p.parse_args(argv)
     if args.what is None:
-        raise StalebookError("stalebook snapshot: choose 'tiny', 'import' or 'lock'")
+        raise StalebookError(
+            "stalebook snapshot: choose 'tiny', 'import' or 'lock' to build, import or lock a snapshot, "
+            "'warmstart' to warm-start an imported one"
+        )
     if args.what == "tiny":
         if args.threads < 1:
             raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
@@ -981,6 +1230,11 @@ def cmd_snapshot(argv) -> int:
         lock = import_snapshot(
             args.src, args.out, not args.allow_no_chat_template, sha256=args.sha256, overwrite=args.force
         )
+        print(f"locked {args.out}: revision {lock['revision']}, {len(lock['files'])} files")
+        return 0
+    if args.what == "warmstart":
+        spec = WarmStartSpec(family=args.family, **{k: getattr(args, k) for k in WARMSTART_OPTIONS})
+        lock = warmstart_snapshot(args.src, args.out, spec, overwrite=args.force)
         print(f"locked {args.out}: revision {lock['revision']}, {len(lock['files'])} files")
         return 0
     lock = write_lock(args.dir)

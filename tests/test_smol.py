@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from stalebook.core import Domain, StalebookError, hash_file
@@ -23,6 +24,7 @@ from stalebook.model import (
     BUILD_FILE,
     PACKAGED_MODELS,
     LoraSpec,
+    WarmStartSpec,
     import_snapshot,
     left_pad,
     load_policy,
@@ -34,6 +36,7 @@ from stalebook.model import (
     resolve_lora_targets,
     split_at_stop,
     stop_token_ids,
+    warmstart_snapshot,
 )
 from stalebook.rollouts import (
     RolloutStore,
@@ -319,3 +322,63 @@ def test_grpo_step_store_and_scoring(smol, tmp_path):
         np.isfinite(f).all() and f.shape == (1, 256) for f in feats.values()
     )
     assert 0 < gap < 1  # the policy that scores is not the one that sampled, and close to it
+
+
+def test_warmstart(smol, shipped_snapshot, tmp_path, cli):
+    """`stalebook snapshot warmstart`: a format warm start of three steps on three math_nl tasks (every step the same
+    batch) is a new locked snapshot that preflight verifies, whose build record names the parent's revision and
+    provenance and the config, whose weights differ from the parent's and whose loss went down; bad input is refused
+    with exit 2, one line naming the option or folder, and nothing written."""
+    out = tmp_path / "warm"
+    spec = WarmStartSpec(
+        steps=3, batch=3, pool=3, lr=2e-3, lora_r=4, eval_n=2, eval_k=1, max_new_tokens=4, threads=1, system=SYSTEM
+    )
+    logs = []
+    lock = warmstart_snapshot(smol, out, spec, log=logs.append)
+    assert verify_snapshot(out) == [] and read_lock(out)["revision"] == lock["revision"]
+    r = cli("preflight", out)
+    assert r.returncode == 0 and r.stdout.startswith(f"preflight: OK {out} revision {lock['revision']}"), r.stdout
+    rec = json.loads((out / BUILD_FILE).read_text())
+    assert rec["kind"] == "stalebook-warmstart"
+    assert rec["parent"]["revision"] == read_lock(smol)["revision"]
+    assert rec["parent"]["build"] == json.loads((smol / BUILD_FILE).read_text())
+    assert rec["weights"].startswith("a Q4_1 dequantization, not the original weights, format warm-started on math_nl")
+    ws = rec["warmstart"]
+    assert {k: ws[k] for k in ("family", "steps", "batch", "lr", "seed", "system", "threads")} == {
+        "family": "math_nl",
+        "steps": 3,
+        "batch": 3,
+        "lr": 2e-3,
+        "seed": 0,
+        "system": SYSTEM,
+        "threads": 1,
+    }
+    assert rec["pass_rate"]["samples"] == 2 and rec["pass_rate"]["max_new_tokens"] == 4
+    assert rec["tokenizer"] == json.loads((smol / BUILD_FILE).read_text())["tokenizer"]  # same template and stops
+    losses = [p["loss"] for p in rec["loss_curve"]]
+    assert [p["step"] for p in rec["loss_curve"]] == [1, 2, 3] and losses[2] < losses[0], losses
+    assert len(logs) == 4 and logs[-1].startswith("warm-started smollm2 on math_nl: 3 steps"), logs
+    a, b = load_file(str(smol / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys()
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    assert "model.layers.0.self_attn.q_proj.weight" in moved and "model.embed_tokens.weight" not in moved
+    plain = tmp_path / "plain"  # a model folder without a lock
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    bad = [
+        ((smol, "--family", "code"), "--family: 'code' has no warm-start format"),
+        ((smol, "--family", "math_nl", "--steps", "0"), "--steps: must be > 0, got 0"),
+        ((smol, "--family", "math_nl", "--lr", "-0.001"), "--lr: must be > 0"),
+        ((plain, "--family", "math_nl"), f"{plain}: not a verified snapshot"),
+        ((shipped_snapshot, "--family", "math_nl"), "the tokenizer has no chat template"),
+    ]
+    before = set(tmp_path.iterdir())
+    for args, msg in bad:
+        r = cli("snapshot", "warmstart", *args, "--out", tmp_path / "new")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and msg in lines[0], (args, r.stderr)
+    assert set(tmp_path.iterdir()) == before  # nothing written
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    r = cli("snapshot", "warmstart", smol, "--family", "math_nl", "--out", out)
+    assert r.returncode == 2 and "already exists (use --force" in r.stderr
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime and verify_snapshot(out) == []
