@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
+
+# isort: split
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -85,7 +88,7 @@ def instrument(tr, T: Timers):
     "Wrap what `Trainer.train_step` calls; returns an undo function."
     import stalebook.trainer as TM
 
-    saved = {k: getattr(TM, k) for k in ("batch_rewards", "completion_logprobs")}
+    saved = {k: getattr(TM, k) for k in ("batch_rewards", "completion_logprobs", "policy_hash")}
 
     def wrap(name, key):
         f = saved[name]
@@ -108,13 +111,7 @@ def instrument(tr, T: Timers):
         "completion_logprobs",
         lambda *a, **kw: "forward (grad)" if torch.is_grad_enabled() else "teacher-forced forward (no grad)",
     )
-    ph = tr.policy_hash
-
-    def phw():
-        with T("policy hash"):
-            return ph()
-
-    tr.policy_hash = phw
+    TM.policy_hash = wrap("policy_hash", "policy hash")  # the module-level function train_step calls
     back = torch.Tensor.backward
 
     def bw(self, *a, **kw):
@@ -132,7 +129,6 @@ def instrument(tr, T: Timers):
         for k, v in saved.items():
             setattr(TM, k, v)
         torch.Tensor.backward = back
-        del tr.policy_hash
         del tr.generate
         h1.remove()
         h2.remove()

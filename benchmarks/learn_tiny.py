@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -149,14 +151,16 @@ def run_domain(domain: str, args) -> dict:
     del tr
     ts = train_summary(recs, min(args.window, len(recs) // 2))
     t1 = time.time()
-    from stalebook.trainer import make_tasks
+    from stalebook.rollouts import task_pool
 
     run = Path(cfg.out)
     pools = {
         "held-out": synthetic_tasks(
             domain, args.eval_n, Domain(cfg.seed, ("eval", domain, cfg.task_level)), level=cfg.task_level
         ),
-        "train-pool": make_tasks(cfg)[: args.eval_n],
+        "train-pool": task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)[
+            : args.eval_n
+        ],  # the trainer's own pool
     }
     evs = {}
     for name, tasks in pools.items():

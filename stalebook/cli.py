@@ -13,6 +13,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import pkgutil
 import sys
 
@@ -131,6 +132,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("stalebook: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader closed the pipe (`stalebook design | head`): stop quietly, as filters do
+        try:  # the interpreter flushes stdout once more at exit: point it at /dev/null so that cannot fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass
+        return 141
     return int(rc or 0)
 
 # %% ../nbs/01_cli.ipynb #3aa7db66

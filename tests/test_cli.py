@@ -109,3 +109,23 @@ def test_pipeline_help_through_the_console_script():
 def test_pipeline_bad_arguments_are_one_line(cli, argv):
     r = cli(*argv)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("stalebook: error:"), r.stderr
+
+
+class _ClosedPipe:
+    "A stdout whose reader has gone away, as `stalebook ... | head` leaves it once head exits."
+
+    def write(self, s):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """A reader that closed the pipe ends the command with exit 141 (as a Unix filter killed by SIGPIPE reports it) and
+    no traceback, instead of a BrokenPipeError."""
+    from stalebook.cli import main
+
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["version"]) == 141
+    assert "Traceback" not in capsys.readouterr().err
