@@ -11,7 +11,10 @@ copy of the registry YAML in a temporary folder (the tracked file is never edite
 whose point passed the gate, whether every seed did, and each estimator's verdict. The prediction is
 `report.gate_forecast` (`stalebook design`'s model: P(gate) per seed, P(verdict) per cell) on a pilot: the points
 of run (a) (or `--pilot-root`, a results root of the same registry and design), pooled over their seeds, per
-checkpoint; P(every seed passes) = P(gate)^seeds for independent seeds. The repeats never see the pilot's seeds.
+checkpoint, with `--pilot-results` (result.json files of other seeds at the same design) pooled in; from three pilot
+points on the forecast widens the model's spread of Rel_k to the one between them (`protocol.pilot_models`), with two
+it takes rho as known. P(every seed passes) = P(gate)^seeds for independent seeds. The repeats never see the pilot's
+seeds.
 
 A cell's verdict is Inconclusive also where its regime (nearest calibration regime to the cell's mean Rel_k and fresh
 gain) is one the bound is not calibrated in; each repeat prints the regime, the summary how often it was calibrated.
@@ -19,7 +22,8 @@ CPU-heavy (each repeat trains its families and runs every point): run it once, i
 with the same --keep to print the summary again: finished units are not run again)
 
     .venv/bin/python benchmarks/bench_demo.py [--registry tiny:demo] [--repeats 5] [--base-seeds 10 20 30 40 50]
-        [--skip-wall --pilot-root DIR] [--keep DIR] [--json FILE] > /tmp/bench_demo.log 2>&1 &
+        [--skip-wall --pilot-root DIR] [--pilot-results R.json ...] [--keep DIR] [--json FILE] \
+        > /tmp/bench_demo.log 2>&1 &
 """
 
 import argparse
@@ -110,11 +114,20 @@ def cells_of(spec: str, root: Path) -> dict:
     return out
 
 
-def forecasts(pilot: dict) -> dict:
-    "{cell: gate_forecast} of a pilot's cells (its points pooled over seeds), for its registered seeds."
+def forecasts(pilot: dict, extra: list[Path] = ()) -> dict:
+    """{cell: gate_forecast} of a pilot's cells (its points pooled over seeds, with the points `extra` of the same
+    design and checkpoint: other seeds' result.json files), for the cells' registered seeds."""
     from stalebook.report import gate_forecast
 
-    return {key: gate_forecast(c["summaries"], c["seeds"]) for key, c in pilot.items() if c["summaries"]}
+    more = {}
+    for f in extra:
+        data = json.loads(Path(f).read_text())
+        more.setdefault(data["manifest"]["config"]["checkpoint"], []).append(data["result"])
+    return {
+        key: gate_forecast(c["summaries"] + more.get(key[3], []), c["seeds"])
+        for key, c in pilot.items()
+        if c["summaries"]
+    }
 
 
 def cell_name(key) -> str:
@@ -129,6 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--base-seeds", type=int, nargs="*", help="first seed of each repeat (default 10, 20, ...)")
     ap.add_argument("--skip-wall", action="store_true", help="skip (a); needs --pilot-root")
     ap.add_argument("--pilot-root", help="results root of the registry whose points are the pilot (default: (a)'s)")
+    ap.add_argument(
+        "--pilot-results",
+        nargs="+",
+        default=[],
+        help="more pilot points (result.json of other seeds at the same design; their checkpoint picks the cell)",
+    )
     ap.add_argument("--keep", help="keep the results roots under this folder (default: a temporary folder, removed)")
     ap.add_argument("--json", help="write the measurements to this file")
     args = ap.parse_args(argv)
@@ -163,15 +182,17 @@ def main(argv=None) -> int:
         else:
             pilot_spec, pilot_root = args.registry, Path(args.pilot_root)
         pilot = cells_of(pilot_spec, pilot_root)
-        fc = forecasts(pilot)
+        fc = forecasts(pilot, [Path(p) for p in args.pilot_results])
         print("\n(b) prediction (stalebook design's model on the pilot's points, pooled over its seeds):")
         for key, f in fc.items():
             print(
-                f"  {cell_name(key):22s} n={f['n']} K={f['K']} k={f['k']} ({f['bound']}), rho {f['rho']:.3f}: "
+                f"  {cell_name(key):22s} n={f['n']} K={f['K']} k={f['k']} ({f['bound']}), rho {f['rho']:.3f} from "
+                f"{f['pilots']} points (Rel_k spread x{f['rel_sd_scale']:.2f}, LB offset x{f['spread_scale']:.2f} "
+                f"the model's): "
                 f"P(gate) {f['p_gate']:.2f} per seed, P(all {f['registered']} pass) "
                 f"{f['p_gate'] ** f['registered']:.2f}; P(Effective/Ineffective/Inconclusive) "
                 f"{f['p_effective']:.2f}/{f['p_ineffective']:.2f}/{f['p_inconclusive']:.2f}; "
-                f"pilot passed {f['observed']}/{f['registered']}",
+                f"pilot passed {f['observed']}/{f['pilots']}",
                 flush=True,
             )
         reps = []

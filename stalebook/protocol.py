@@ -37,10 +37,10 @@ __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', '
            'regime_of', 'bound_calibrated', 'pooled_bounds', 'pool_cell', 'positive_control', 'dilute_control',
            'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc', 'CalibrationCell',
            'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell', 'summarise_cell', 'coverage_table',
-           'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'predict_design', 'smallest_design',
-           'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s',
-           'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams', 'check_verdict_boundaries',
-           'check_bound_inputs', 'check_bounds_contain_estimate']
+           'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'pilot_models', 'predict_design',
+           'smallest_design', 'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s',
+           'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams',
+           'check_verdict_boundaries', 'check_bound_inputs', 'check_bounds_contain_estimate']
 
 # %% ../nbs/18_protocol.ipynb #56527639
 SPLITS = ("R", "A", "B")
@@ -1471,16 +1471,19 @@ def design_power(
     noise_scale: float = 1.3,
     boot_reps: int = 100,
     domain: Domain | None = None,
+    rel_sd_scale: float = 1.0,
+    spread_scale: float = 1.0,
 ) -> dict:
     """P(gate passes) per point and P(each verdict) for a cell of `seeds` points, Gaussian model with split-half
-    correlation rho at (n, k); `bound`: percentile or a calibrated one (model, gaussian)."""
+    correlation rho at (n, k); `bound`: percentile or a calibrated one (model, gaussian). `rel_sd_scale`,
+    `spread_scale` widen Rel_k's spread between points and its lower bound's offset (`pilot_models`)."""
     D = domain or Domain(0, ("protocol", "design"))
     pct = bound == "percentile"
     L = latent_draws(rho, n, k, pools, draws, stale_ratio, level, D, boot_reps if pct else 0, noise_scale)
     z = float(stats.norm.ppf(level))
-    rel_lb, fresh_lb = (
-        (L["rel_pct"], L["fresh_pct"]) if pct else (L["rel"] - L["rel_spread"], L["gain_fresh"] - z * L["gain_sd"])
-    )
+    rel = L["rel"].mean() + rel_sd_scale * (L["rel"] - L["rel"].mean())
+    rel_lb = rel - spread_scale * ((L["rel"] - L["rel_pct"]) if pct else L["rel_spread"])
+    fresh_lb = L["fresh_pct"] if pct else L["gain_fresh"] - z * L["gain_sd"]
     gate = (rel_lb >= rel_factor * k / n - 1e-12) & (fresh_lb > 0)
     g = D.child("cells").numpy()
     ix = g.integers(0, pools, (cells, seeds)), g.integers(0, draws, (cells, seeds))
@@ -1524,14 +1527,47 @@ def pilot_model(summary: Mapping) -> dict:
     )
 
 
+def pilot_models(summaries: Sequence[Mapping], pools: int = 40, draws: int = 50, domain: Domain | None = None) -> dict:
+    """`pilot_model` of several pilot points at one design (a cell's seeds) pooled (mean Rel_k and gains), and from 3
+    points on how much more their Rel_k and its lower bound's offset (estimate - LB) vary than the Gaussian model at
+    the pooled rho says: `rel_sd_scale` (the points' SD of Rel_k, widened by sqrt(1 + 1/points) for a new seed, over
+    the model's) and `spread_scale` (their mean offset over the model's), each at least 1."""
+    s0 = summaries[0]
+    if any((s["n"], s["k"], s.get("K")) != (s0["n"], s0["k"], s0.get("K")) for s in summaries):
+        raise ValueError("pilot points must share one design (n, k, K)")
+    mean = lambda f: float(np.mean([f(s) for s in summaries]))
+    pooled = dict(
+        s0,
+        rel=mean(lambda s: s["rel"]),
+        gain_fresh=mean(lambda s: s["gain_fresh"]),
+        gain_stale={e: mean(lambda s, e=e: s["gain_stale"][e]) for e in s0["gain_stale"]},
+    )
+    m = pilot_model(pooled) | dict(pilots=len(summaries), rel_sd_scale=1.0, spread_scale=1.0)
+    if len(summaries) < 3:  # two points cannot measure a spread: rho is taken as known
+        return m
+    L = latent_draws(m["rho"], m["n"], m["k"], pools, draws, 1.0, s0.get("level", 0.95), domain, 0, m["noise_scale"])
+    rel = np.array([s["rel"] for s in summaries])
+    offset = np.array([s["rel"] - s["rel_bounds"][0] for s in summaries])
+    sd = rel.std(ddof=1) * np.sqrt(1 + 1 / len(rel))
+    return m | dict(
+        rel_sd_scale=float(max(1.0, sd / L["rel"].std())),
+        spread_scale=float(max(1.0, offset.mean() / np.median(L["rel_spread"]))),
+    )
+
+
 def predict_design(
     model: Mapping, n: int, K: int, k: int, seeds: int = 5, stale_ratio: float | None = None, **kw
 ) -> dict:
     """Predicted gate power, verdict probabilities and fresh gain (in the pilot's units) at (n, K, k), from
-    `pilot_model` or {rho, n, k, K[, gain]}."""
+    `pilot_model`, `pilot_models` or {rho, n, k, K[, gain]}."""
     rho = float(spearman_brown(model["rho"], K / model["K"])) if model.get("K") else float(model["rho"])
     r = stale_ratio if stale_ratio is not None else min(model.get("stale_ratio", {}).values(), default=1.0)
-    kw = dict(bound=model.get("bound", DEFAULT_BOUND), noise_scale=model.get("noise_scale", 1.3)) | kw
+    kw = {
+        "bound": model.get("bound", DEFAULT_BOUND),
+        "noise_scale": model.get("noise_scale", 1.3),
+        "rel_sd_scale": model.get("rel_sd_scale", 1.0),
+        "spread_scale": model.get("spread_scale", 1.0),
+    } | kw
     out = design_power(rho, n, k, seeds, r, **kw)
     if model.get("gain") is not None:
         out["gain_fresh"] *= (
@@ -1574,20 +1610,22 @@ def _read_pilot(path: str) -> dict:
         raise StalebookError(f"stalebook design: {path} is not JSON ({e.msg})") from None
     summ = data.get("result", data)
     summ = dict(summ, K=summ.get("K") or data.get("manifest", {}).get("config", {}).get("group_size"))
-    missing = [f for f in ("n", "k", "K", "rel", "gain_fresh", "gain_stale") if summ.get(f) is None]
+    missing = [f for f in ("n", "k", "K", "rel", "rel_bounds", "gain_fresh", "gain_stale") if summ.get(f) is None]
     if missing:
         raise StalebookError(f"stalebook design: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
     return summ
 
 # %% ../nbs/18_protocol.ipynb #af84e2ec
 def cmd_design(argv) -> int:
-    """Predicted gate power and verdict probabilities from a pilot point (result.json) or --rho, and the smallest design
-    reaching --target."""
+    """Predicted gate power and verdict probabilities from pilot points (result.json, pooled) or --rho, and the smallest
+    design reaching --target."""
     parser = CommandParser(
         prog="stalebook design",
         description="Power of the protocol's gate and verdicts, and the smallest design reaching a target.",
     )
-    parser.add_argument("result", nargs="?", help="a pilot point's result.json")
+    parser.add_argument(
+        "result", nargs="*", help="pilot points' result.json (several at one design: their spread enters the forecast)"
+    )
     parser.add_argument(
         "--rho", type=float, help="split-half correlation of single-split scores (instead of a result.json)"
     )
@@ -1611,7 +1649,7 @@ def cmd_design(argv) -> int:
     )
     args = parser.parse_args(argv)
     if args.result:
-        model = pilot_model(_read_pilot(args.result))
+        model = pilot_models([_read_pilot(r) for r in args.result])
     elif args.rho is not None and None not in (args.n, args.K, args.k):
         model = dict(rho=args.rho, gain=args.gain, n=args.n, k=args.k, K=args.K)
     else:
@@ -1622,6 +1660,13 @@ def cmd_design(argv) -> int:
         f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  "
         f"bound {model.get('bound', DEFAULT_BOUND)}"
         + (f"  fresh gain {model['gain']:.4f}" if model.get("gain") is not None else "")
+        + (
+            f"\n{model['pilots']} pilot points: Rel_k spread x{model['rel_sd_scale']:.2f} and its LB offset "
+            f"x{model['spread_scale']:.2f} the model's"
+            + (" (fewer than 3 points: rho taken as known)" if model["pilots"] < 3 else "")
+            if "pilots" in model
+            else ""
+        )
     )
     for b in dict.fromkeys((model.get("bound", DEFAULT_BOUND), "model")):
         pr = predict_design(

@@ -48,7 +48,7 @@ from stalebook.core import (
     run_notebook,
 )
 from .executors import cmd_run, node_gpus
-from .protocol import dilute_control, pilot_model, pool_cell, predict_design
+from .protocol import dilute_control, pilot_model, pilot_models, pool_cell, predict_design
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
@@ -344,18 +344,11 @@ def control_summary(pts: list) -> dict:
 
 # %% ../nbs/34_report.ipynb #f6b4a0d5
 def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
-    """Predicted gate passes at the summaries' design (`predict_design` on their pooled pilot, and per seed) against
-    the observed passes."""
+    """Predicted gate passes at the summaries' design (`predict_design` on `pilot_models` of them, and per seed)
+    against the observed passes."""
     if not summaries:
         return None
-    s0, mean = summaries[0], lambda f: float(np.mean([f(s) for s in summaries]))
-    pooled = dict(
-        s0,
-        rel=mean(lambda s: s["rel"]),
-        gain_fresh=mean(lambda s: s["gain_fresh"]),
-        gain_stale={e: mean(lambda s, e=e: s["gain_stale"][e]) for e in s0["gain_stale"]},
-    )
-    m = pilot_model(pooled)
+    s0, m = summaries[0], pilot_models(summaries)
     p = predict_design(m, s0["n"], s0["K"], s0["k"], registered, **kw)
     per_seed = [predict_design(pilot_model(s), s["n"], s["K"], s["k"], 1, **kw)["p_gate"] for s in summaries]
     return dict(
@@ -364,6 +357,9 @@ def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
         k=s0["k"],
         bound=m["bound"],
         rho=m["rho"],
+        pilots=m["pilots"],
+        rel_sd_scale=m["rel_sd_scale"],
+        spread_scale=m["spread_scale"],
         p_gate=p["p_gate"],
         expected=p["p_gate"] * registered,
         per_seed=per_seed,
@@ -422,8 +418,13 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
                 out.append(
                     f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): "
                     f"predicted P(gate) {f['p_gate']:.2f} per seed "
-                    f"(rho {f['rho']:.3f} from the points' mean Rel_k; "
-                    f"per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+                    f"(rho {f['rho']:.3f} from the points' mean Rel_k, "
+                    + (
+                        f"their spread x{f['rel_sd_scale']:.2f} the model's; "
+                        if f["pilots"] >= 3
+                        else f"taken as known: {f['pilots']} points cannot measure its spread between seeds; "
+                    )
+                    + f"per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
                     f"{f['expected']:.1f} of {f['registered']} expected; "
                     f"observed {f['observed']} of {f['registered']}; "
                     f"predicted cell verdict P(Effective) {f['p_effective']:.2f}, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .core import Domain
+from .core import Domain, homogeneous_groups
 from .rollouts import completion_logprobs
 from .theory.estimators import ESTIMATORS, advantages, estimator_coefs
 
@@ -117,7 +117,7 @@ def per_rollout_gradients(
 
     `coef_fn(logp [b, L], mask [b, L], rows: slice) -> list of coefficient tensors [b, L]` is called after
     the forward pass of each micro-batch (so coefficients may depend on the current policy's log-probs,
-    e.g. importance ratios); for each coefficient matrix c the result holds
+    e.g. importance ratios); for each coefficient matrix c (one backward pass per distinct one) the result holds
     w_y = sum_t c[y,t] grad_theta log pi(A_yt|H_yt) as rows of a [B, D] (or sketched [B, k]) CPU tensor.
     Returns (list of [B, D|k] tensors, token log-probs [B, L], mask [B, L]). The forward pass is
     `rollouts.completion_logprobs`, the same function that recorded the behaviour log-probs."""
@@ -135,6 +135,10 @@ def per_rollout_gradients(
             if outs is None:
                 outs = [[] for _ in coefs]
             for ci, c in enumerate(coefs):
+                same = next((j for j in range(ci) if torch.equal(coefs[j], c)), None)
+                if same is not None:  # equal weights (e.g. the four estimators at pi = beta): the same gradients
+                    outs[ci].append(outs[same][-1])
+                    continue
                 cc = c.to(lp.device, lp.dtype) * mask
                 cap.g.clear()
                 (lp * cc).sum().backward(retain_graph=ci < len(coefs) - 1)
@@ -179,13 +183,25 @@ def _padded(rows, L, dtype=torch.float64):
 
 
 def fresh_features(model, records, sketch: CountSketch | None, pad_id: int, rows_per_batch: int):
-    "(rewards [n, K], sketched per-rollout score vectors [n, K, k]) of an on-policy store."
+    """(rewards [n, K], sketched per-rollout score vectors [n, K, k]) of an on-policy store. A group whose rewards are
+    all equal has advantage 0 in every bootstrap resample of it, so its vectors never enter a statistic: they are
+    left at 0 and its rollouts skip the forward and backward passes."""
     pids, comps, _, rewards = store_rows(records)
     n, K = rewards.shape
-    (v,), _, _ = per_rollout_gradients(
-        model, pids, comps, lambda lp, m, sl: [torch.ones_like(lp)], pad_id, sketch, rows_per_batch
-    )
-    return rewards, v.double().numpy().reshape(n, K, -1)
+    rows = np.flatnonzero(np.repeat(~homogeneous_groups(rewards), K))
+    v = np.zeros((n * K, sketch.out_dim if sketch is not None else lora_dim(model)))
+    if len(rows):
+        (w,), _, _ = per_rollout_gradients(
+            model,
+            [pids[i] for i in rows],
+            [comps[i] for i in rows],
+            lambda lp, m, sl: [torch.ones_like(lp)],
+            pad_id,
+            sketch,
+            rows_per_batch,
+        )
+        v[rows] = w.double().numpy()
+    return rewards, v.reshape(n, K, -1)
 
 # %% ../nbs/27_scoring.ipynb #428bcace
 def stale_features(
@@ -207,16 +223,26 @@ def stale_features(
     pids, comps, logb, rewards = store_rows(records)
     n, K = rewards.shape
     adv = torch.from_numpy(np.asarray(advantages(rewards, None, normalise, std, eps), dtype=np.float64)).reshape(-1)
-    L = max(len(x) for x in comps)
-    lb_all = _padded(logb, L)
-    gap = [0.0]
-
-    def coef_fn(lp, mask, sl):
-        lp = lp.double() * mask
-        lb = lb_all[sl, : lp.shape[1]].to(lp.device) * mask
-        gap[0] = max(gap[0], float((lp - lb).abs().max()))
-        co = estimator_coefs(lp, lb, adv[sl].to(lp.device), torch.tensor(1.0 / K, dtype=lp.dtype), which, c, C)
-        return [co[ab] for ab in which]
-
-    ws, _, _ = per_rollout_gradients(model, pids, comps, coef_fn, pad_id, sketch, rows_per_batch)
-    return {ab: w.double().numpy().reshape(n, K, -1).sum(1) for ab, w in zip(which, ws)}, rewards, gap[0]
+    with torch.no_grad():  # log pi of every rollout in the store's generation batches (see below)
+        lp, mask = completion_logprobs(model, pids, comps, micro_batch=rows_per_batch, pad_id=pad_id)
+    lp, mask = lp.double().cpu() * mask.cpu(), mask.cpu()
+    lb = _padded(logb, lp.shape[1]) * mask
+    gap = float((lp - lb).abs().max())
+    co = estimator_coefs(lp, lb, adv, torch.tensor(1.0 / K, dtype=torch.float64), which, c, C)
+    live = np.flatnonzero(adv.numpy() != 0)  # a rollout with advantage 0 has coefficient 0 in every estimator
+    dim = sketch.out_dim if sketch is not None else lora_dim(model)
+    ws = [np.zeros((n * K, dim)) for _ in which]
+    if len(live):
+        cl = [co[ab][live] for ab in which]
+        out, _, _ = per_rollout_gradients(
+            model,
+            [pids[i] for i in live],
+            [comps[i] for i in live],
+            lambda lp_, m, sl: [x[sl, : lp_.shape[1]] for x in cl],
+            pad_id,
+            sketch,
+            rows_per_batch,
+        )
+        for w, o in zip(ws, out):
+            w[live] = o.double().numpy()
+    return {ab: w.reshape(n, K, -1).sum(1) for ab, w in zip(which, ws)}, rewards, gap

@@ -47,8 +47,10 @@ from stalebook.protocol import (
     dilute_size,
     gaussian_rel_bounds,
     jackknife_moments,
+    latent_draws,
     percentile_bounds,
     pilot_model,
+    pilot_models,
     point_scores,
     pool_cell,
     positive_control,
@@ -469,16 +471,19 @@ def test_bounds_contain_estimate_and_legacy_method():
 
 
 def test_the_tiny_demo_regime_is_calibrated():
-    """The regime the tiny demo's cells sit in (its frozen table: pooled Rel_k 0.484 at c = 0, 0.547 at c = 25, fresh
-    gains 0.12-0.13, n = 256, k = 32) is the fifth calibration regime, and the default bound passed the two-sided rule
-    there for every quantity a decision uses; its nearest old neighbour is not (the demo's c = 0 used to be
-    Inconclusive there)."""
-    got = {regime_of(rel, 256, 32, g) for rel, g in ((0.484, 0.1216), (0.547, 0.1341))}
-    assert got == {"mid-rel/small-gain"}
-    assert bound_calibrated(DEFAULT_BOUND, "mid-rel/small-gain")
-    assert not bound_calibrated(DEFAULT_BOUND, "low-rel/small-gain")
-    old = {r: c for r, c in REGIME_CENTRES.items() if r != "mid-rel/small-gain"}
-    assert regime_of(0.484, 256, 32, 0.1216, old) == "low-rel/small-gain"
+    """Every cell of the committed demo table (results/tiny-demo, what the README reports) sits in a calibration regime
+    (the nearest to its pooled Rel_k and fresh gain at the registry's n and k) where the default bound passed the
+    two-sided rule for every quantity a decision uses: its verdicts are not Inconclusive for want of calibration."""
+    from stalebook.registry import load_registry
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "results", "tiny-demo", "table.json")) as f:
+        table = json.load(f)
+    pc = next(iter(load_registry("tiny:demo").units().values())).point
+    assert table["rows"] and all(r["checkpoint"] in (0, 25) for r in table["rows"])
+    for r in table["rows"]:
+        regime = regime_of(r["rel"], pc.n_candidates, pc.k, r["fresh_gain"])
+        assert bound_calibrated(DEFAULT_BOUND, regime), (r["checkpoint"], regime)
+    assert not bound_calibrated(DEFAULT_BOUND, "low-rel/small-gain")  # where the demo's c = 0 used to fall
 
 
 # ---------- synthetic stale selectors -> verdicts ----------
@@ -548,6 +553,47 @@ def test_design_power_and_smallest_design():
     )
 
 
+def _varying_points(g, m: int, n: int = 256, k: int = 32, rho: float = 0.7, tau: float = 0.08) -> list[dict]:
+    """m points whose split-half correlation varies between seeds, rho_s ~ N(rho, tau): each one draw of the Gaussian
+    model at rho_s, its Rel_k's lower bound the estimate minus the model's spread at rho_s."""
+    out = []
+    for _ in range(m):
+        r = float(np.clip(rho + tau * g.standard_normal(), 0.3, 0.95))
+        L = latent_draws(r, n, k, pools=1, draws=40, domain=Domain(int(g.integers(2**31)), ("test", "pilot")))
+        rel = float(L["rel"][0, 0])
+        out.append(
+            dict(
+                n=n,
+                k=k,
+                K=16,
+                rel=rel,
+                rel_bounds=[rel - float(L["rel_spread"][0, 0]), 1.0],
+                gain_fresh=0.15,
+                gain_stale={"g00": 0.12},
+            )
+        )
+    return out
+
+
+def test_the_pilots_spread_enters_the_forecast():
+    """When rho varies between seeds (rho_s ~ N(0.7, 0.15)), a forecast that takes the pilot's pooled rho as known is
+    over-confident; one that widens the model's spread to the pilot points' (20) predicts the pass rate of 300 new
+    seeds without bias. Over 4 simulation seeds (each forecast is itself noisy: 20 points estimate the spread)."""
+    err_spread, err_known = [], []
+    for seed in range(4):
+        g = Domain(seed, ("test", "forecast")).numpy()
+        pilot, new = _varying_points(g, 20, tau=0.15), _varying_points(g, 300, tau=0.15)
+        observed = np.mean([s["rel_bounds"][0] >= 2 * 32 / 256 - 1e-12 for s in new])
+        m = pilot_models(pilot)
+        kw = dict(pools=30, draws=50, cells=10)
+        known = m | dict(rel_sd_scale=1.0, spread_scale=1.0)
+        assert m["rel_sd_scale"] > 1.2  # the pilot shows the extra spread
+        err_spread.append(predict_design(m, 256, 16, 32, 1, **kw)["p_gate"] - observed)
+        err_known.append(predict_design(known, 256, 16, 32, 1, **kw)["p_gate"] - observed)
+    assert min(err_known) > 0 and np.mean(err_known) > 0.05, err_known  # rho taken as known: over-confident
+    assert abs(np.mean(err_spread)) < 0.04, err_spread  # 300 new seeds per run: SE ~0.02
+
+
 def test_cmd_design(tmp_path):
     D, cand, val, keys, masks = _inputs(2, 32, 4, 6, 6, 4, 0.2, 4)
     r = analyse_point(cand, val, 4, D, stale={"g00": np.arange(32.0)}, n_boot=100)
@@ -570,6 +616,12 @@ def test_cmd_design(tmp_path):
     (tmp_path / "partial.json").write_text(json.dumps({"result": {"n": 3}}))
     with pytest.raises(StalebookError, match="lacks"):
         cmd_design([str(tmp_path / "partial.json")])
+    out = io.StringIO()  # several pilot points at one design: their spread enters the forecast
+    with contextlib.redirect_stdout(out):
+        assert cmd_design([str(f)] * 3 + ["--seeds", "2", "--target", "0.5"]) == 0
+    assert "3 pilot points: Rel_k spread x1.00" in out.getvalue()  # identical points: no spread beyond the model's
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cmd_design([str(f)] * 2 + ["--seeds", "2", "--target", "0.5"]) == 0
     with pytest.raises(StalebookError, match="--rho with --n"):
         cmd_design(["--rho", "0.4"])
     with pytest.raises(StalebookError):
