@@ -245,7 +245,7 @@ def features(self: PointRun):
     self.sketch_domain = Domain(cfg.seed, ("sketch", self.D, cfg.k_sketch))
     sketch = CountSketch(self.D, cfg.k_sketch, self.sketch_domain)
     opts = dict(k_sketch=cfg.k_sketch, sketch=self.sketch_domain.hex, std=cfg.std_normalize, eps=cfg.adv_eps)
-    opts["fresh_rows"] = "heterogeneous groups"  # fresh_features skips groups whose rewards are all equal
+    opts |= dict(fresh_rows="heterogeneous groups")  # features skip groups whose rewards are all equal
 
     def key(store, kind, **kw):
         h = hash_json(dict(pi=self.pi_hash, groups=hash_file(store.path / "groups.jsonl"), kind=kind, **opts, **kw))

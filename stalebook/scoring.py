@@ -182,25 +182,28 @@ def _padded(rows, L, dtype=torch.float64):
     return out
 
 
+def _live_gradients(model, pids, comps, live, coef_fn, pad_id, sketch, rows_per_batch, n_coefs=1) -> list:
+    "`per_rollout_gradients` of the rows `live` only: `n_coefs` float64 arrays [B, D|k], 0 in every other row."
+    out = [np.zeros((len(comps), sketch.out_dim if sketch is not None else lora_dim(model))) for _ in range(n_coefs)]
+    if len(live):
+        ws, _, _ = per_rollout_gradients(
+            model, [pids[i] for i in live], [comps[i] for i in live], coef_fn, pad_id, sketch, rows_per_batch
+        )
+        for o, w in zip(out, ws):
+            o[live] = w.double().numpy()
+    return out
+
+
 def fresh_features(model, records, sketch: CountSketch | None, pad_id: int, rows_per_batch: int):
     """(rewards [n, K], sketched per-rollout score vectors [n, K, k]) of an on-policy store. A group whose rewards are
     all equal has advantage 0 in every bootstrap resample of it, so its vectors never enter a statistic: they are
     left at 0 and its rollouts skip the forward and backward passes."""
     pids, comps, _, rewards = store_rows(records)
     n, K = rewards.shape
-    rows = np.flatnonzero(np.repeat(~homogeneous_groups(rewards), K))
-    v = np.zeros((n * K, sketch.out_dim if sketch is not None else lora_dim(model)))
-    if len(rows):
-        (w,), _, _ = per_rollout_gradients(
-            model,
-            [pids[i] for i in rows],
-            [comps[i] for i in rows],
-            lambda lp, m, sl: [torch.ones_like(lp)],
-            pad_id,
-            sketch,
-            rows_per_batch,
-        )
-        v[rows] = w.double().numpy()
+    live = np.flatnonzero(np.repeat(~homogeneous_groups(rewards), K))
+    (v,) = _live_gradients(
+        model, pids, comps, live, lambda lp, m, sl: [torch.ones_like(lp)], pad_id, sketch, rows_per_batch
+    )
     return rewards, v.reshape(n, K, -1)
 
 # %% ../nbs/27_scoring.ipynb #428bcace
@@ -230,19 +233,16 @@ def stale_features(
     gap = float((lp - lb).abs().max())
     co = estimator_coefs(lp, lb, adv, torch.tensor(1.0 / K, dtype=torch.float64), which, c, C)
     live = np.flatnonzero(adv.numpy() != 0)  # a rollout with advantage 0 has coefficient 0 in every estimator
-    dim = sketch.out_dim if sketch is not None else lora_dim(model)
-    ws = [np.zeros((n * K, dim)) for _ in which]
-    if len(live):
-        cl = [co[ab][live] for ab in which]
-        out, _, _ = per_rollout_gradients(
-            model,
-            [pids[i] for i in live],
-            [comps[i] for i in live],
-            lambda lp_, m, sl: [x[sl, : lp_.shape[1]] for x in cl],
-            pad_id,
-            sketch,
-            rows_per_batch,
-        )
-        for w, o in zip(ws, out):
-            w[live] = o.double().numpy()
+    cl = [co[ab][live] for ab in which]
+    ws = _live_gradients(
+        model,
+        pids,
+        comps,
+        live,
+        lambda lp_, m, sl: [x[sl, : lp_.shape[1]] for x in cl],
+        pad_id,
+        sketch,
+        rows_per_batch,
+        len(which),
+    )
     return {ab: w.reshape(n, K, -1).sum(1) for ab, w in zip(which, ws)}, rewards, gap
