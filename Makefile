@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup lock smol smol-warm demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup lock smol smol-warm smol-demo demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
 
 # The exact versions every package is installed at (pip constraints; `make lock` refreshes the file).
 LOCK   := constraints.txt
@@ -53,6 +53,12 @@ SMOL_MATH_DIR ?= runs/snapshots/smollm2-135m-instruct-math
 smol-warm: smol
 	@if $(BIN)/stalebook preflight $(SMOL_MATH_DIR) >/dev/null 2>&1; then echo "$(SMOL_MATH_DIR): verified, kept"; \
 	else $(BIN)/stalebook snapshot warmstart $(SMOL_DIR) --out $(SMOL_MATH_DIR) --family math_nl --force; fi
+
+# The ranking study's demo on the real model: the `smol` registry's demo slice (configs/registries/smol.yaml) through
+# the same four stages as `make demo`, on the warm-started snapshot. About an hour on 2 cores; not part of `make test`.
+# `stalebook report smol:demo --publish` then copies its frozen table and figures into results/smol-demo/.
+smol-demo: smol-warm
+	$(BIN)/stalebook demo smol:demo
 
 # The main job: the tiny registry's demo slice through the study machinery - status -> run -> freeze -> report.
 demo: setup

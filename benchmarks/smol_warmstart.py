@@ -1,4 +1,4 @@
-"""The format warm start of SmolLM2-135M-Instruct on `math_nl`, built, timed and recorded.
+"""The format warm start of SmolLM2-135M-Instruct on one family (`math_nl`, `code_nl`), built, timed and recorded.
 
 Measures the temperature-1 pass rate of the snapshot as imported on the warm start's own evaluation prompts (the same
 prompts, sampler and sampling domain the build then uses for the warm-started model: a like-for-like "before"),
@@ -6,10 +6,14 @@ builds the warm-started snapshot with `stalebook.model.warmstart_snapshot` (the 
 otherwise), and writes the record: the spec, the wall time of the build, the new snapshot's revision, its loss curve
 and measured pass rate (from its build record), and the "before" measurement. `--rl-check` adds the pass rate of the
 warm-started snapshot measured by the RL sampler (`rollouts.sample_batch`, backend hf) on a run's own task pool
-(`task_pool("math_nl", n, seed, level)`), the prompts an RL run would train on.
+(`task_pool(family, n, seed, level)`), the prompts an RL run would train on.
 
-    PYTHONPATH=. python benchmarks/smol_warmstart.py [--out runs/snapshots/smollm2-135m-instruct-math] [--steps N]
-        [--batch B] [--lr LR] [--threads T] [--rl-check] [--json benchmarks/results/smol_warmstart.json]
+    PYTHONPATH=. python benchmarks/smol_warmstart.py [--family math_nl]
+        [--out runs/snapshots/smollm2-135m-instruct-math] [--steps N] [--batch B] [--lr LR] [--threads T]
+        [--rl-check] [--json benchmarks/results/smol_warmstart.json]
+
+The code family's record: `--family code_nl --out runs/snapshots/smollm2-135m-instruct-code --rl-check
+--json benchmarks/results/smol_warmstart_code.json`.
 """
 
 import json
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
     wall = time.time() - t0
     build = json.loads((Path(a.out) / "stalebook_build.json").read_text())
     rec = {
-        "what": "format warm start of SmolLM2-135M-Instruct (Q4_1 GGUF dequantized) on math_nl, CPU float32",
+        "what": f"format warm start of SmolLM2-135M-Instruct (Q4_1 GGUF dequantized) on {spec.family}, CPU float32",
         "command": "PYTHONPATH=. python benchmarks/smol_warmstart.py " + " ".join(argv or sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "threads": spec.threads, "note": "2 cores shared with other jobs"},
         "spec": asdict(spec),

@@ -391,8 +391,12 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
             f"store {key} was drawn from another RNG domain than "
             f"(seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})"
         )
-    if man.get("sampling_hash") != config_hash(pc.sampling):
+    # the prompts' format is the lineage's (a chat snapshot's system turn), as the point samples them
+    sc = dataclasses.replace(pc.sampling, system_prompt=p.fam.train.sampling.system_prompt)
+    if man.get("sampling_hash") != config_hash(sc):
         probs.append(f"store {key} was sampled under another sampling config")
+    if bool(man.get("shared_prefix")) != pc.shared_prefix:
+        probs.append(f"store {key}: shared_prefix {bool(man.get('shared_prefix'))}, the point's {pc.shared_prefix}")
     if man.get("task_ids") != ids:
         probs.append(f"store {key} holds another prompt list than the registered pool")
     recs = read_jsonl(sd / "groups.jsonl", warn=False).records

@@ -53,7 +53,7 @@ from stalebook.core import (
     project_root,
 )
 from .snapshot import read_lock, verify_snapshot, write_lock
-from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
+from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks, uses_answer_format
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
@@ -935,7 +935,10 @@ def smol_snapshot() -> Path:
     return d
 
 # %% ../nbs/23_model.ipynb #f1acaad8
-WARMSTART_ANSWER = {"math_nl": "Answer: {answer}"}  # per family: the assistant turn the warm start trains on
+WARMSTART_ANSWER = {  # per family: the assistant turn the warm start trains on
+    "math_nl": "Answer: {answer}",
+    "code_nl": "Answer: {answer}",  # the answer is the reference lambda
+}
 
 
 @dataclass
@@ -1043,7 +1046,7 @@ def chat_pass_rate(
         "n_prompts": len(tasks),
         "k": k,
         "samples": m,
-        "answer_format_used": round(float(np.mean([d.get("method") == "answer" for _, d in got])), 4),
+        "answer_format_used": round(float(np.mean([uses_answer_format(t, s) for t, s in zip(flat, texts)])), 4),
         "temperature": 1.0,
         "max_new_tokens": max_new_tokens,
         "sampler": "transformers generate, do_sample, temperature 1, top_k 0, top_p 1",

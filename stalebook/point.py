@@ -29,6 +29,7 @@ from stalebook.core import (
     CommandParser,
     Domain,
     StalebookError,
+    added_field,
     atomic_write,
     atomic_write_json,
     config_dict,
@@ -97,6 +98,8 @@ class PointConfig:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 1  # torch CPU threads (0 = torch's default)
+    shared_prefix: bool = added_field(False)  # stores generate with each prompt's forward once per group: the same
+    # tokens up to float order (bound into the stores' identity); their log-probs and the scoring run whole rows
 
     def __post_init__(self):
         if not 0 < self.k < self.n_candidates:
@@ -167,6 +170,8 @@ class PointRun:
         self.val = point_tasks(cfg, self.domain, "validation", cfg.n_validation)
         self.stores_root, self.feat_root = self.run / "rollouts", self.run / "features"
         self.numerics, self.rows = numerics_of(self.model), cfg.groups_per_batch * cfg.group_size
+        # the prompts' format is the lineage's: a chat snapshot's system turn comes from the run's sampling
+        self.sampling = dataclasses.replace(cfg.sampling, system_prompt=self.tcfg.sampling.system_prompt)
 
     def lap(self, name: str) -> None:
         "Record the wall time since the previous lap (sidecar `timings.json`, never in the result)."
@@ -182,9 +187,10 @@ def stale_rollouts(self: PointRun) -> RolloutStore:
         self.stores_root,
         self.beta_hash,
         rollout_domain(self.cfg.seed, self.beta_hash, "stale/candidates"),
-        self.cfg.sampling,
+        self.sampling,
         [t.id for t in self.cand],
         numerics=self.numerics,
+        shared_prefix=self.cfg.shared_prefix,
     )
     self.stale_store = generate_store(self.model, self.tok, self.cand, st, progress=self.progress)
     self.lap("stale_rollouts")
@@ -207,9 +213,10 @@ def fresh_rollouts(self: PointRun) -> dict:
                 self.stores_root,
                 self.pi_hash,
                 rollout_domain(self.cfg.seed, self.pi_hash, f"{h}/{role}"),
-                self.cfg.sampling,
+                self.sampling,
                 [t.id for t in tasks],
                 numerics=self.numerics,
+                shared_prefix=self.cfg.shared_prefix,
             )
             self.stores[role, h] = generate_store(self.model, self.tok, tasks, s, progress=self.progress)
     self.lap("fresh_rollouts")

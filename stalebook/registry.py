@@ -52,21 +52,25 @@ class ModelSpec:
     architecture: str = ""
     params: str = ""  # capacity, e.g. "7B"
     note: str = ""
+    prepare: str = added_field("")  # the command that builds the snapshot on this machine (e.g. `make smol-warm`)
 
     @property
     def embedded(self) -> bool:
         return not self.snapshot and not self.snapshot_env
 
     def folder(self) -> str:
-        "The snapshot folder this machine would use ('' for the embedded model or when none is given)."
-        return (
-            os.environ.get(self.snapshot_env, "")
-            if self.snapshot_env and os.environ.get(self.snapshot_env)
-            else self.snapshot
-        )
+        """The snapshot folder this machine would use ('' for the embedded model or when none is given), absolute: a
+        relative `snapshot` lies under the project root (like `out`), a relative `$snapshot_env` under the cwd."""
+        if self.snapshot_env and os.environ.get(self.snapshot_env):
+            return os.path.abspath(os.environ[self.snapshot_env])
+        if not self.snapshot or Path(self.snapshot).is_absolute():
+            return self.snapshot
+        return str((project_root() or Path.cwd()) / self.snapshot)
 
 # %% ../nbs/31_registry.ipynb #47a8d882
 def _prepare_hint(name: str, m: ModelSpec) -> str:
+    if m.prepare:
+        return f"to prepare it: run `{m.prepare}` (it builds and locks {m.snapshot or 'the snapshot'})"
     get = (
         f"put the files of {m.source} in a folder DIR (e.g. `huggingface-cli download {m.source} --local-dir DIR` "
         "on a machine with network)"

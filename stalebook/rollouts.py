@@ -587,8 +587,11 @@ def _prefix_logits(model, prompts, comps, pad_id: int, dev):
     return torch.cat([first, out.logits], 1), [0] * len(comps)
 
 # %% ../nbs/25_rollouts.ipynb #88023209
-def _store_name(policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids, numerics: str) -> str:
-    return f"{policy_hash[:16]}-{domain.hex[:12]}-{config_hash(scfg)[:12]}-{hash_json([list(task_ids), numerics])[:8]}"
+def _store_name(
+    policy_hash: str, domain: Domain, scfg: SamplingConfig, task_ids, numerics: str, shared_prefix: bool = False
+) -> str:
+    bound = [list(task_ids), numerics] + (["shared-prefix"] if shared_prefix else [])  # float order of its sampler
+    return f"{policy_hash[:16]}-{domain.hex[:12]}-{config_hash(scfg)[:12]}-{hash_json(bound)[:8]}"
 
 
 def numerics_of(model) -> str:
@@ -623,15 +626,16 @@ class RolloutStore:
         task_ids: Sequence[str],
         path=None,
         numerics: str = "float32/cpu",
+        shared_prefix: bool = False,
     ):
         self.policy_hash, self.domain, self.sampling, self.task_ids = policy_hash, domain, sampling, list(task_ids)
-        self.numerics = numerics
+        self.numerics, self.shared_prefix = numerics, shared_prefix  # shared_prefix: generation runs a prompt once
         if len(set(self.task_ids)) != len(self.task_ids):
             raise StalebookError("rollout store: duplicate task ids")
         self.path = (
             Path(path)
             if path is not None
-            else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics)
+            else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics, shared_prefix)
         )
         self.manifest = dict(
             kind="stalebook.rollouts",
@@ -643,15 +647,16 @@ class RolloutStore:
             sampling_hash=config_hash(sampling),
             task_ids=self.task_ids,
             tasks_hash=hash_json(self.task_ids),
+            **({"shared_prefix": True} if shared_prefix else {}),
         )
         mf = self.path / "manifest.json"
         if mf.exists():
             have = json.loads(mf.read_text())
-            for k in ("policy_hash", "numerics", "rng_domain", "sampling_hash", "tasks_hash"):
-                if have.get(k) != self.manifest[k]:
+            for k in ("policy_hash", "numerics", "rng_domain", "sampling_hash", "tasks_hash", "shared_prefix"):
+                if have.get(k) != self.manifest.get(k):
                     raise StalebookError(
                         f"{mf}: rollout store was made under another {k.replace('_', ' ')} "
-                        f"({str(have.get(k))[:16]}… ≠ {str(self.manifest[k])[:16]}…); refusing to reuse it"
+                        f"({str(have.get(k))[:16]}… ≠ {str(self.manifest.get(k))[:16]}…); refusing to reuse it"
                     )
         else:
             atomic_write_json(mf, self.manifest)
@@ -752,10 +757,15 @@ def sample_groups(
     the store's backend on `model`), teacher-force with `model`, verify."""
     K = store.sampling.group_size
     gen = sample_batch(
-        sampler or make_sampler(store.sampling.backend, model, tokenizer), batch, store.domain, store.sampling
+        sampler or make_sampler(store.sampling.backend, model, tokenizer),
+        batch,
+        store.domain,
+        store.sampling,
+        store.shared_prefix,
     )
     pids, comps, slp, texts = gen.prompt_ids, gen.completions, gen.sampler_logp, gen.texts
     with torch.no_grad():  # one forward per generation batch (scoring repeats it)
+        # whole rows even for a shared-prefix store: the bits the scoring pass recomputes (ratio 1 at pi = beta)
         tf, m = completion_logprobs(model, pids, comps, micro_batch=len(comps), pad_id=tokenizer.pad_token_id)
     rw = batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn)
     return [
@@ -826,7 +836,7 @@ class RolloutsConfig:
     out: str  # root folder of rollout stores
     snapshot: str = ""  # "" = the embedded tiny snapshot
     adapter: str = ""  # a checkpoint dir (with adapter/) or an adapter dir; "" = fresh LoRA
-    domain: Literal["math", "math_nl", "code"] = "math"
+    domain: Literal["math", "math_nl", "code", "code_nl"] = "math"
     task_level: int = 0
     n_tasks: int = 64
     tasks_jsonl: str = ""

@@ -31,14 +31,16 @@ from . import sandbox
 from .core import Domain, StalebookError
 
 # %% auto #0
-__all__ = ['SCHEMA_VERSION', 'DOMAINS', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'MATH_NL_LEVELS', 'MATH_NL_FORMAT', 'Task',
-           'synthetic_tasks', 'parse_number', 'extract_answer', 'call_with_timeout', 'math_reward',
-           'extract_final_answer', 'code_program', 'code_reward', 'reward', 'rewards', 'VerifierProcess',
-           'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
+__all__ = ['SCHEMA_VERSION', 'DOMAINS', 'FAMILIES', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'MATH_NL_LEVELS', 'MATH_NL_FORMAT',
+           'CODE_NL_LEVELS', 'CODE_NL_FORMAT', 'Task', 'synthetic_tasks', 'parse_number', 'extract_answer',
+           'call_with_timeout', 'math_reward', 'extract_final_answer', 'code_program', 'uses_answer_format',
+           'code_reward', 'reward', 'rewards', 'VerifierProcess', 'self_test_cases', 'run_self_test',
+           'load_tasks_jsonl']
 
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
 DOMAINS = ("math", "math_nl", "code")
+FAMILIES = (*DOMAINS, "code_nl")  # synthetic task families; code_nl's tasks are code tasks (see below)
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def _code_item(g, level: int) -> tuple[str, list[int], list[int]]:
 
 def _eval_expr(expr: str, x: int) -> int:
     "Evaluate one of OUR generated expressions (trusted, integer arithmetic only)."
-    return eval(compile(expr, "<ref>", "eval"), {"__builtins__": {}}, {"x": x})
+    return eval(compile(expr, "<ref>", "eval"), {"__builtins__": {"max": max, "abs": abs}}, {"x": x})
 
 # %% ../nbs/21_tasks.ipynb #c2f8b4d1
 MATH_NL_LEVELS = (0, 1)
@@ -171,6 +173,29 @@ def _math_nl_item(g, level: int) -> tuple[str, int, str]:
     t, (n, p), x = temps[_int(g, 0, len(temps) - 1)], _NL_PEOPLE[_int(g, 0, 5)], _NL_ITEMS[_int(g, 0, 5)]
     return t.format(n=n, p=p, a=a, b=b, x=x), val, "word"
 
+# %% ../nbs/21_tasks.ipynb #acae54e37e7d407bbb7b55eff062a284
+CODE_NL_LEVELS = (0,)
+CODE_NL_FORMAT = "Give only a Python lambda after 'Answer:'."
+_CODE_NL = (  # (kind, description, reference expression); a, b, m filled in per item
+    ("linear", "{a} times x plus {b}", "{a}*x+{b}"),
+    ("linear", "{a} times x minus {b}", "{a}*x-{b}"),
+    ("shift", "x plus {b}", "x+{b}"),
+    ("shift", "x minus {b}", "x-{b}"),
+    ("square", "x squared plus {b}", "x*x+{b}"),
+    ("remainder", "the remainder of x divided by {m}", "x%{m}"),
+    ("max", "the larger of x and {a}", "max(x, {a})"),
+    ("distance", "the absolute difference between x and {a}", "abs(x-{a})"),
+)
+
+
+def _code_nl_item(g, level: int) -> tuple[str, str, str, list[int]]:
+    "(description, reference expression, kind, 4 held-out inputs) of one natural-language code item."
+    if level not in CODE_NL_LEVELS:
+        raise StalebookError(f"code_nl level must be one of {CODE_NL_LEVELS}, got {level}")
+    kind, desc, expr = _CODE_NL[_int(g, 0, len(_CODE_NL) - 1)]
+    v = dict(a=_int(g, 2, 9), b=_int(g, 1, 20), m=_int(g, 2, 9))
+    return desc.format(**v), expr.format(**v), kind, [int(x) for x in g.permutation(13)[:4]]
+
 # %% ../nbs/21_tasks.ipynb #7a4c2b5a
 def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> list[Task]:
     "`n` synthetic tasks of `domain` at `level`, drawn from the RNG domain `domain_rng` (deterministic)."
@@ -204,8 +229,16 @@ def synthetic_tasks(domain: str, n: int, domain_rng: Domain, level: int = 0) -> 
             q, val, kind = _math_nl_item(g, level)
             meta = {"source": "synthetic", "level": level, "kind": kind, "format": "answer:"}
             out.append(Task(f"math_nl-l{level}-{tag}-{i}", "math_nl", f"{q}\n{MATH_NL_FORMAT}", str(val), (), meta))
+        elif domain == "code_nl":
+            desc, expr, kind, xs = _code_nl_item(g, level)
+            tests = tuple(f"assert f({x})=={_eval_expr(expr, x)}" for x in xs)
+            meta = {"source": "synthetic", "level": level, "kind": kind, "program": "answer", "header": "f = "}
+            prompt = f"Write a Python function of x that returns {desc}.\n{CODE_NL_FORMAT}"
+            out.append(
+                Task(f"code_nl-l{level}-{tag}-{i}", "code", prompt, f"lambda x: {expr}", tests, meta | {"entry": "f"})
+            )
         else:
-            raise StalebookError(f"domain must be one of {DOMAINS}, got {domain!r}")
+            raise StalebookError(f"domain must be one of {FAMILIES}, got {domain!r}")
     return out
 
 # %% ../nbs/21_tasks.ipynb #f465ce1d
@@ -314,7 +347,20 @@ def code_program(task: Task, completion: str) -> str:
         return task.prompt + completion
     if mode == "completion":
         return completion
+    if mode == "answer":  # code_nl: header + the line after the last 'Answer:' ('' when there is none)
+        marks = list(_ANS_MARK_RE.finditer(completion))
+        line = (
+            completion[marks[-1].end() :].lstrip(" *\t\n").split("\n", 1)[0].strip().strip("`").strip() if marks else ""
+        )
+        return task.meta.get("header", "") + line if line else ""
     raise StalebookError(f"task {task.id}: unknown program mode {mode!r}")
+
+
+def uses_answer_format(task: Task, completion: str) -> bool:
+    "Whether `completion` answers in its task's answer format (math_nl: a number after 'Answer:'; code_nl: a line)."
+    if task.meta.get("program") == "answer":
+        return bool(code_program(task, completion))
+    return _EXTRACT.get(task.domain, extract_final_answer)(completion)[1] == "answer"
 
 
 def _code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
@@ -322,6 +368,8 @@ def _code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None
     prog = code_program(task, completion)
     if not completion.strip():
         return None, {"reason": "empty completion"}
+    if not prog:
+        return None, {"reason": "no answer line"}
     if len(prog) > 20_000:
         return None, {"reason": "program too long"}
     try:
@@ -574,7 +622,18 @@ def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
             (t2, "    return a - b\n", 0.0),
             (t2, "    import sys; sys.exit(0)\n", 0.0),
         ]
-    raise StalebookError(f"domain must be one of {DOMAINS}, got {domain!r}")
+    if domain == "code_nl":
+        (t1,) = synthetic_tasks("code_nl", 1, Domain(0, ("selftest", "code_nl")))
+        good = t1.answer
+        return [
+            (t1, f"Answer: {good}", 1.0),
+            (t1, f"Here it is.\n**Answer:** `{good}`", 1.0),
+            (t1, f"Answer: {good}+1", 0.0),
+            (t1, good, 0.0),  # no 'Answer:' line
+            (t1, "Answer: lambda x: __import__('os')._exit(0)", 0.0),
+            (t1, "", 0.0),
+        ]
+    raise StalebookError(f"domain must be one of {FAMILIES}, got {domain!r}")
 
 
 def run_self_test(domain: str) -> list[str]:

@@ -329,7 +329,7 @@ class TrainConfig:
 
     out: str  # run directory
     snapshot: str = ""  # model snapshot dir; "" = the embedded tiny snapshot
-    domain: Literal["math", "math_nl", "code"] = "math"
+    domain: Literal["math", "math_nl", "code", "code_nl"] = "math"  # a task family (`tasks.FAMILIES`)
     task_level: int = 0
     n_tasks: int = 256  # synthetic training pool size
     tasks_jsonl: str = ""  # optional JSONL task file instead of the synthetic pool
@@ -872,7 +872,7 @@ def rewards(self: Trainer, batch, gen: Generation) -> GroupRewards:
     code programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` here)."""
     if self._verifier is None:
         self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
-        if self.reward_fn is None and self.cfg.domain == "code":
+        if self.reward_fn is None and self.cfg.domain in ("code", "code_nl"):
             self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
     K, memo, vp = self.cfg.sampling.group_size, {}, self._verifier_proc
     verify = lambda gs: step_rewards(

@@ -364,7 +364,7 @@ class Block:
     "One product of a ranking registry: every model × domain × seed, with its overrides."
 
     models: list[str]
-    domains: list[Literal["math", "code"]]
+    domains: list[Literal["math", "math_nl", "code", "code_nl"]]  # *_nl: the natural-language families of chat models
     seeds: list[int]
     tag: str = ""  # appended to the unit ids (an arm of a sweep)
     train: dict = field(default_factory=dict)  # overrides of the study's `train` section

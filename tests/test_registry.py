@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stalebook.core import ConfigError
+from stalebook.core import ConfigError, config_dict
 from stalebook.registry import (
     ModelSpec,
     load_registry,
@@ -24,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     "name,units,points",
-    [("tiny", 6, 24), ("tiny:demo", 2, 4), ("main", 10, 40), ("extension", 18, 72), ("sft-ablation", 20, 80)],
+    [
+        ("tiny", 6, 24),
+        ("tiny:demo", 2, 4),
+        ("main", 10, 40),
+        ("extension", 18, 72),
+        ("sft-ablation", 20, 80),
+        ("smol", 3, 9),
+        ("smol:demo", 2, 4),
+        ("smol:pilot", 2, 2),
+    ],
 )
 def test_registered_sizes(name, units, points):
     reg = load_registry(name)
@@ -53,6 +62,15 @@ def test_study_shapes():
         f.objective == "sft" and f.train.objective == "sft" for f in sft.units().values()
     )
     assert "not RLVR" in sft.description
+    smol = load_registry("smol:demo")  # the real chat model: its system turn chosen, generation shares each prompt
+    assert all(
+        f.domain == "math_nl"
+        and f.train.sampling.system_prompt == "You are a helpful assistant."
+        and f.point.shared_prefix
+        and f.train.shared_prefix
+        and not smol.models[f.model].embedded
+        for f in smol.units().values()
+    )
 
 
 def test_hash_is_the_study_not_the_prose(tmp_path):
@@ -170,3 +188,19 @@ def test_snapshot_folder_unlocked_or_of_another_revision(tmp_path, monkeypatch):
     reg = load_registry("main")
     monkeypatch.setenv("STALEBOOK_OLMO3_7B", str(d))
     assert registry_problems(reg) == []
+
+
+def test_a_relative_snapshot_lies_under_the_project_root_from_any_cwd(tmp_path, monkeypatch):
+    "A point runs in its own folder (a papermill kernel): the registry's relative snapshot must not follow the cwd."
+    from stalebook.core import project_root
+
+    root = project_root()
+    m = ModelSpec(snapshot="runs/snapshots/x", prepare="make smol-warm")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STALEBOOK_PROJECT", str(root))
+    assert m.folder() == str(root / "runs/snapshots/x")
+    monkeypatch.setenv("STALEBOOK_TEST_SNAP", "rel/dir")
+    assert ModelSpec(snapshot_env="STALEBOOK_TEST_SNAP").folder() == str(tmp_path / "rel/dir")
+    assert "to prepare it: run `make smol-warm`" in snapshot_problem("smol", m)
+    # the added field stays out of the registry hash while unset, so earlier registries keep their hash
+    assert "prepare" not in config_dict(ModelSpec(snapshot="a"))

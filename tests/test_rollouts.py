@@ -141,6 +141,36 @@ def test_shared_prefix_matches_whole_rows_on_grpo_batches(tiny_snapshot):
     )
 
 
+def test_a_shared_prefix_store_is_its_own_store_with_the_same_rollouts(tmp_path, tiny_snapshot):
+    """A store generated with `shared_prefix` (a point's option for long chat prompts) runs each prompt's forward once
+    per group in generation: another store (name and manifest bind the option; the other kind is refused at its path)
+    with the same sampled tokens and rewards, sampler log-probs within 1e-4, and the very behaviour log-probs of whole
+    rows (the bits the scoring pass recomputes, so the four estimators coincide at pi = beta)."""
+    from stalebook.model import LoraSpec
+    from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, load_run_policy, task_pool
+
+    model, tok = load_run_policy(str(tiny_snapshot), "", "cpu", "float32", lora=LoraSpec(r=4), seed=0)
+    tasks, sc = task_pool("math", 6, 0), SamplingConfig(group_size=4, max_new_tokens=8, groups_per_batch=3)
+    dom, ids = Domain(0, ("test", "store-prefix")), [t.id for t in tasks]
+    st = {
+        sp: generate_store(
+            model, tok, tasks, RolloutStore(tmp_path, "p" * 64, dom, sc, ids, shared_prefix=sp), progress=False
+        )
+        for sp in (False, True)
+    }
+    assert st[True].path != st[False].path and st[True].manifest["shared_prefix"] is True
+    assert "shared_prefix" not in st[False].manifest  # stores made before the option keep their names
+    with pytest.raises(StalebookError, match="another shared prefix"):
+        RolloutStore(tmp_path, "p" * 64, dom, sc, ids, path=st[True].path)
+    a, b = st[False].records, st[True].records
+    assert [r["tokens"] for r in a] == [r["tokens"] for r in b] and [r["rewards"] for r in a] == [
+        r["rewards"] for r in b
+    ]
+    assert [r["logp"] for r in a] == [r["logp"] for r in b]
+    sl = [(r["sampler_logp"], q["sampler_logp"]) for r, q in zip(a, b)]
+    assert max(abs(x - y) for la, lb in sl for ra, rb in zip(la, lb) for x, y in zip(ra, rb)) < 1e-4
+
+
 @pytest.mark.parametrize("domain", ["math", "code"])
 def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch, domain):
     """Generation appends into a `room_cache` (the completions' room reserved, no copy per step): on GRPO-shaped

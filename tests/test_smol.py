@@ -324,6 +324,26 @@ def test_grpo_step_store_and_scoring(smol, tmp_path):
     assert 0 < gap < 1  # the policy that scores is not the one that sampled, and close to it
 
 
+def test_a_point_renders_its_prompts_like_its_lineage(smol, tmp_path):
+    """A point on a chat snapshot samples with the system prompt its lineage chose (the point's own section has no
+    prompt format): the stale store of a lineage at step 0 holds chat-template prompts with that system turn."""
+    from stalebook.point import PointConfig, PointRun
+
+    sc = SamplingConfig(group_size=2, max_new_tokens=4, groups_per_batch=2, system_prompt=SYSTEM)
+    run = tmp_path / "run"
+    cfg = TrainConfig(
+        out=str(run), snapshot=str(smol), domain="math_nl", steps=0, lineage_steps=(0,), sampling=sc, threads=2
+    )
+    Trainer(cfg).run(progress=False)
+    pc = PointConfig(run=str(run), n_candidates=2, n_validation=1, k=1, group_size=2, max_new_tokens=4)
+    pr = PointRun(pc, progress=False)
+    assert pr.sampling.system_prompt == SYSTEM and pc.sampling.system_prompt is None
+    store = pr.stale_rollouts()
+    assert store.complete and store.manifest["sampling"]["system_prompt"] == SYSTEM
+    for rec, task in zip(store.records, pr.cand):
+        assert rec["prompt_ids"] == render_prompt(pr.tok, task.prompt, system=SYSTEM)
+
+
 def test_warmstart(smol, shipped_snapshot, tmp_path, cli):
     """`stalebook snapshot warmstart`: a format warm start of three steps on three math_nl tasks (every step the same
     batch) is a new locked snapshot that preflight verifies, whose build record names the parent's revision and

@@ -71,6 +71,28 @@ def test_synthetic_code_reward_in_sandbox_per_level():
             assert reward(t, "(" + t.answer + ")\nimport os; os._exit(0)")[0] == 1.0  # only the first line is used
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31))
+def test_code_nl_words_and_reference_agree_and_the_sandbox_grades_the_answer_line(seed):
+    """code_nl (the chat models' code family): the description's numbers are the reference's, an independent
+    evaluation of the reference matches every held-out test, and only the line after 'Answer:' is the program."""
+    from stalebook.tasks import uses_answer_format
+
+    ts = synthetic_tasks("code_nl", 12, Domain(seed, ("cnl",)))
+    for t in ts:
+        assert t.domain == "code" and t.meta["program"] == "answer" and t.answer.startswith("lambda x: ")
+        desc = t.prompt.split("returns ", 1)[1].split(".\n", 1)[0]
+        assert sorted(re.findall(r"\d+", desc)) == sorted(re.findall(r"\d+", t.answer))
+        f = eval(t.answer, {"__builtins__": {"max": max, "abs": abs}})
+        for test in t.tests:
+            x, want = re.fullmatch(r"assert f\((\d+)\)==(-?\d+)", test).groups()
+            assert f(int(x)) == int(want)
+    comps = [f"Answer: {ts[0].answer}", f"{ts[0].answer}", f"Answer: {ts[0].answer} + 100", "Answer:\n`lambda x: 1`"]
+    got = rewards([ts[0]] * 4, comps)
+    assert [r for r, _ in got][:3] == [1.0, 0.0, 0.0] and got[1][1]["reason"] == "no answer line"
+    assert [uses_answer_format(ts[0], c) for c in comps] == [True, False, True, True]
+
+
 def _batch():
     """A GRPO-like batch: 4 code prompts x 6 samples (repeats, programs equal up to a trailing line, rejects) + 2 math
     rows."""
