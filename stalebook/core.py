@@ -119,7 +119,7 @@ def numerics_env() -> dict:
 NUMERICS = pin_numerics()["mode"]
 
 # %% ../nbs/00_core.ipynb #4f2b480f
-RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "scipy")
+RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "scipy", "math-verify")
 
 
 def environment() -> dict:

@@ -32,10 +32,10 @@ from .core import Domain, StalebookError
 
 # %% auto #0
 __all__ = ['SCHEMA_VERSION', 'DOMAINS', 'FAMILIES', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'MATH_NL_LEVELS', 'MATH_NL_FORMAT',
-           'CODE_NL_LEVELS', 'CODE_NL_FORMAT', 'Task', 'synthetic_tasks', 'parse_number', 'extract_answer',
-           'call_with_timeout', 'math_reward', 'extract_final_answer', 'code_program', 'uses_answer_format',
-           'code_reward', 'reward', 'rewards', 'VerifierProcess', 'self_test_cases', 'run_self_test',
-           'load_tasks_jsonl']
+           'CODE_NL_LEVELS', 'CODE_NL_FORMAT', 'MATH_VERIFY_DOMAINS', 'Task', 'synthetic_tasks', 'parse_number',
+           'extract_answer', 'call_with_timeout', 'math_reward', 'extract_final_answer', 'code_program',
+           'uses_answer_format', 'code_reward', 'reward', 'rewards', 'VerifierProcess', 'self_test_cases',
+           'run_self_test', 'load_tasks_jsonl']
 
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
@@ -305,17 +305,27 @@ def call_with_timeout(fn, args, timeout: float = 5.0):
 def _math_verify_available() -> bool:
     return importlib.util.find_spec("math_verify") is not None
 
+
+def _require_math_verify(domain: str) -> None:
+    "One-line error when `domain`'s grader needs math-verify and it is not installed."
+    if not _math_verify_available():
+        raise StalebookError(
+            f"grading {domain} needs math-verify, which is not installed: `make setup` installs it "
+            "(or `pip install 'math-verify>=0.5'`)"
+        )
+
 # %% ../nbs/21_tasks.ipynb #9c6e4d7c
 def math_reward(
-    reference: str, completion: str, use_math_verify: bool | None = None, timeout: float = 5.0, extract=extract_answer
+    reference: str, completion: str, use_math_verify: bool = False, timeout: float = 5.0, extract=extract_answer
 ) -> tuple[float, dict]:
-    """(reward, detail): the answer `extract` finds in `completion` compared exactly with `reference`, then, if that
-    fails and math-verify is used (default: when installed), by math-verify in a forked process."""
+    """(reward, detail): the answer `extract` finds in `completion` compared exactly with `reference` when it reads as
+    a number; with `use_math_verify`, text that does not (`\\frac{24}{2}`) is judged by math-verify in a forked process
+    (detail `math_verify`: True, False, or None on a timeout or crash, which counts as 0)."""
     ext, how = extract(completion)
     ref, got = parse_number(reference), parse_number(ext) if ext is not None else None
     ok = ref is not None and got is not None and got == ref
     det = {"extracted": ext, "method": how, "reference": reference, "exact": ok}
-    if not ok and ext is not None and (use_math_verify if use_math_verify is not None else _math_verify_available()):
+    if use_math_verify and ext is not None and got is None:
         mv = call_with_timeout(_mv_worker, (reference, ext), timeout)
         det["math_verify"] = mv
         ok = mv is True
@@ -401,6 +411,7 @@ def code_reward(
 
 # %% ../nbs/21_tasks.ipynb #53c6f438
 _EXTRACT = {"math": extract_answer, "math_nl": extract_final_answer}
+MATH_VERIFY_DOMAINS = ("math_nl",)  # graded by math-verify where the exact parser cannot read the answer
 
 
 def reward(
@@ -411,7 +422,10 @@ def reward(
         raise TypeError("completion must be a str")
     if task.domain in _EXTRACT:
         t0 = time.monotonic()
-        r, d = math_reward(task.answer, completion, extract=_EXTRACT[task.domain])
+        mv = task.domain in MATH_VERIFY_DOMAINS
+        if mv:
+            _require_math_verify(task.domain)
+        r, d = math_reward(task.answer, completion, use_math_verify=mv, extract=_EXTRACT[task.domain])
         if timing is not None:
             timing.update(_NO_RUN, wall_s=round(time.monotonic() - t0, 6))
     else:
@@ -590,6 +604,8 @@ def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
         return [
             (t1, "7 + 5 = 12.\nAnswer: 12", 1.0),
             (t1, "**Answer:** 12", 1.0),
+            (t1, "Answer: 7 + 5 = 12", 1.0),  # text the exact parser cannot read: math-verify's call
+            (t1, "Answer: twelve", 0.0),
             (t1, "Answer: 13", 0.0),
             (t1, "12", 0.0),
             (t1, "", 0.0),

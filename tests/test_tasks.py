@@ -414,11 +414,13 @@ def test_math_nl_pool_is_deterministic_and_pinned():
         task_pool("math_nl", 1, 0, 2)
 
 
-def test_existing_families_are_unchanged(monkeypatch):
-    "Digest of math/code tasks of every level and of math rewards on fixed completions (taken before math_nl)."
+@pytest.mark.parametrize("installed", [False, True])
+def test_existing_families_are_unchanged(monkeypatch, installed):
+    """Digest of math/code tasks of every level and of math rewards on fixed completions (taken before math_nl), the
+    same whether math-verify is installed or not: the synthetic math domain's grader does not depend on it."""
     import hashlib
 
-    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)  # the exact path, installed or not
+    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: installed)
     h = hashlib.sha256()
     for dom, levels in (("math", MATH_LEVELS), ("code", CODE_LEVELS)):
         for lv in levels:
@@ -430,8 +432,7 @@ def test_existing_families_are_unchanged(monkeypatch):
     assert h.hexdigest() == "6ce4918b322538d42354804907ee60297c68bb703c6e76e81e439f68dd077d15"
 
 
-def test_math_nl_grader_accepts_the_format_and_rejects_the_rest(monkeypatch):
-    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)  # the exact path, installed or not
+def test_math_nl_grader_accepts_the_format_and_rejects_the_rest():
     t = Task("nl", "math_nl", "What is 7 + 5?\n" + MATH_NL_FORMAT, "12")
     for c, want in (
         ("Answer: 12", 1),
@@ -448,8 +449,10 @@ def test_math_nl_grader_accepts_the_format_and_rejects_the_rest(monkeypatch):
         ("Answer: 12.5", 0),
         ("12", 0),  # right number, no format
         ("The answer is 12.", 0),
-        ("Answer: 7 + 5 = 12", 0),  # not only the final number
-        ("Answer: twelve", 0),
+        ("Answer: 7 + 5 = 12", 1),  # not a number: math-verify reads the equation's value
+        ("Answer: 7 + 5 = 13", 0),
+        ("Answer: $\\frac{24}{2}$", 1),
+        ("Answer: twelve", 0),  # math-verify does not read words
         ("Answer:", 0),
         ("", 0),
     ):
@@ -479,9 +482,19 @@ def test_math_nl_task_validation_and_self_test():
     assert {w for _, _, w in cases} == {0.0, 1.0} and run_self_test("math_nl") == []
 
 
+def test_math_nl_needs_math_verify_and_says_so(monkeypatch):
+    "math_nl without math-verify: a one-line error naming it and how to install it, not a silent 0."
+    t = Task("nl", "math_nl", "What is 7 + 5?\n" + MATH_NL_FORMAT, "12")
+    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)
+    with pytest.raises(StalebookError, match=r"^grading math_nl needs math-verify.*make setup"):
+        reward(t, "Answer: 12")
+    with pytest.raises(StalebookError, match="math-verify"):
+        run_self_test("math_nl")
+    assert reward(Task("m", "math", "?", "12"), "12")[0] == 1.0  # the synthetic math domain does not need it
+
+
 def test_math_nl_math_verify_path():
-    "math-verify (optional extra `math`) can accept an answer our exact parser cannot read; skipped without it."
-    pytest.importorskip("math_verify")
+    "math-verify (a dependency) accepts an answer our exact parser cannot read; a number it never sees."
     c = "Answer: $\\frac{24}{2}$"
     assert extract_final_answer(c) == ("$\\frac{24}{2}$", "answer-text")
     assert math_reward("12", c, use_math_verify=False, extract=extract_final_answer)[0] == 0.0
@@ -491,6 +504,7 @@ def test_math_nl_math_verify_path():
     # an expression where only the number was asked for: the exact path refuses it, math-verify reads its value
     assert math_reward("12", "Answer: 7 + 5 = 12", use_math_verify=False, extract=extract_final_answer)[0] == 0.0
     assert math_reward("12", "Answer: 7 + 5 = 12", use_math_verify=True, extract=extract_final_answer)[0] == 1.0
+    assert "math_verify" not in math_reward("12", "Answer: 13", use_math_verify=True, extract=extract_final_answer)[1]
 
 
 def test_smol_pass_rate_rejects_bad_arguments_before_loading_a_model():
