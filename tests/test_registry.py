@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
         ("main", 10, 40),
         ("extension", 18, 72),
         ("sft-ablation", 20, 80),
-        ("smol", 3, 9),
+        ("smol", 6, 18),
         ("smol:demo", 2, 4),
         ("smol:pilot", 2, 2),
+        ("smol:pilot_code", 2, 2),
     ],
 )
 def test_registered_sizes(name, units, points):
@@ -71,6 +72,9 @@ def test_study_shapes():
         and not smol.models[f.model].embedded
         for f in smol.units().values()
     )
+    full = load_registry("smol")  # math and code: each family on the snapshot warm-started on its own answer format
+    assert {(f.model, f.domain) for f in full.units().values()} == {("smol", "math_nl"), ("smol-code", "code_nl")}
+    assert {m: full.models[m].snapshot.rsplit("-", 1)[1] for m in full.models} == {"smol": "math", "smol-code": "code"}
 
 
 def test_hash_is_the_study_not_the_prose(tmp_path):
