@@ -64,12 +64,13 @@ from stalebook.units import (
 )
 
 # %% auto #0
-__all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'COLUMNS', 'KindChecks', 'register_checks', 'contract', 'aggregator',
-           'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'unit_progress',
+__all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'DEMO_PRETRAINED', 'COLUMNS', 'KindChecks', 'register_checks', 'contract',
+           'aggregator', 'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'unit_progress',
            'registry_status', 'PointCheck', 'point_missing', 'objective_contract', 'lineage_contract',
            'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract', 'manifest_contract',
-           'registry_cells', 'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused', 'problem_lines',
-           'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status', 'cmd_status', 'cmd_freeze']
+           'table_title', 'registry_cells', 'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused',
+           'problem_lines', 'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status', 'cmd_status',
+           'cmd_freeze']
 
 # %% ../nbs/33_contracts.ipynb #55406f5c
 @dataclass
@@ -491,6 +492,19 @@ TITLES = dict(
     ),
     appendix="Appendix - supervised policy-shift ablation (positive-only SFT with LoRA; not RLVR)",
 )
+DEMO_PRETRAINED = (  # the demo table of a registry whose models are not the embedded one (e.g. SmolLM2 on CPU)
+    "Demonstration of the main table on a small pretrained model - RLVR (GRPO + LoRA); not a result about 7B models"
+)
+
+
+def table_title(reg: Registry) -> str:
+    "The frozen table's title: by its table, and a demo says whether it ran on the embedded model or a pretrained one."
+    used = {f.model for f in reg.units().values()}
+    if reg.spec.table == "demo" and not all(reg.models[m].embedded for m in used):
+        return DEMO_PRETRAINED
+    return TITLES[reg.spec.table]
+
+
 COLUMNS = (
     "model",
     "domain",
@@ -571,7 +585,7 @@ def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
         if it in ok
     }
     return dict(
-        title=TITLES[reg.spec.table],
+        title=table_title(reg),
         table=reg.spec.table,
         objective=reg.spec.objective,
         rlvr=reg.spec.objective == "grpo",
