@@ -1,12 +1,12 @@
 """Temperature-1 pass rate of SmolLM2-135M-Instruct as imported on the natural-language math family (`math_nl`).
 
 N prompts from `task_pool("math_nl", N, seed, level)`, K samples each at temperature 1 (stalebook's hf sampler:
-chat-template prompts with the system prompt given on the command line, stop at <|im_end|>), graded by the
-family's verifier (`reward`: the number right after the last 'Answer:', compared exactly; text that is not a number
-judged by math-verify). Prints the pass rate with its binomial standard error over the N*K samples, the standard error
-of the mean over prompts (the K samples of a prompt are not independent), how many completions used the 'Answer:'
-format, and a few example completions. This is the "before warm start" baseline of the real model. The snapshot is a Q4_1
-GGUF dequantization (see its stalebook_build.json), not the original bf16 weights.
+chat-template prompts with the system prompt given on the command line, stop at <|im_end|>), graded by the family's
+verifier (`reward`: the number right after the last 'Answer:', compared exactly; text that is not a number judged by
+math-verify). Prints the pass rate with its binomial standard error over the N*K samples, the standard error of the
+mean over prompts (the K samples of a prompt are not independent), how many completions used the 'Answer:' format, and
+a few example completions. This is the "before warm start" baseline of the real model. The snapshot is a Q4_1 GGUF
+dequantization (see its stalebook_build.json), not the original bf16 weights.
 
     PYTHONPATH=. python benchmarks/smol_pass_rate.py --system "You are a helpful assistant." [--n 32] [--k 2]
         [--tokens 24] [--threads 2] [--level 0] [--seed 0] [--examples 4] [--snapshot DIR]
