@@ -498,9 +498,10 @@ DEMO_PRETRAINED = (  # the demo table of a registry whose models are not the emb
 
 
 def table_title(reg: Registry) -> str:
-    "The frozen table's title: by its table, and a demo says whether it ran on the embedded model or a pretrained one."
+    """The frozen table's title: by its table; a demo whose models declare a capacity (`params`, as a pretrained model's
+    entry does: SmolLM2's "135M") says it ran on a pretrained model, not on the tiny one (embedded or in a folder)."""
     used = {f.model for f in reg.units().values()}
-    if reg.spec.table == "demo" and not all(reg.models[m].embedded for m in used):
+    if reg.spec.table == "demo" and any(reg.models[m].params for m in used):
         return DEMO_PRETRAINED
     return TITLES[reg.spec.table]
 
