@@ -114,8 +114,12 @@ sync-check: setup
 
 # the executable-paper check: every notebook runs once, as under nbdev-test (same flags, cwd, kernel), and
 # its committed text outputs must match the re-executed ones (tools/nbcheck.py; `--flags slow` adds slow cells).
+# A check writes nothing tracked (its figures go to a scratch folder): the tree must be as it was.
 nbtest: setup
-	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$'
+	@before=$$(git status --porcelain | md5sum); \
+	$(BIN)/python tools/nbcheck.py --n-workers 2 --timing --skip-folder-re '^(experiments|[_.].*)$$' || exit 1; \
+	if [ "$$before" != "$$(git status --porcelain | md5sum)" ]; then git status --porcelain; \
+	  echo "nbtest: executing the notebooks changed tracked files"; exit 1; fi
 
 # tests/ on pytest-xdist workers, one per logical core up to 4, idle workers stealing tests from busy ones;
 # `make pytest PYTEST_WORKERS=0` runs one plain pytest process.

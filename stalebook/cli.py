@@ -86,6 +86,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stalebook.report:cmd_demo",
         "the main job: status -> run -> freeze -> report on the tiny registry's demo slice",
     ),
+    "numerics": (
+        "stalebook.numerics:cmd_numerics",
+        "hash every stage a run computes, to compare CPUs (trace [--compare FILE])",
+    ),
 }
 
 

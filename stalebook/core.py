@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -30,19 +31,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
-import yaml
-
 # %% auto #0
 __all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'NUMERICS', 'RESULT_PACKAGES', 'CHECKS', 'StalebookError', 'ConfigError',
-           'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'environment',
-           'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file', 'dir_listing', 'hash_listing',
-           'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write', 'atomic_write_json', 'atomic_dir',
-           'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree',
-           'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config', 'homogeneous_groups',
-           'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows',
-           'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash',
-           'experiment_notebook', 'split_notebook_timings', 'environ', 'run_notebook']
+           'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'exact_sqrt',
+           'torch_sqrt_check', 'environment', 'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file',
+           'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
+           'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'Progress',
+           'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
+           'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
+           'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
+           'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'environ', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -60,7 +58,13 @@ class CommandParser(argparse.ArgumentParser):
         raise StalebookError(f"{self.prog}: {message}")
 
 # %% ../nbs/00_core.ipynb #73f065f9
-PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED_NUMERICS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Haswell",
+}
 NUMERICS_VAR = "STALEBOOK_NUMERICS"  # 'pinned' (default) or 'native' (the machine's own kernels, never compared)
 _NUMERICS: dict = {}  # this process's numerics record, decided once
 
@@ -78,13 +82,14 @@ def _unpinnable() -> str | None:
     "Why this process cannot be pinned, or None."
     if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= cpu_flags():
         return "this CPU is not x86-64 with AVX2 and FMA"
-    if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PINNED_NUMERICS.items()):
-        return "torch was loaded before stalebook"
+    for lib in ("torch", "numpy"):  # each picks its kernels when it loads
+        if lib in sys.modules and any(os.environ.get(k) != v for k, v in PINNED_NUMERICS.items()):
+            return f"{lib} was loaded before stalebook"
     return None
 
 
 def pin_numerics(threads: int | None = None) -> dict:
-    """Pin this process's CPU numerics (and, through the environment, its children's) before torch loads; with
+    """Pin this process's CPU numerics (and, through the environment, its children's) before torch and numpy load; with
     `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned'."""
     if not _NUMERICS:
         want = os.environ.get(NUMERICS_VAR) or "pinned"
@@ -118,12 +123,67 @@ def numerics_env() -> dict:
 
 NUMERICS = pin_numerics()["mode"]
 
+# %% ../nbs/00_core.ipynb #a21e4463
+import numpy as np  # after the pin: numpy and its OpenBLAS choose their kernels when they load
+import yaml
+
+# %% ../nbs/00_core.ipynb #d5b4f9e7
+def _np_sqrt(t):
+    "IEEE square root of a CPU tensor through numpy (bfloat16 via float32: innocuous double rounding for sqrt)."
+    import torch  # lazy: core loads torch only for a tensor it is given (pinned before torch loads)
+
+    a = t.detach()
+    if a.dtype == torch.bfloat16:
+        return _np_sqrt(a.float()).to(torch.bfloat16)
+    return torch.from_numpy(np.array(np.sqrt(a.contiguous().numpy()))).reshape(a.shape)
+
+
+@functools.cache
+def _exact_sqrt_fn():
+    "The autograd function of `exact_sqrt` (built on first use: core never loads torch itself)."
+    import torch  # lazy: core loads torch only for a tensor it is given (pinned before torch loads)
+
+    class ExactSqrt(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = _np_sqrt(x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g / (2 * y)  # torch's own sqrt backward
+
+    return ExactSqrt
+
+
+def exact_sqrt(x):
+    """The correctly rounded square root of a float, numpy array or torch tensor (same shape and dtype; autograd
+    flows through a CPU tensor that requires grad). Never MKL's vendor-dependent vector math."""
+    if not type(x).__module__.startswith("torch"):
+        return np.sqrt(x)
+    if x.device.type != "cpu":
+        return x.sqrt()  # numerics: ieee (CUDA's sqrt is correctly rounded; torch builds without fast-math)
+    return _exact_sqrt_fn().apply(x) if x.requires_grad else _np_sqrt(x)
+
+
+@functools.cache
+def torch_sqrt_check(n: int = 4099) -> bool:
+    """Whether this process's `torch.sqrt` on CPU float32 returns the correctly rounded root on `n` fixed inputs
+    (measured once per process; recorded in manifests: stalebook's results never depend on it)."""
+    import torch  # lazy: core loads torch only for a tensor it is given (pinned before torch loads)
+
+    x = torch.linspace(0.5, 1000.0, n, dtype=torch.float32)
+    return bool(torch.equal(torch.sqrt(x), _np_sqrt(x)))  # numerics: ieee (what is measured)
+
 # %% ../nbs/00_core.ipynb #4f2b480f
 RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "scipy", "math-verify")
 
 
 def environment() -> dict:
-    "What a manifest records of the environment a run computed in: numerics mode, Python minor version, versions."
+    """What a manifest records of the environment a run computed in: numerics mode, whether torch's CPU `sqrt` is
+    IEEE here (measured; never relied on), Python minor version, package versions."""
 
     def _v(p):
         try:
@@ -133,6 +193,7 @@ def environment() -> dict:
 
     return dict(
         numerics=pin_numerics()["mode"],
+        torch_sqrt_ieee=torch_sqrt_check(),
         python="{}.{}".format(*sys.version_info[:2]),
         versions={p: _v(p) for p in RESULT_PACKAGES},
     )
@@ -642,7 +703,7 @@ def group_advantages(rewards, std: bool = True, eps: float = 1e-6, ddof: int = 0
         var = (centred**2).mean(-1, keepdims=True)
     else:
         var = (centred**2).sum(-1, keepdims=True) / max(rewards.shape[-1] - ddof, 1)
-    denom = var**0.5 + eps
+    denom = exact_sqrt(var) + eps
     return centred / (denom + (denom == 0))  # sd = 0 only for homogeneous groups, where centred = 0
 
 # %% ../nbs/00_core.ipynb #b045f4bf

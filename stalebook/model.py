@@ -17,6 +17,7 @@ import importlib.metadata
 import importlib.resources
 import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -51,6 +52,7 @@ from stalebook.core import (
     mark_unpinned,
     pin_numerics,
     project_root,
+    torch_sqrt_check,
 )
 from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks, uses_answer_format
@@ -60,7 +62,7 @@ __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTE
            'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
            'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'WARMSTART_ANSWER', 'WARMSTART_OPTIONS', 'build_char_tokenizer',
            'tiny_llama_config', 'init_model', 'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec',
-           'training_pools', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot',
+           'training_pools', 'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot',
            'shipped_snapshot', 'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets',
            'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
            'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
@@ -225,6 +227,11 @@ def training_pools(spec: TinySpec) -> dict:
         d: synthetic_tasks(d, spec.pool_size, Domain(spec.seed, ("tiny", "pool", d)), spec.level) for d in spec.domains
     }
 
+# %% ../nbs/23_model.ipynb #ccd2fab1
+def adamw(params, lr: float, betas=(0.9, 0.999), weight_decay: float = 0.01, eps: float = 1e-8):
+    "torch's AdamW with the fused kernel (IEEE sqrt on every CPU; also the fast path on a GPU)."
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps, fused=True)
+
 # %% ../nbs/23_model.ipynb #ae550053
 def _batch_counts(rates: dict, spec) -> dict:
     "Examples per domain in one batch: weight 3 for a domain below `target_lo`, 1 for one at or above it."
@@ -259,7 +266,7 @@ def _sft_step(model, opt, tok, pools, counts: dict, spec, step: int) -> float:
 def _warm_start(model, tok, pools, spec: TinySpec, log, t0) -> tuple[int, dict | None, list]:
     """SFT until the confirmed pass rates of every domain lie in `spec.band`;
     returns (steps, confirmed rates or None, history)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    opt = adamw(model.parameters(), lr=spec.lr)
     cache, history, rates, confirmed, step = {}, [], {}, None, 0
     model.train()
     while step < spec.max_steps:
@@ -307,12 +314,19 @@ def mkl_branch() -> str | None:
 
 
 def numerics_state() -> dict:
-    """The CPU numerics torch runs with, read back from the libraries: ATen's dispatch capability and MKL's
-    branch. A process that asked for the pin but does not have it is recorded as unpinned from here on."""
+    """The CPU numerics torch runs with, read back from the libraries: ATen's dispatch capability, MKL's branch and
+    whether torch's CPU `sqrt` is correctly rounded in this process (measured). A process that asked for the pin but
+    does not have it is recorded as unpinned from here on."""
     rec, cap, branch = pin_numerics(), torch.backends.cpu.get_cpu_capability(), mkl_branch()
     if rec["mode"] == "pinned" and (cap != "AVX2" or branch not in (None, "COMPATIBLE")):
         mark_unpinned(f"torch dispatches to {cap}, MKL runs branch {branch}")
-    return dict(mode=pin_numerics()["mode"], aten=cap, mkl_cbwr=branch, threads=torch.get_num_threads())
+    return dict(
+        mode=pin_numerics()["mode"],
+        aten=cap,
+        mkl_cbwr=branch,
+        threads=torch.get_num_threads(),
+        torch_sqrt_ieee=torch_sqrt_check(),  # measured; no stalebook computation calls torch's CPU sqrt
+    )
 
 # %% ../nbs/23_model.ipynb #9406f0b5
 def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite: bool = False) -> dict:
@@ -480,7 +494,7 @@ def attach_lora(model, lora: LoraSpec, init_domain: Domain):
         for name, p in sorted(pm.named_parameters()):
             if "lora_A" in name:
                 w = torch.empty(p.shape, dtype=torch.float32)
-                torch.nn.init.kaiming_uniform_(w, a=5**0.5, generator=init_domain.child(name).torch())
+                torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=init_domain.child(name).torch())
                 p.copy_(w.to(p.dtype))
             elif "lora_B" in name:
                 p.zero_()
@@ -1056,7 +1070,7 @@ def chat_pass_rate(
 # %% ../nbs/23_model.ipynb #b39649ef
 def _format_sft(model, pairs, pad_id: int, spec: WarmStartSpec, log, t0) -> list[float]:
     "AdamW steps of `answer_loss` on batches of `pairs` drawn from the spec's batch domains; the loss of every step."
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
+    opt = adamw([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
     warm, every, losses = max(1, spec.steps // 10), max(1, spec.steps // 8), []
     model.train()
     for step in range(1, spec.steps + 1):

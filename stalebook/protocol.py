@@ -28,7 +28,7 @@ __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', '
            'CALIBRATION_FAILS', 'DECISION_BOUNDS', 'NOT_CALIBRATED', 'REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED',
            'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'det_matmul', 'prompt_gradients', 'validation_gradient',
            'cosine_scores', 'point_scores', 'tie_keys', 'reliability', 'selection_gain', 'auto_chunk',
-           'resample_streams', 'resampled_weights', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive',
+           'resample_streams', 'resampled_weights', 'live_gram', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive',
            'percentile_bounds', 'basic_bounds', 'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds',
            'pivot_bounds', 'jackknife_bounds', 'model_world', 'replicate_stats', 'deleted_weights', 'jackknife_scores',
            'rel_after_change', 'acceleration', 'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds',
@@ -163,11 +163,39 @@ def resampled_weights(rewards: np.ndarray, idx: np.ndarray, std: bool = True, ep
     """Weights `w [c, n, K]` over the original rollouts of resampled groups: w_ik = sum of the resampled advantages of
     the copies of rollout k."""
     c, n, K = idx.shape
-    a = group_advantages(np.take_along_axis(np.broadcast_to(rewards, idx.shape), idx, -1), std, eps)
-    flat = (np.arange(c * n)[:, None] * K + idx.reshape(c * n, K)).ravel()
-    return np.bincount(flat, weights=a.ravel(), minlength=c * n * K).reshape(c, n, K)
+    live = np.flatnonzero((rewards != rewards[:, :1]).any(-1))  # a homogeneous group resamples to 0
+    w = np.zeros((c, n, K))
+    if len(live):
+        il = idx[:, live]
+        a = group_advantages(np.take_along_axis(np.broadcast_to(rewards[live], il.shape), il, -1), std, eps)
+        flat = (np.arange(c * len(live))[:, None] * K + il.reshape(-1, K)).ravel()
+        w[:, live] = np.bincount(flat, weights=a.ravel(), minlength=c * len(live) * K).reshape(c, len(live), K)
+    return w
 
 # %% ../nbs/18_protocol.ipynb #f1e2d3c4
+def live_gram(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = (32, 512)) -> np.ndarray:
+    """`det_matmul(a, b.T, block)`, byte for byte, computed on the nonzero rows of `a` and `b` only: a zero row's
+    entries are +0 either way (a sum of ±0 products from +0), and every other entry is the same one sequential sum
+    over the shared axis. A 1 x 1 output tile is the exception (einsum takes its dot-product loop, another order), so
+    the sub-product never has one and the full product's own (its last entry) is recomputed as det_matmul does."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return det_matmul(a, b.T, block)
+    (I, K), (bi, bk) = (len(a), len(b)), block
+    ra, rb = np.flatnonzero(a.any(1)), np.flatnonzero(b.any(1))
+    if len(ra) % bi == 1 and len(rb) % bk == 1:  # pad one side with a zero row (its entries are +0 either way)
+        if len(ra) < I:
+            ra = np.sort(np.append(ra, np.setdiff1d(np.arange(I), ra)[0]))
+        elif len(rb) < K:
+            rb = np.sort(np.append(rb, np.setdiff1d(np.arange(K), rb)[0]))
+    out = np.zeros((I, K))
+    if len(ra) and len(rb):
+        out[np.ix_(ra, rb)] = det_matmul(a[ra], b[rb].T, block)
+    if I % bi == 1 and K % bk == 1:  # the full product's last tile is 1 x 1
+        out[-1, -1] = det_matmul(a[-1:], b[-1:].T, block)[0, 0]
+    return out
+
+
 @dataclass
 class GramHalf:
     "Gram matrices of one reference half: G [n,K,K], CT = (V W^T)^T [M, n*K], GW [M, M] (M = n_val*K')."
@@ -181,7 +209,7 @@ class GramHalf:
     def build(cls, cand: Rollouts, val: Rollouts) -> GramHalf:
         V = cand.vectors
         W = val.vectors.reshape(-1, val.d)
-        return cls(np.einsum("nkd,nld->nkl", V, V), det_matmul(W, V.reshape(-1, cand.d).T), det_matmul(W, W.T), val.n)
+        return cls(np.einsum("nkd,nld->nkl", V, V), live_gram(W, V.reshape(-1, cand.d)), live_gram(W, W), val.n)
 
     def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights

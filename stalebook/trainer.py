@@ -52,7 +52,7 @@ from stalebook.core import (
     load_config,
     read_jsonl,
 )
-from .model import LoraSpec, compute_setup, load_adapter_state, policy_hash, save_adapter
+from .model import LoraSpec, adamw, compute_setup, load_adapter_state, policy_hash, save_adapter
 from stalebook.rollouts import (
     Generation,
     SamplingConfig,
@@ -650,11 +650,12 @@ def check_resume_config(cfg: TrainConfig, saved: Path) -> None:
 
 # %% ../nbs/26_trainer.ipynb #d4817c44
 def make_optimizer(cfg: TrainConfig, params):
-    "AdamW (default) or plain SGD (no momentum), with a linear warmup of `warmup_steps`, then a constant rate."
+    """AdamW (default; the fused kernel: `model.adamw`) or plain SGD (no momentum), with a linear warmup of
+    `warmup_steps`, then a constant rate."""
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
-        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        opt = adamw(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     w = cfg.warmup_steps
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
 

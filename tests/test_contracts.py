@@ -24,9 +24,11 @@ U, C = "tiny-math-s0", "c-000002"
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tiny_snapshot):
-    "(registry file, root) of a one-family GRPO registry (lineage 0 -> 2, one point at c = 2), run to the end."
+    """(registry file, root) of a one-family GRPO registry (lineage 0 -> 2, one point at c = 2), run to the end. AdamW's
+    decoupled weight decay moves the LoRA factors at every step whatever the rewards, so the policy at c = 2 differs
+    from beta's by construction (the reduced snapshot may earn no reward variance in two steps)."""
     tmp = tmp_path_factory.mktemp("contracts")
-    reg = ranking_registry(tmp, tiny_snapshot, name="c", checkpoints=(2,))
+    reg = ranking_registry(tmp, tiny_snapshot, name="c", checkpoints=(2,), train_extra=", weight_decay: 0.1")
     run_registry(reg, tmp / "root", progress=False, log=lambda *a: None)
     return reg, tmp / "root"
 
@@ -133,6 +135,8 @@ def test_fault_store_copied_from_another_policy(finished, tmp_path):
     reg, root = finished[0], copy(finished, tmp_path)
     res = json.loads((root / "units" / U / "points" / C / "result.json").read_text())["manifest"]["rollout_stores"]
     ro = root / "units" / U / "train/rollouts"
+    policy = {k: Path(res[k]).name.split("-")[0] for k in ("stale", "candidates/R")}  # a store is named by its policy
+    assert policy["stale"] != policy["candidates/R"], policy  # the premise: two policies
     shutil.rmtree(ro / res["candidates/R"])
     shutil.copytree(ro / res["stale"], ro / res["candidates/R"])
     reseal(root)

@@ -33,7 +33,7 @@ LAYERS = [
     ["rollouts"],
     ["trainer", "scoring", "pipeline"],
     ["point", "bolt"],
-    ["registry", "units", "contracts", "staleness_study", "bolt_study"],
+    ["registry", "units", "contracts", "staleness_study", "bolt_study", "numerics"],
     ["executors"],
     ["report"],
     ["cli"],

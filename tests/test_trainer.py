@@ -32,6 +32,29 @@ def _run(*args, fault=None, timeout=600):
     return subprocess.run([EXE, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# `stalebook train` with a graded reward the reduced snapshot's samples vary in (so that every step moves the adapter
+# by construction: the package verifier may give a whole run of zero-advantage groups on the reduced snapshot).
+_TRAIN_DIGIT_SHARE = """
+import sys
+import stalebook
+from stalebook.core import load_config
+from stalebook.trainer import TrainConfig, Trainer
+
+
+def digit_share(task, text):
+    return (sum(c.isdigit() for c in text) / len(text) if text else 0.0), {}
+
+
+Trainer(load_config(TrainConfig, sys.argv[1]), reward_fn=digit_share).run(progress=False)
+"""
+
+
+def _run_digit_share(cfg, fault=None, timeout=600):
+    env = {**os.environ, "STALEBOOK_FAULT": fault or "", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", _TRAIN_DIGIT_SHARE, str(cfg)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def _train_cfg(root, snap, **kw):
     cfg = dict(
         out=str(root / "run"),
@@ -346,24 +369,24 @@ def test_async_lags_and_ratios(tmp_path, shipped_snapshot):
 
 
 def test_async_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot):
-    """A fixed-lag S = 3 run killed 7 times — after steps and inside checkpoint writes — ends bit-identical. (On the
-    reduced snapshot the first rewards, hence the first non-zero updates, come at step 6: the resumes from the step-10
-    and step-15 checkpoints need behaviour snapshots that differ from theta_0 and from each other.)"""
+    """A fixed-lag S = 3 run killed 7 times — after steps and inside checkpoint writes — ends bit-identical. The reward
+    is graded (`digit_share`), so every step moves the adapter: the resumes from the step-10 and step-15 checkpoints
+    need behaviour snapshots that differ from theta_0 and from each other, on any CPU."""
     kw = dict(async_training=dict(staleness=3, mode="fixed-lag"), steps=16, lineage_steps=[0, 5, 10, 15])
     ref = _train_cfg(tmp_path / "ref", tiny_snapshot, **kw)
-    r = _run("train", ref, "--quiet")
+    r = _run_digit_share(ref)
     assert r.returncode == 0, r.stderr[-2000:]
     flt = _train_cfg(tmp_path / "flt", tiny_snapshot, **kw)
     faults = ["step:3", "ckpt:5", "step:8", "ckpt:10", "step:12", "ckpt:15", "step:15"]
     kills = 0
     for f in faults:
-        r = _run("train", flt, "--quiet", fault=f)
+        r = _run_digit_share(flt, fault=f)
         if r.returncode == -9:
             kills += 1
         else:
             assert r.returncode == 0, r.stderr[-2000:]
     assert kills >= 5, f"only {kills} kills landed ({faults})"
-    r = _run("train", flt, "--quiet")
+    r = _run_digit_share(flt)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = tmp_path / "ref" / "run", tmp_path / "flt" / "run"
     for rel in [
@@ -512,9 +535,12 @@ def _trainer_at(commit: str, tmp_path):
     import re
 
     name = f"trainer_{commit}"
-    (tmp_path / f"{name}.py").write_text(
-        re.sub(r"^from \.([\w.]+) import", r"from stalebook.\1 import", r.stdout, flags=re.M)
-    )
+    src = re.sub(r"^from \.([\w.]+) import", r"from stalebook.\1 import", r.stdout, flags=re.M)
+    # every optimizer step is fused AdamW now (the non-fused one takes a vendor-dependent sqrt): the old trainer too,
+    # so that what is compared is what the test is about
+    assert src.count("torch.optim.AdamW(") == 1
+    src = src.replace("torch.optim.AdamW(", "torch.optim.AdamW(fused=True, params=")
+    (tmp_path / f"{name}.py").write_text(src)
     sys.path.insert(0, str(tmp_path))
     try:
         return importlib.import_module(name)

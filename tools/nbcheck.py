@@ -17,6 +17,8 @@ displays, in order; an image counts as a one-line `[image/png]` placeholder (its
 its pixels are not). Not compared: stderr (warnings, progress lines), `text/html` (a rendering of the
 same object), errors (a raising cell fails the run anyway). Cells without committed text outputs are
 not checked; cells that did not run (`slow` without `--flags slow`, `eval: false`) keep their outputs.
+Figures a checked notebook saves go to a scratch folder (`$STALEBOOK_FIGURES`), so a check writes nothing tracked;
+with `--save` they go to `figures/` with the outputs.
 
 Prose is checked against the outputs: a number with two or more decimals that a Markdown cell quotes (outside
 `$math$` and `code` spans) must appear in some committed output of the same notebook (`prose_numbers`), so a
@@ -360,6 +362,8 @@ def main(argv=None):
     save = "--save" in argv
     if save:
         argv.remove("--save")
+    else:  # a check writes nothing tracked: the figures its notebooks save go to a scratch folder, not figures/
+        os.environ["STALEBOOK_FIGURES"] = tempfile.mkdtemp(prefix="nbcheck-figures-")
     # Workers unpickle the function by module name; IPython replaces `__main__` in a worker once it has
     # run a notebook, so the function must come from the importable module `nbcheck`, not `__main__`.
     sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import softmax
 
-from ..core import Check, Domain, group_advantages, homogeneous_groups, verify_check
+from ..core import Check, Domain, exact_sqrt, group_advantages, homogeneous_groups, verify_check
 from stalebook.theory.tree import (
     Tree,
     expected_reward,
@@ -80,7 +80,7 @@ def advantages(rewards, weights=None, normalise: str | None = None, std: bool = 
     centred = centred * ~homog if is_torch(centred) else np.where(homog, 0.0, centred)
     if not std:
         return centred
-    denom = (w * centred**2).sum(-1, keepdims=True) ** 0.5 + eps
+    denom = exact_sqrt((w * centred**2).sum(-1, keepdims=True)) + eps
     return centred / (denom + (denom == 0))
 
 # %% ../../nbs/11_estimators.ipynb #6d0db228
