@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import numpy as np  # isort: skip
 
 from stalebook.core import Domain, atomic_write_json
 from stalebook.protocol import (

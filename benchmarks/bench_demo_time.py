@@ -19,7 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import numpy as np  # isort: skip
 
 from stalebook import protocol
 from stalebook.core import group_advantages, hash_json

@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import torch  # isort: skip
 
 from stalebook.core import Domain
 

@@ -24,7 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import torch  # isort: skip
 
 RES = {"sections": {}, "errors": {}, "skipped": {}}
 

@@ -12,7 +12,8 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import numpy as np  # isort: skip
 
 from stalebook.core import atomic_write_json, save_figure
 from stalebook.theory.async_sim import (

@@ -88,3 +88,40 @@ h = torch.rsqrt(x)
 def test_package_has_no_vendor_dependent_sqrt(path):
     "Every module of the package: no torch sqrt, no `** 0.5`, no Adam-type optimizer without the fused kernel."
     assert vendor_dependent_calls(path.read_text(), str(path.relative_to(PACKAGE.parent))) == []
+
+
+HEAVY = ("numpy", "torch", "scipy", "matplotlib", "transformers", "peft")
+
+
+def first_heavy_before_stalebook(source: str) -> str | None:
+    "The first module-level import of numpy/torch/... that comes before any stalebook import (None: pinned first)."
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] == "stalebook" for n in names):
+            return None
+        if any(n.split(".")[0] in HEAVY for n in names):
+            return f"line {node.lineno}: {ast.unparse(node)}"
+    return None
+
+
+def test_the_import_order_check_names_what_it_must():
+    assert (
+        first_heavy_before_stalebook("import os\nimport numpy as np\nimport stalebook\n")
+        == "line 2: import numpy as np"
+    )
+    assert first_heavy_before_stalebook("import os\nimport stalebook\nimport numpy as np\n") is None
+    assert first_heavy_before_stalebook("from torch import nn\nfrom stalebook.core import Domain\n").startswith(
+        "line 1"
+    )
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE.parent / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_entry_points_import_stalebook_before_numpy_and_torch(path):
+    """numpy, OpenBLAS and torch choose their kernels when they load, so a script that loads one before stalebook runs
+    unpinned (and says so): every benchmark imports stalebook first."""
+    assert first_heavy_before_stalebook(path.read_text()) is None
