@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.stalebook-installed
 
-.PHONY: setup lock smol smol-warm smol-demo demo study publish test sync-check lint format nbtest pytest readme verify clean-runs docs lab
+.PHONY: setup lock smol smol-warm smol-demo demo study publish test sync-check lint format nbtest pytest test-slow readme verify clean-runs docs lab
 
 # The exact versions every package is installed at (pip constraints; `make lock` refreshes the file).
 LOCK   := constraints.txt
@@ -81,6 +81,9 @@ publish: setup
 	$(BIN)/python tools/readme.py
 
 # notebooks clean and in sync with the package, one format for all code, then the notebook tests and pytest.
+# Tests marked `slow` (pytest's `-m slow`: the longest kill-and-resume, multi-worker, Ray, real-site and SmolLM2
+# tests, and full-size runs of some default tests' `quick` cases) are not part of it: `make test-slow` runs them,
+# and CI (.ci/run) runs it after `make test`.
 test: setup sync-check lint nbtest pytest
 
 # ruff (pinned in the dev extra; rules in pyproject.toml) on the sources: the notebooks, tests/, benchmarks/,
@@ -127,6 +130,14 @@ PYTEST_WORKERS ?= logical
 pytest: setup
 	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider -n $(PYTEST_WORKERS) --maxprocesses 4 --dist worksteal; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
+
+# the tests marked `slow` but not `long` (none of them in `make test`), on the same workers; the numerics trace
+# under emulated CPUs among them (it skips, saying so, without qemu-user). CI runs it after `make test`; the `long`
+# ones (tens of minutes: full builds, Ray clusters, whole-demo kills) run only by hand: `pytest tests -m long`.
+test-slow: setup
+	@$(BIN)/python -m pytest tests/ -q -p no:cacheprovider -m 'slow and not long and not gpu' -n $(PYTEST_WORKERS) --maxprocesses 4 \
+	  --dist worksteal; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no slow tests collected"; exit 1; fi; exit $$rc
 
 readme:
 	$(BIN)/python tools/readme.py

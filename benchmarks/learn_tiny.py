@@ -14,14 +14,14 @@
     PYTHONPATH=. python benchmarks/learn_tiny.py [--domain math code] [--steps 100] [--out runs/learn]
                                                  [--eval-n 128] [--eval-k 8] [--json benchmarks/results/learn_tiny.json]
 
-Measured (2-core shared CPU, 1 torch thread; benchmarks/results/learn_tiny_*.json), math, P=16 x K=16,
-lr 3e-3, 256-task pool: training reward 0.173 ± 0.019 (first 10 steps) -> 0.302 ± 0.028 (last 10), z = 3.8;
-train-pool pass rate 0.162 -> 0.288 (paired +0.126 ± 0.027) but held-out 0.156 -> 0.168 (+0.012 ± 0.023):
-in 100 steps the tiny model mostly memorises its (repeated, ~6 epochs) pool. With a 4096-task pool (no
-repeats) training reward +0.030 ± 0.034, held-out +0.042 ± 0.024. lr 1e-2 and 3e-2 (P=K=8) collapse to
-reward 0 (the policy stops emitting EOS; all groups homogeneous). ~1 min per 100 math steps.
-Code (same P, K, lr, max_new_tokens 12): training reward 0.154 ± 0.018 -> 0.245 ± 0.026 (z = 2.9); train-pool
-pass rate +0.094 ± 0.026, held-out +0.002 ± 0.024; 455 s for 100 steps (4.4 s/step, ~90 % sandboxed rewards).
+Measured (2-core shared CPU, 1 torch thread; benchmarks/results/learn_tiny_*.json; the tiny snapshot 8c3efed7,
+fused AdamW), math, P=16 x K=16, lr 3e-3, 256-task pool: training reward 0.218 ± 0.023 (first 10 steps) -> 0.364 ±
+0.032 (last 10), z = 3.7; train-pool pass rate 0.202 -> 0.357 (paired +0.155 ± 0.028) but held-out 0.182 -> 0.188
+(+0.007 ± 0.025): in 100 steps the tiny model mostly memorises its (repeated, ~6 epochs) pool. With a 4096-task pool
+(no repeats) training reward +0.077 ± 0.037, held-out +0.051 ± 0.022. (On the previous snapshot, lr 1e-2 and 3e-2
+with P=K=8 collapsed to reward 0: the policy stopped emitting EOS.) ~2.5 min per 100 math steps on a loaded machine.
+Code (same P, K, lr, max_new_tokens 12): training reward 0.229 ± 0.024 -> 0.336 ± 0.031 (z = 2.7); train-pool
+pass rate +0.131 ± 0.026, held-out -0.016 ± 0.025; 429 s for 100 steps (4.25 s/step, most of it sandboxed rewards).
 
 Runs are resumable (the trainer resumes from its last checkpoint; eval stores resume after their last
 complete group), so an interrupted invocation can simply be repeated.

@@ -64,6 +64,7 @@ PINNED_NUMERICS = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
     "OPENBLAS_CORETYPE": "Haswell",
+    "OPENBLAS_NUM_THREADS": "1",
 }
 NUMERICS_VAR = "STALEBOOK_NUMERICS"  # 'pinned' (default) or 'native' (the machine's own kernels, never compared)
 _NUMERICS: dict = {}  # this process's numerics record, decided once
@@ -437,7 +438,8 @@ def read_jsonl(path, warn=True) -> JsonlRead:
 
 # %% ../nbs/00_core.ipynb #6c4cfea0
 class JsonlLog:
-    "Append-only JSONL record log: one fsynced line per record; a truncated tail is cut on open."
+    """Append-only JSONL record log: one line per record, fsynced (`sync=False`: written, fsynced by a later `sync()`;
+    a killed process loses nothing written, a power cut at most the records since); a truncated tail is cut on open."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -449,16 +451,26 @@ class JsonlLog:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def append(self, rec) -> None:
+    def append(self, rec, sync: bool = True) -> None:
         line = (canonical_json(rec) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         self.records.append(rec)
+
+    def sync(self) -> None:
+        "fsync the records written so far."
+        if self.path.exists():
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def __len__(self):
         return len(self.records)

@@ -26,20 +26,20 @@ from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_fr
 # %% auto #0
 __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'REGIME_CENTRES',
            'CALIBRATION_FAILS', 'DECISION_BOUNDS', 'NOT_CALIBRATED', 'REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED',
-           'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'det_matmul', 'prompt_gradients', 'validation_gradient',
-           'cosine_scores', 'point_scores', 'tie_keys', 'reliability', 'selection_gain', 'auto_chunk',
-           'resample_streams', 'resampled_weights', 'live_gram', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive',
-           'percentile_bounds', 'basic_bounds', 'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds',
-           'pivot_bounds', 'jackknife_bounds', 'model_world', 'replicate_stats', 'deleted_weights', 'jackknife_scores',
-           'rel_after_change', 'acceleration', 'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds',
-           'gaussian_gain_sd', 'control_sd', 'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks',
-           'PointResult', 'observed_sets', 'stat_name', 'bound_inputs', 'analyse_point', 'admissible', 'verdict',
-           'regime_of', 'bound_calibrated', 'pooled_bounds', 'pool_cell', 'positive_control', 'dilute_control',
-           'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc', 'CalibrationCell',
-           'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell', 'summarise_cell', 'coverage_table',
-           'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'pilot_models', 'predict_design',
-           'smallest_design', 'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s',
-           'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams',
+           'TWO_SIDED_STATS', 'COVERED_2S', 'Rollouts', 'det_matmul', 'blas_matmul', 'prompt_gradients',
+           'validation_gradient', 'cosine_scores', 'point_scores', 'tie_keys', 'reliability', 'selection_gain',
+           'auto_chunk', 'resample_streams', 'resampled_weights', 'live_gram', 'GramHalf', 'bootstrap_gram',
+           'bootstrap_naive', 'percentile_bounds', 'basic_bounds', 'bias_z0', 'bca_bounds', 'shift_bounds',
+           'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world', 'replicate_stats', 'deleted_weights',
+           'jackknife_scores', 'rel_after_change', 'acceleration', 'jackknife_moments', 'gaussian_rel_sd',
+           'gaussian_rel_bounds', 'gaussian_gain_sd', 'control_sd', 'stat_bounds', 'dilute_size', 'dilute_factor',
+           'dilute_masks', 'PointResult', 'observed_sets', 'stat_name', 'bound_inputs', 'analyse_point', 'admissible',
+           'verdict', 'regime_of', 'bound_calibrated', 'pooled_bounds', 'pool_cell', 'positive_control',
+           'dilute_control', 'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc',
+           'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell', 'summarise_cell',
+           'coverage_table', 'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'pilot_models',
+           'predict_design', 'smallest_design', 'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s',
+           'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams',
            'check_verdict_boundaries', 'check_bound_inputs', 'check_bounds_contain_estimate']
 
 # %% ../nbs/18_protocol.ipynb #56527639
@@ -98,6 +98,12 @@ def det_matmul(a, b, block: tuple[int, int] = (32, 512)) -> np.ndarray:
             ai = np.ascontiguousarray(at[..., i0 : i0 + bi])
             out[..., i0 : i0 + bi, k0 : k0 + bk] = np.einsum("...ji,...jk->...ik", ai, bb, optimize=False)
     return out
+
+# %% ../nbs/18_protocol.ipynb #b1a5a7e2
+def blas_matmul(a, b) -> np.ndarray:
+    """`a @ b` in float64 through OpenBLAS: in a pinned process its Haswell kernels on one thread, whose summation order
+    does not depend on the CPU (unpinned: the CPU's own kernels). For the bootstrap's replicate products."""
+    return np.matmul(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
 
 # %% ../nbs/18_protocol.ipynb #5b1589fa
 def prompt_gradients(ro: Rollouts, std: bool = True, eps: float = 1e-6) -> np.ndarray:
@@ -211,6 +217,14 @@ class GramHalf:
         W = val.vectors.reshape(-1, val.d)
         return cls(np.einsum("nkd,nld->nkl", V, V), live_gram(W, V.reshape(-1, cand.d)), live_gram(W, W), val.n)
 
+    def live(self, lv: np.ndarray, lc: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        "CT, G, GW restricted to live validation rollouts `lv` and candidate prompts `lc` (the last ones kept)."
+        key = (lv.tobytes(), lc.tobytes())
+        if getattr(self, "_live", (None,))[0] != key:  # the same rows in almost every chunk: copied once
+            cols = (lc[:, None] * K + np.arange(K)).ravel()
+            self._live = key, (self.CT[np.ix_(lv, cols)], self.G[lc], self.GW[np.ix_(lv, lv)])
+        return self._live[1]
+
     def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights
         `wv [c,n_val,K']`."""
@@ -220,10 +234,10 @@ class GramHalf:
         lc = np.flatnonzero((wc != 0).any((0, 2)))  # candidate prompts with a weight in some replicate
         om, w = om[:, lv], wc[:, lc]
         dot, nc2 = np.zeros((c, n)), np.zeros((c, n))
-        CT = self.CT[np.ix_(lv, (lc[:, None] * K + np.arange(K)).ravel())]
-        dot[:, lc] = (det_matmul(om, CT).reshape(c, len(lc), K) * w).sum(-1)
-        nc2[:, lc] = (det_matmul(w.transpose(1, 0, 2), self.G[lc]).transpose(1, 0, 2) * w).sum(-1)
-        nv2 = (det_matmul(om, self.GW[np.ix_(lv, lv)]) * om).sum(-1)[:, None]
+        CT, G, GW = self.live(lv, lc, K)
+        dot[:, lc] = (blas_matmul(om, CT).reshape(c, len(lc), K) * w).sum(-1)
+        nc2[:, lc] = (blas_matmul(w.transpose(1, 0, 2), G).transpose(1, 0, 2) * w).sum(-1)
+        nv2 = (blas_matmul(om, GW) * om).sum(-1)[:, None]
         zero = ~(wc != 0).any(-1) | (nc2 <= 0)
         ok = ~zero & (nv2 > 0)
         den = np.sqrt(np.where(ok, nc2 * nv2, 1.0))

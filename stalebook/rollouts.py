@@ -410,9 +410,11 @@ def check_prompt_format(tokenizer, cfg) -> None:
 
 
 def prompt_token_ids(tokenizer, prompts: Sequence[str], cfg) -> list[list[int]]:
-    "Each prompt's token ids as the policy sees it: `render_prompt` with the config's system prompt."
+    """Each prompt's token ids as the policy sees it: `render_prompt` with the config's system prompt (each distinct
+    prompt rendered once: a batch repeats every prompt K times)."""
     check_prompt_format(tokenizer, cfg)
-    return [render_prompt(tokenizer, p, cfg.system_prompt) for p in prompts]
+    ids = {p: render_prompt(tokenizer, p, cfg.system_prompt) for p in dict.fromkeys(prompts)}
+    return [list(ids[p]) for p in prompts]
 
 
 def completion_stops(model, tokenizer) -> tuple[int, ...]:
@@ -680,17 +682,18 @@ class RolloutStore:
     def group_domain(self, task_id: str) -> Domain:
         return self.domain.child(task_id)
 
-    def append(self, rec: dict) -> None:
-        "Append the next complete group (its run details go to the `timings.jsonl` sidecar)."
+    def append(self, rec: dict, sync: bool = True) -> None:
+        "Append the next complete group (run details to the `timings.jsonl` sidecar); `sync`: `JsonlLog.append`'s."
         if rec["group"] != self.n_done:
             raise RuntimeError("groups must be appended in order")
         rec, run = split_run_details(rec)
-        self.log.append(rec)
+        self.log.append(rec, sync)
         if any(run):
             with open(self.path / "timings.jsonl", "a", encoding="utf-8") as f:
                 f.write(canonical_json({"group": rec["group"], "details": run}) + "\n")
 
     def finish(self) -> dict:
+        self.log.sync()
         info = dict(n_groups=self.n_done, groups_sha256=hash_file(self.path / "groups.jsonl"))
         atomic_write_json(self.path / "complete.json", info)
         return info
@@ -818,12 +821,14 @@ def generate_store(
         for rec in sample_groups(model, tokenizer, tasks[b0 : b0 + G], store, b0, reward_fn, sampler):
             if rec["group"] < store.n_done:
                 continue  # already on disk
-            store.append(rec)
+            store.append(rec, sync=False)  # one fsync per batch (below), not one per group
             fault_point("group", rec["group"])
             made += 1
             bar.update(1)
             if max_groups is not None and made >= max_groups:
+                store.log.sync()
                 return store
+        store.log.sync()
     bar.close()
     store.finish()
     return store

@@ -158,6 +158,7 @@ ENUM_SEEDS = 20
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_enumerable_check_margins_hold_over_seeds(tmp_path):
     """The notebook's enumerable check (30_bolt: 60 BOLT steps at beta = 1 on one prompt's 64 one-token samples, on the
     notebook's 60-step reduced snapshot) over 20 seeds, each its own prompt, reference samples, LoRA init and data

@@ -198,6 +198,9 @@ def _grpo_bytes(tmp, snap, name, env):
     return (ck / "adapter" / "adapter_model.safetensors").read_bytes() + json.dumps(steps).encode(), meta["numerics"]
 
 
+# slow (23 s here: 5 training processes); in the default run nbs/38_numerics compares every stage with the trace
+# committed from another CPU, and test_protocol checks the BLAS kernels
+@pytest.mark.slow
 def test_pinned_numerics_give_the_same_bytes_on_another_cpu(tmp_path, shipped_snapshot):
     "The same GRPO steps: pinned, whatever the start-up environment asks for; unpinned, they differ."
     tiny_snapshot = shipped_snapshot  # warm-started: the steps have non-zero advantages, so the weights move
@@ -284,3 +287,23 @@ def test_every_stage_agrees_on_emulated_cpus_of_both_vendors(tmp_path):
         assert json.loads(emulated["meta/numerics"])["mode"] == json.loads(here["meta/numerics"])["mode"] == "pinned"
     if "avx512f" in cpu_flags():  # the comparison is between AVX-512 loops here and AVX2 loops there
         assert "AVX512F" in here["meta/numpy_simd"]
+
+
+def test_openblas_threads_pinned_to_one():
+    """OpenBLAS's threaded dot product splits a long sum between its threads, so its bytes follow the thread count
+    (the machine's cores, by default). A pinned process runs OpenBLAS on one thread whatever the environment asks:
+    the same bytes started with OPENBLAS_NUM_THREADS=1 and =2."""
+    from stalebook.core import NUMERICS_VAR, PINNED_NUMERICS
+
+    code = (
+        "import stalebook, numpy as np; g = np.random.default_rng(0); x, y = g.standard_normal((2, 2_000_001)); "
+        "print(repr(float(x @ y)), stalebook.core.NUMERICS)"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in (*PINNED_NUMERICS, NUMERICS_VAR)}
+    out = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=base | {"OPENBLAS_NUM_THREADS": t}, capture_output=True, text=True
+        ).stdout.split()
+        for t in ("1", "2")
+    ]
+    assert out[0][1] == "pinned" and out[0] == out[1], out

@@ -127,8 +127,9 @@ def site(tmp_path_factory):
     return s
 
 
-def test_reading_order_lists_every_notebook(site):
+def test_reading_order_lists_every_notebook(tmp_path):
     "The sidebar of _quarto.yml (the site's order) names every notebook in nbs/, index first, then by number."
+    site = docs.Site(tmp_path / "_docs")  # its pages are read from the sidebar: nothing to build
     want = sorted(
         p for p in docs.NBS.rglob("*.ipynb") if not any(x.startswith((".", "_")) for x in p.relative_to(docs.NBS).parts)
     )
@@ -138,6 +139,8 @@ def test_reading_order_lists_every_notebook(site):
     assert top == sorted(top) and all(n[:2].isdigit() for n in top)
 
 
+# slow: the real site's build (about 35 s here); test_committed_outputs_render builds and opens a small one
+@pytest.mark.slow
 def test_links_and_figures_are_rewritten(site):
     html = (site.out / "12_margin.html").read_text()
     assert (
@@ -159,6 +162,7 @@ def test_slugify_matches_pandoc():
     assert docs.slugify("g = H_on + ξ") == "g-h_on-ξ"
 
 
+@pytest.mark.slow
 def test_every_page_loads_with_images_and_links(driver, site):
     pages = crawl(driver, site.out)
     assert len(pages) == len(site.pages)

@@ -2,9 +2,10 @@
 exactly once), workers SIGKILLed at >= 5 different moments (takeover after the TTL, bytes identical to an undisturbed
 run), a reduced ranking registry on 2 workers (the same files and frozen table as the local executor), the Ray
 executor (a private head on loopback without a dashboard; a 2-node `ray.cluster_utils.Cluster` losing a node), the
-status's owners and throughput, and bad input (one line, exit != 0, nothing claimed). Slow: the real tiny registry's
-demo slice on 6 workers and on the 2-node Ray cluster (with and without a node removed), and one of its code families
-as a Ray task — each against the local executor's bytes."""
+status's owners and throughput, and bad input (one line, exit != 0, nothing claimed). Slow (`make test-slow`): the
+races, the worker kills, the GPU split, the demo on 2 workers and the Ray head (a minute or less each, many processes
+starting); the real tiny registry's demo slice on 6 workers and on the 2-node Ray cluster (with and without a node
+removed), and one of its code families as a Ray task — each against the local executor's bytes."""
 
 import json
 import os
@@ -88,6 +89,8 @@ def work(reg, root, *extra, env=None, **kw):
 # ---------------------------------------------------------------- races: 6 workers, 12 units
 
 
+# slow (70 s here: 8 processes); in the default run nbs/35_executors races two in-process workers over 6 units
+@pytest.mark.slow
 def test_six_workers_run_every_unit_exactly_once(tmp_path):
     """6 worker processes over 12 units: all exit 0, each unit claimed once, each phase started and finished once, bytes
     as the local executor's."""
@@ -126,6 +129,9 @@ def _wait(cond, timeout=300, what=""):
         time.sleep(0.05)
 
 
+# slow (65 s here); in the default run nbs/35_executors takes over a dead owner's lease and
+# test_status_shows_owner_heartbeat_and_stale_lease SIGKILLs a worker
+@pytest.mark.slow
 def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
     """Workers SIGKILLed at 6 different moments — inside a phase's work (3 phases), between a phase's work and its
     record, right after a claim, and mid-phase by the test — each unit taken over by the next worker only after the TTL,
@@ -217,6 +223,8 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
     assert u["state"] == "stale" and u["heartbeat_age_s"] > 2, u
 
 
+# slow (18 s here); in the default run nbs/35_executors checks worker_devices and its refusals
+@pytest.mark.slow
 def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, cli, monkeypatch):
     """4 GPUs at 2 per unit: two workers, one with CUDA_VISIBLE_DEVICES=0,1 and one with 2,3 (read back from the units'
     attempts)."""
@@ -255,6 +263,8 @@ groups_per_batch: 4, k_sketch: 256}}
     return f
 
 
+# slow (35 s here); the default run has each stage: test_contracts, test_report::test_partial_then_frozen_report
+@pytest.mark.slow
 def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
     """`stalebook demo REG --workers 2`: status, two shared workers for the run stage, freeze, report and the decisions;
     exit 0."""
@@ -277,6 +287,7 @@ def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_snapshot):
     """Two families (train, stale, point) on 2 `stalebook work` workers: the same content files and frozen table as
     `stalebook run`."""
@@ -320,6 +331,7 @@ def exactly_once(root: Path, units: list[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tiny_demo_on_six_workers_runs_each_unit_once_and_matches_local(tmp_path, tiny_demo_local):
     """6 `stalebook work` workers over the real tiny registry's demo slice: all exit 0, each family claimed once, each
     phase run once, and the frozen table and every content file byte-identical to the local executor's."""
@@ -429,6 +441,8 @@ def _ray_processes() -> list[int]:
     return [p.pid for p in psutil.Process().children(recursive=True)]
 
 
+# slow (35 s here: a Ray head and its workers); the default run keeps the Ray executor's refusals
+@pytest.mark.slow
 def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_path):
     """The head stalebook starts listens on loopback only and serves no dashboard (checked from the sockets of every
     process it started); one Ray task per synthetic unit leaves the local executor's bytes, read back from the
@@ -516,6 +530,7 @@ def assert_retried(root: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("remove_node", [False, True])
 def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapshot, remove_node):
     """Two ranking families as Ray tasks on a 2-node cluster: the same files and frozen table as the local executor; a
@@ -534,6 +549,7 @@ def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapsh
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("remove_node", [False, True])
 def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path, tiny_demo_local, remove_node):
     """The real tiny registry's demo slice as Ray tasks on a 2-node cluster: the local executor's frozen table and
@@ -551,6 +567,7 @@ def test_ray_cluster_of_two_nodes_runs_tiny_demo_to_local_frozen_table(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ray_task_runs_a_code_family_of_tiny_like_the_local_executor(tmp_path):
     """One code-domain family of the real tiny registry (400 training steps whose rewards run in the sandbox, 4 points)
     as a Ray task on a 2-node cluster: the sandbox works inside a Ray worker, and every content file equals the local

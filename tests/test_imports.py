@@ -8,6 +8,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "stalebook"
 
@@ -170,6 +172,8 @@ def _fresh_import(m: str):
     return m, r.returncode, r.stdout.split(), r.stderr[-800:]
 
 
+# slow (70 s here: one interpreter per module); the static layer and cycle checks above stay in the default run
+@pytest.mark.slow
 def test_every_module_imports_alone_in_a_fresh_interpreter():
     "Each module imports by itself, and what it loads at run time stays at or below its layer (no hidden back-edge)."
     with ThreadPoolExecutor(2) as ex:

@@ -220,6 +220,7 @@ def test_cli_help_and_one_line_errors(tmp_path, cli):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_full_tiny_build_has_the_shipped_revision(tmp_path, shipped_snapshot):
     """The real embedded snapshot rebuilt from scratch through the CLI: pass rates in [0.2, 0.8] per domain, printed,
     and, under the pinned numerics, the very revision shipped with the package (so the package data is what the

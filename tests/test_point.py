@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from stalebook.core import Domain
@@ -40,6 +41,8 @@ def _point_setup(tmp_path, snap):
     return run
 
 
+# slow (45 s here: 11 processes); in the default run test_rollouts kills store generation (the point's stores)
+@pytest.mark.slow
 def test_point_killed_anywhere_resumes_to_identical_result(tmp_path, tiny_snapshot):
     run = _point_setup(tmp_path, tiny_snapshot)
     small = dict(

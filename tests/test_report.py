@@ -133,6 +133,8 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
     assert not (tmp_path / "again").exists()
 
 
+# slow (27 s here: two runs of a registry); test_partial_then_frozen_report stays in the default run
+@pytest.mark.slow
 def test_frozen_table_does_not_depend_on_the_folders(tmp_path, tiny_snapshot, monkeypatch, cli):
     """The same registry run in two project folders, each with its own copy of the snapshot (as two clones at
     different paths would be), once by `run_registry` + `freeze` and once by `stalebook demo`: the frozen tables are

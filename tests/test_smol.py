@@ -85,6 +85,9 @@ def _cli(*args, timeout=300):
     )
 
 
+# slow: the import (about 20 s here) is the fixture of every SmolLM2 test but test_bad_gguf_files, which stays in the
+# default run
+@pytest.mark.slow
 def test_import_then_preflight(smol, tmp_path):
     "The import is a locked snapshot with its provenance; `stalebook preflight` verifies it; an edited template fails."
     assert verify_snapshot(smol) == []
@@ -180,6 +183,7 @@ def _greedy_left_padded(model, prompts, stops, pad, max_new_tokens):
     return out
 
 
+@pytest.mark.slow
 def test_template_stop_and_logprobs_agree_with_generate(policy):
     """The rendered prompt is transformers' `apply_chat_template`; greedy `generate` stops at the end-of-turn token;
     a left-padded batch decodes the same tokens; log-probs at the completion's positions are `generate`'s logits."""
@@ -220,6 +224,7 @@ def test_template_stop_and_logprobs_agree_with_generate(policy):
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
 
+@pytest.mark.slow
 def test_lora_targets_on_the_real_model(policy):
     model, _ = policy
     assert (
@@ -253,6 +258,7 @@ def _assert_rows(model, tok, pids, comps, logp, stops, L):
         assert torch.allclose(torch.as_tensor(lp, dtype=torch.float32), want, atol=2e-4), (lp, want)
 
 
+@pytest.mark.slow
 def test_grpo_step_store_and_scoring(smol, tmp_path):
     """SmolLM2 as imported through the training path: a rollout store of one group, one GRPO step (LoRA on the
     attention projections, 4 prompts x K=2, 16 new tokens, digit-match reward) through the trainer's hooks, one
@@ -324,6 +330,7 @@ def test_grpo_step_store_and_scoring(smol, tmp_path):
     assert 0 < gap < 1  # the policy that scores is not the one that sampled, and close to it
 
 
+@pytest.mark.slow
 def test_a_point_renders_its_prompts_like_its_lineage(smol, tmp_path):
     """A point on a chat snapshot samples with the system prompt its lineage chose (the point's own section has no
     prompt format): the stale store of a lineage at step 0 holds chat-template prompts with that system turn."""
@@ -344,6 +351,7 @@ def test_a_point_renders_its_prompts_like_its_lineage(smol, tmp_path):
         assert rec["prompt_ids"] == render_prompt(pr.tok, task.prompt, system=SYSTEM)
 
 
+@pytest.mark.slow
 def test_warmstart(smol, shipped_snapshot, tmp_path, cli):
     """`stalebook snapshot warmstart`: a format warm start of three steps on three math_nl tasks (every step the same
     batch) is a new locked snapshot that preflight verifies, whose build record names the parent's revision and

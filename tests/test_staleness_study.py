@@ -174,6 +174,7 @@ def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_killed_unit_resumes_to_the_same_cell(tmp_path, tiny_snapshot):
     """One unit of the slice run by `stalebook run --only`, SIGKILLed after its step 7 (its run has a checkpoint at 6)
     and once inside its phase's record, then rerun: the same results.json and run files as an uninterrupted run."""

@@ -75,15 +75,21 @@ def synthetic_registry(tmp: Path, units=3, phases=3, work_s=0.0) -> Path:
     return f
 
 
-def test_synthetic_kills_resume_to_identical_outputs(tmp_path):
+# Each kill is a process start (seconds of imports): `full` (4 kills) runs with the slow tests; `quick`, in the default
+# run, one of each kind.
+@pytest.mark.parametrize(
+    "full", [pytest.param(True, marks=pytest.mark.slow, id="full"), pytest.param(False, id="quick")]
+)
+def test_synthetic_kills_resume_to_identical_outputs(tmp_path, full):
     "Kills inside a phase and between a phase's work and its record: the rerun ends with the undisturbed bytes."
     reg = synthetic_registry(tmp_path)
     assert run(["run", reg, "--root", tmp_path / "a"]).returncode == 0
     kills = 0
-    for fault in ["synthetic:0/1", "phase:u000/p2", "synthetic:1/0", "phase:u002/p0"]:
+    faults = ["synthetic:0/1", "phase:u000/p2", "synthetic:1/0", "phase:u002/p0"][: 4 if full else 2]
+    for fault in faults:
         r = run(["run", reg, "--root", tmp_path / "b"], env={"STALEBOOK_FAULT": fault})
         kills += r.returncode == -signal.SIGKILL
-    assert kills == 4
+    assert kills == len(faults)
     assert run(["run", reg, "--root", tmp_path / "b"]).returncode == 0
     assert content_files(tmp_path / "a") == content_files(tmp_path / "b")
     # each phase's work ran once per attempt that reached it; the unit killed after p2's work ran p2 twice
@@ -168,6 +174,9 @@ def kill_and_compare(tmp_path, reg, faults, min_kills=10):
     return a, kills
 
 
+# slow (80 s here): the default run kills units in test_synthetic_kills_resume_to_identical_outputs, stores in
+# test_rollouts and training in test_trainer
+@pytest.mark.slow
 def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(tmp_path, tiny_snapshot):
     """>= 10 kills of `stalebook run` (6 at fault points inside training, stores, the point kernel and between a phase
     and its record; the rest SIGKILLs of the process group at random moments) and a final rerun: every content file —
@@ -191,6 +200,7 @@ def test_run_killed_at_random_moments_gives_identical_results_and_frozen_table(t
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tiny_demo_killed_at_random_moments(tmp_path):
     "The same on the tiny registry's demo slice (3 families, 9 points: tens of minutes on 2 cores)."
     # in the order they come: s0's training, s0's train record, a store of s0, s1's checkpoint 25, a store of s1
