@@ -57,6 +57,7 @@ from stalebook.units import (
     phase_problems,
     point_name,
     point_phase,
+    point_source_hash,
     queue_state,
     record_digest,
     record_path,
@@ -579,8 +580,15 @@ def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
                 )
             )
     sources = {
-        it: hash_file(
-            unit_dir(root, it.split("/")[0]) / "points" / point_name(int(it.rsplit("/c", 1)[1])) / "manifest.json"
+        it: point_source_hash(
+            json.loads(
+                (
+                    unit_dir(root, it.split("/")[0])
+                    / "points"
+                    / point_name(int(it.rsplit("/c", 1)[1]))
+                    / "manifest.json"
+                ).read_text()
+            )
         )
         for _, _, it in (x for pts in cells.values() for x in pts)
         if it in ok

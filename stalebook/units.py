@@ -55,13 +55,13 @@ from stalebook.registry import (
 from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 
 # %% auto #0
-__all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'Phase',
-           'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind', 'bind_root',
-           'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_unit', 'run_phases', 'SyntheticStudy',
-           'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry', 'run_local',
-           'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
+__all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'MACHINE_FACTS',
+           'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind',
+           'bind_root', 'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_unit', 'run_phases',
+           'SyntheticStudy', 'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry',
+           'run_local', 'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
            'FamilyConfig', 'family_config', 'ranking_units', 'point_name', 'point_phase', 'train_family', 'stale_phase',
-           'point_manifest', 'point_run', 'family_phases', 'family_points']
+           'point_manifest', 'point_run', 'point_source_hash', 'family_phases', 'family_points']
 
 # %% ../nbs/32_units.ipynb #66f436f0
 @dataclass(frozen=True)
@@ -549,6 +549,19 @@ def point_run(unit_id: str, fam: FamilyConfig, c: int, udir: Path, log) -> None:
         f"fresh gain {r['gain_fresh']:+.4f}, "
         f"admissible {'yes' if r['admissible'] else 'no'}"
     )
+
+# %% ../nbs/32_units.ipynb #e6b1440e
+MACHINE_FACTS = ("torch_sqrt_ieee",)  # measured facts about the CPU a point ran on, not inputs of its numbers
+
+
+def point_source_hash(manifest: dict) -> str:
+    """What a frozen table names a point by: its manifest's hash without what describes the machine rather than the
+    numbers: the measured `environment` facts in `MACHINE_FACTS` (no stalebook computation calls torch's CPU sqrt) and
+    the executed notebook, whose kernel metadata names the Python patch release. The result files, the lineage and
+    store files, the package versions and the numerics mode all stay in it."""
+    env = {k: v for k, v in manifest["environment"].items() if k not in MACHINE_FACTS}
+    files = {f: h for f, h in manifest["files"].items() if not f.endswith(".ipynb")}
+    return hash_json(manifest | dict(environment=env, files=files))
 
 # %% ../nbs/32_units.ipynb #45775b54
 def family_phases(u: Unit) -> list[Phase]:

@@ -177,6 +177,34 @@ def test_fault_result_with_9999_replicates(finished, tmp_path):
     assert [k for k, v in registry_status(reg, root)["rows"][0]["contracts"].items() if v] == ["analysis"]
 
 
+def test_content_hash_names_the_results_not_the_machine(finished, tmp_path):
+    """Two machines that compute the same bytes freeze the same table: a point run where torch's CPU sqrt is not IEEE
+    (the manifest's measured `torch_sqrt_ieee`) or under another Python patch release (the executed notebook's kernel
+    metadata) has the same content hash; another package version is another table."""
+    reg = finished[0]
+
+    def frozen_hash(name, edit) -> str:
+        root = shutil.copytree(finished[1], tmp_path / name)
+        nb = root / "units" / U / "points" / C / "point.ipynb"
+        edit(json.loads(nb.read_text()), nb, json.loads(nb.with_name("manifest.json").read_text()))
+        reseal(root)
+        return freeze(reg, root)["content_hash"]
+
+    def machine(nbj, nb, m):
+        nbj["metadata"]["language_info"]["version"] = "3.11.99"
+        nb.write_text(json.dumps(nbj))
+        m["environment"]["torch_sqrt_ieee"] = not m["environment"]["torch_sqrt_ieee"]
+        nb.with_name("manifest.json").write_text(json.dumps(m))
+
+    def versions(nbj, nb, m):
+        m["environment"]["versions"]["numpy"] = "0.0.1"
+        nb.with_name("manifest.json").write_text(json.dumps(m))
+
+    same = frozen_hash("same", lambda *a: None)
+    assert frozen_hash("machine", machine) == same
+    assert frozen_hash("versions", versions) != same
+
+
 def test_fault_byte_flipped_in_a_referenced_file(finished, tmp_path):
     reg, root = finished[0], copy(finished, tmp_path)
     f = root / "units" / U / "points" / C / "result.md"
