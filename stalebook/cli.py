@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stalebook.contracts:cmd_freeze",
         "freeze a registry's aggregate table once every registered point passes every contract",
     ),
+    "audit": (
+        "stalebook.audit:cmd_audit",
+        "staleness and mismatch diagnostics of a logged asynchronous run "
+        "(PATH [--format auto|prime-rl|nemo-rl|slime|areal|stalebook] [--out DIR] [--keep-going])",
+    ),
     "report": (
         "stalebook.report:cmd_report",
         "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)",

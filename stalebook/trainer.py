@@ -72,13 +72,13 @@ from .tasks import VerifierProcess
 from .theory.async_sim import behaviour_source
 
 # %% auto #0
-__all__ = ['ASYNC_STATE', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped_objective', 'grpo_loss', 'sft_loss',
-           'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'mismatch_stats', 'AsyncConfig',
-           'TrainConfig', 'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config', 'Behaviour',
-           'checkpoint_name', 'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage', 'check_lineage',
-           'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'step_rewards', 'groups_of',
-           'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers', 'lag_histogram',
-           'cmd_train']
+__all__ = ['ASYNC_STATE', 'TOKEN_EXPORT_FORMAT', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped_objective', 'grpo_loss',
+           'sft_loss', 'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'mismatch_stats',
+           'AsyncConfig', 'TrainConfig', 'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config',
+           'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage',
+           'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'step_rewards',
+           'groups_of', 'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers',
+           'token_export_rows', 'write_token_export', 'lag_histogram', 'cmd_train']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -366,6 +366,8 @@ class TrainConfig:
     ratio_tol: float = 1e-5
     mismatch_diagnostics: bool = added_field(False)  # record `mismatch_stats` every step (always with a sampler
     # other than hf, whose log-probs are the trainer's up to float order)
+    token_export: bool = added_field(False)  # write each step's sampled tokens, log-probs, advantages and versions
+    # to <out>/token_exports/ (`write_token_export`; read by `stalebook audit`); not part of the run's identity
 
     def __post_init__(self):
         if self.steps < 0:
@@ -382,6 +384,8 @@ class TrainConfig:
             raise ValueError(
                 "lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation"
             )
+        if self.token_export and self.objective != "grpo":
+            raise ValueError("token_export needs objective 'grpo' (the SFT step has no behaviour log-probs)")
         if self.mismatch_diagnostics and self.objective != "grpo":
             raise ValueError("mismatch_diagnostics needs objective 'grpo' (the SFT step has no sampler log-probs)")
         if self.async_training.enabled and self.objective != "grpo":
@@ -389,10 +393,11 @@ class TrainConfig:
 
 
 def identity_dict(cfg: TrainConfig) -> dict:
-    """The fields that determine the run's numbers: all but `out`;
+    """The fields that determine the run's numbers: all but `out` and `token_export`;
     `async_training` / `optimizer` only when not synchronous / AdamW."""
     d = config_dict(cfg)
     d.pop("out")
+    d.pop("token_export", None)
     if not cfg.async_training.enabled:
         d.pop("async_training")
     if cfg.optimizer == "adamw":
@@ -643,7 +648,7 @@ def check_resume_config(cfg: TrainConfig, saved: Path) -> None:
     if config_hash(old) == config_hash(cfg):
         return
     diff = [k for k in config_dict(cfg) if config_dict(cfg)[k] != config_dict(old).get(k)]
-    if set(diff) - {"steps", "lineage_steps", "out"}:
+    if set(diff) - {"steps", "lineage_steps", "out", "token_export"}:
         raise StalebookError(
             f"{saved}: run was started with another config (fields differ: {', '.join(diff)}); use a new --out"
         )
@@ -935,6 +940,7 @@ def objective(self: Trainer, gen: Generation, R, old, mask, lag: int = 0):
         part.backward()
         parts[rows.start] = lp.detach()
     logp, adv = torch.cat([parts[s] for s in sorted(parts)]), adv_of(resolved(R))
+    self._exportable = (logp, adv) if cfg.token_export else None  # for `write_token_export` in `learn`
     loss, st = offpolicy_grpo_loss(
         logp, old, adv, mask, async_cfg.correction, async_cfg.level, async_cfg.is_threshold, ref_logp=ref, **kw
     )
@@ -1023,6 +1029,10 @@ def learn(self: Trainer, gen: Generation, R, old, mask, ph: str, src: int, phi=N
         rec.update(mismatch_stats(old, gen.sampler_logp, mask, cfg.async_training.is_threshold))
     if self.async_on:
         rec.update(self._async_record(theta, grad, src, phi))
+    if cfg.token_export:
+        logp, adv = self._exportable
+        rows = token_export_rows(self.step, src, ph, gen, R, adv, old, logp, mask, cfg)
+        write_token_export(self.dir / "token_exports", self.step, rows)
     self.step += 1
     if self.behaviour is not None:
         self.behaviour.record(self.step)
@@ -1033,6 +1043,49 @@ Trainer.diagnose_mismatch = property(
     lambda self: self.cfg.mismatch_diagnostics or self.sampler.name != "hf",
     doc="Does each step record `mismatch_stats` (asked for, or a sampler other than the HF model itself)?",
 )
+
+# %% ../nbs/26_trainer.ipynb #f071bce1
+TOKEN_EXPORT_FORMAT = "stalebook-token-export/1"
+
+
+def token_export_rows(step: int, version: int, ph: str, gen: Generation, R, adv, old, logp, mask, cfg) -> list[dict]:
+    """A learner step's records, one per row of the batch (rewards R [P, K], advantages [B], behaviour and learner
+    log-probs and mask [B, W]): tokens, the three log-probs, reward, advantage, versions and the loss's settings."""
+    a, r = cfg.async_training, R.reshape(-1).tolist()
+    common = dict(
+        format=TOKEN_EXPORT_FORMAT,
+        step=step,
+        version=version,
+        policy_hash=ph,
+        width=int(mask.shape[1]),
+        dtype=str(old.dtype).removeprefix("torch."),
+        correction=a.correction,
+        level=a.level,
+        is_threshold=a.is_threshold,
+        clip_epsilon=cfg.clip_epsilon,
+        clip_epsilon_high=a.clip_epsilon_high,
+    )
+    return [
+        dict(
+            common,
+            row=i,
+            group=i // R.shape[1],
+            prompt_ids=list(gen.prompt_ids[i]),
+            completion_ids=list(gen.completions[i]),
+            reward=r[i],
+            advantage=float(adv[i]),
+            mask=mask[i].int().tolist(),
+            sampler_logp=[float(x) for x in gen.sampler_logp[i]],
+            behaviour_logp=old[i].tolist(),
+            learner_logp=logp[i].tolist(),
+        )
+        for i in range(len(gen.completions))
+    ]
+
+
+def write_token_export(folder: Path, step: int, rows: list[dict]) -> Path:
+    "One step's records as JSON lines, written atomically to `folder/step_NNNNNN.jsonl`."
+    return atomic_write(Path(folder) / f"step_{step:06d}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c07
 def _cos(a, b) -> float | None:

@@ -1,0 +1,154 @@
+"""`stalebook audit` end to end: a pipelined run (two processes, real lags) with token exports audited from its
+files gives the numbers its own step log recorded; the same run exported to each framework's format and audited
+gives the numbers that format carries; bad input is a one-line error naming the file and line, exit status != 0 and
+nothing written, or with --keep-going the complete records kept and the bad ones counted (~40 s: one pipelined run
+shared by the module)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stalebook.audit import audit, write_audit
+from stalebook.audit_formats import FORMATS
+from stalebook.core import read_jsonl
+from stalebook.rollouts import SamplingConfig
+from stalebook.trainer import AsyncConfig, TrainConfig
+
+EXE = str(Path(sys.executable).parent / "stalebook")
+LOGGED = (  # what the trainer logs per step that the stalebook export lets the audit recompute
+    "reward_mean",
+    "zero_adv_groups",
+    "n_groups",
+    "n_tokens",
+    "logr_max_abs",
+    "logr_mean_abs",
+    "kl_behav_k3",
+    "clip_frac",
+    "is_ess_frac",
+    "is_log_max",
+    "is_beyond_frac",
+)
+
+
+@pytest.fixture(scope="module")
+def pipelined_run(tmp_path_factory, shipped_snapshot):
+    "A 12-step pipelined GRPO run (max_staleness 2) of the shipped tiny model with token exports and diagnostics."
+    from stalebook.pipeline import run_pipeline
+
+    out = tmp_path_factory.mktemp("audit") / "run"
+    cfg = TrainConfig(
+        out=str(out),
+        snapshot=str(shipped_snapshot),
+        n_tasks=8,
+        steps=12,
+        prompts_per_step=3,
+        lineage_steps=(0,),
+        sampling=SamplingConfig(group_size=4, max_new_tokens=6),
+        token_export=True,
+        mismatch_diagnostics=True,
+        async_training=AsyncConfig(mode="pipelined", max_staleness=2),
+    )
+    run_pipeline(cfg, progress=False)
+    return out, read_jsonl(out / "steps.jsonl").records
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([EXE, "audit", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_audit_of_a_pipelined_run_equals_its_step_log(pipelined_run, tmp_path):
+    run, recs = pipelined_run
+    res = audit(run, progress=False)
+    assert res["format"] == "stalebook" and len(res["steps"]) == len(recs) == 12
+    mism = [k for k in recs[0] if k.startswith("mismatch/")]
+    assert len(mism) == 10
+    for r, a in zip(recs, res["steps"]):
+        assert a["step"] == r["step"] and a["lag_mean"] == r["lag"] == a["lag_max"]
+        assert {k: a[k] for k in (*LOGGED, *mism)} == {k: r[k] for k in (*LOGGED, *mism)}
+    lags = [r["lag"] for r in recs]
+    assert res["run"]["lag_hist"] == {str(k): 12 * lags.count(k) for k in sorted(set(lags))}  # 12 samples a step
+    assert max(lags) > 0, "the pipeline never lagged: the lag part of the audit was not exercised"
+    # the report: papermill runs the notebook on the JSON, which is written atomically first
+    out = write_audit(res, tmp_path / "aud")
+    assert json.loads((out / "audit.json").read_text())["run"] == res["run"]
+    assert (out / "report.ipynb").is_file() and (out / "figures" / "audit.png").stat().st_size > 10_000
+
+
+def test_cli_reads_a_run_and_names_bad_lines(pipelined_run, tmp_path):
+    run, _ = pipelined_run
+    ok = _cli(run, "--out", tmp_path / "a", "--no-report", "--quiet")
+    assert ok.returncode == 0 and "12 steps" in ok.stdout, ok.stderr
+    bad = tmp_path / "bad"
+    shutil.copytree(run / "token_exports", bad / "token_exports")
+    f = sorted((bad / "token_exports").glob("step_*.jsonl"))[4]
+    lines = f.read_text().splitlines(keepends=True)
+    f.write_text("".join(lines[:2]) + "{not json\n" + "".join(lines[3:]))
+    r = _cli(bad, "--out", tmp_path / "b", "--quiet")
+    assert r.returncode == 2 and f"{f.name}:3: not a JSON record" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "b").exists(), "an audit that failed wrote something"
+    r = _cli(bad, "--out", tmp_path / "c", "--no-report", "--quiet", "--keep-going")
+    assert r.returncode == 0 and "1 bad records skipped" in r.stdout, r.stderr
+    got = json.loads((tmp_path / "c" / "audit.json").read_text())
+    assert got["read"]["skipped"] == 1 and got["run"]["samples"] == 12 * 12 - 1
+    for args, msg in [
+        ((tmp_path / "nowhere",), "no such file or folder"),
+        ((run, "--format", "nope"), "invalid choice: 'nope'"),
+        ((tmp_path,), "no known format recognised"),
+        ((run, "--top-frac", "1.5"), "--top-frac"),
+    ]:
+        r = _cli(*args, "--out", tmp_path / "x", "--quiet")
+        assert r.returncode != 0 and msg in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "x").exists()
+
+
+def test_every_format_has_a_reader_and_an_exporter():
+    import stalebook.audit_formats as af
+
+    assert set(FORMATS) == {"stalebook", "prime-rl", "nemo-rl", "slime", "areal"}
+    for name in set(FORMATS) - {"stalebook"}:
+        assert callable(getattr(af, f"export_{name.replace('-', '_')}")), name
+
+
+MISMATCH = (
+    "mismatch/logp_abs_diff_mean",
+    "mismatch/logp_abs_diff_max",
+    "mismatch/k3_kl",
+    "mismatch/is_ess_frac",
+    "mismatch/is_mean",
+    "mismatch/is_max",
+    "mismatch/is_beyond_frac",
+    "mismatch/is_truncated_mean",
+)
+CARRIED = {  # per step: what each format's log carries of the trainer's own record
+    "prime-rl": ("lag", "reward_mean", "zero_adv_groups", "n_groups", "n_tokens", *MISMATCH),
+    "nemo-rl": ("reward_mean", "zero_adv_groups", "n_groups", "n_tokens", *MISMATCH),
+    "slime": ("lag", "reward_mean", "zero_adv_groups", "n_groups", "n_tokens", *MISMATCH),
+}
+
+
+@pytest.mark.parametrize("fmt", ["prime-rl", "nemo-rl", "slime", "areal"])
+def test_a_run_exported_to_each_format_audits_to_its_own_numbers(pipelined_run, tmp_path, fmt):
+    import stalebook.audit_formats as af
+
+    run, recs = pipelined_run
+    out = getattr(af, f"export_{fmt.replace('-', '_')}")(run, tmp_path / fmt)
+    res = audit(out, progress=False)
+    assert res["format"] == fmt and res["read"]["skipped"] == 0
+    assert res["run"]["samples"] == 12 * 12 and res["run"]["steps"] == (12 if fmt != "areal" else len(res["steps"]))
+    if fmt == "areal":  # no consuming step: grouped by the generating version; rewards and their groups are kept
+        versions = sorted({r["behaviour_step"] for r in recs})
+        assert [r["version_max"] for r in res["steps"]] == versions
+        per_version = {v: [r for r in recs if r["behaviour_step"] == v] for v in versions}
+        for a in res["steps"]:
+            mine = per_version[a["version_max"]]
+            assert a["n_groups"] == sum(r["n_groups"] for r in mine)
+            assert a["zero_adv_groups"] == sum(r["zero_adv_groups"] for r in mine)
+            assert abs(a["reward_mean"] - sum(r["reward_mean"] * r["n_groups"] for r in mine) / a["n_groups"]) < 1e-12
+        return
+    for r, a in zip(recs, res["steps"]):
+        got = {k: a["lag_mean"] if k == "lag" else a.get(k) for k in CARRIED[fmt]}
+        assert got == {k: r[k] for k in CARRIED[fmt]}, (fmt, r["step"])

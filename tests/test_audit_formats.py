@@ -1,0 +1,198 @@
+"""The framework formats' readers on bad input (`stalebook.audit_formats`): each kind of damage to a fixture stops the
+read with an error naming the file and the line (or record), and under keep_going costs exactly the damaged records.
+
+The fixtures (tests/fixtures/audit/<format>/) are written by tests/fixtures/audit/make_fixtures.py; each case below
+copies one to a temporary folder and damages one file. A case absent from a format's table cannot occur in it: NeMo-RL's
+records carry no step (the file name is the only one), so they cannot mix steps.
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stalebook.audit_formats import AuditInputError, ReadLog, detect_format, read_samples
+
+FIX = Path(__file__).parent / "fixtures" / "audit"
+TOTAL = {"prime-rl": 7, "nemo-rl": 8, "slime": 8, "areal": 5}  # samples in each fixture
+
+
+def edit_line(f: Path, n: int, edit) -> None:
+    "Replace line n (1-based) of a JSON-lines file by `edit(record)` (a dict, or a str written as it is)."
+    lines = f.read_text().splitlines(keepends=True)
+    new = edit(json.loads(lines[n - 1]))
+    lines[n - 1] = new if isinstance(new, str) else json.dumps(new) + "\n"
+    f.write_text("".join(lines))
+
+
+def cut_last_line(f: Path) -> int:
+    "Cut the file's last line in half, as a crash mid-write leaves it; its line number."
+    lines = f.read_text().splitlines(keepends=True)
+    f.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    return len(lines)
+
+
+def without(*keys):
+    return lambda r: {k: v for k, v in r.items() if k not in keys}
+
+
+def with_(**kv):
+    return lambda r: {**r, **kv}
+
+
+def garbled(r):
+    return '{"step": 3, "token_ids": [1, 2,, oops\n'
+
+
+# (case, damage(root) -> the text the error must name, samples kept under keep_going, records skipped)
+def jsonl_cases(fmt, rel, line, missing, schema, mixed, lengths, malformed):
+    "The cases for a JSON-lines format: each damages line `line` of `rel` (the last line of `rel` when truncated)."
+    name = Path(rel).name
+
+    def damage(edit):
+        return lambda root: (edit_line(root / rel, line, edit), f"{name}:{line}")[1]
+
+    cases = {
+        "garbled line": (damage(garbled), TOTAL[fmt] - 1, 1),
+        "truncated last line": (lambda root: f"{name}:{cut_last_line(root / rel)}", TOTAL[fmt] - 1, 1),
+        "missing field": (damage(without(missing)), TOTAL[fmt] - 1, 1),
+        "array lengths": (damage(lengths), TOTAL[fmt] - 1, 1),
+        "malformed value": (damage(malformed), TOTAL[fmt] - 1, 1),  # text where the format writes a number
+    }
+    if schema:
+        cases["unknown schema"] = (damage(schema), TOTAL[fmt] - 1, 1)
+    if mixed:
+        cases["mixed steps"] = (damage(mixed), TOTAL[fmt] - 1, 1)
+    return cases
+
+
+def shorten(key, nested=False):
+    "Drop the last entry of a per-token array (`nested`: NeMo-RL's batch of one, [[...]])."
+    return lambda r: {**r, key: [r[key][0][:-1]] if nested else r[key][:-1]}
+
+
+def areal_legacy(root):
+    (root / "rollout" / "3" / "9f2c.txt").write_text("idx: 1 / 2, seqlen: 187, reward is 1.0.\nprompt is \n...\n")
+    return "9f2c.txt:1"
+
+
+CASES = {
+    "prime-rl": jsonl_cases(
+        "prime-rl",
+        "token_exports/step_3/rank_0.jsonl",
+        2,
+        missing="trainer_logprobs",
+        schema=with_(schema_version=2),
+        mixed=with_(step=10),
+        lengths=shorten("loss_mask"),
+        malformed=lambda r: {**r, "trainer_logprobs": ["x"] * len(r["trainer_logprobs"])},
+    ),
+    "nemo-rl": jsonl_cases(
+        "nemo-rl",
+        "train_data_step2.jsonl",
+        3,
+        missing="prev_logprobs",
+        schema=without("token_ids", "token_loss_mask", "sample_loss_mask", "advantages"),  # before NeMo-RL f11f99c79
+        mixed=None,
+        lengths=shorten("prev_logprobs", nested=True),
+        malformed=with_(rewards=["x"]),
+    ),
+    "areal": jsonl_cases(
+        "areal",
+        "rollout/12/2.jsonl",
+        2,
+        missing="tail_version",
+        schema=None,
+        mixed=with_(tail_version=3),
+        lengths=with_(prompt_len=30),  # a prompt longer than its sequence
+        malformed=with_(reward="x"),
+    ),
+}
+CASES["areal"]["unknown schema"] = (areal_legacy, TOTAL["areal"], 1)
+
+
+def slime_edit(rel, edit):
+    "Damage a slime dump: `edit(the loaded object)` is saved back in its place."
+
+    def damage(root):
+        import torch
+
+        f = root / rel
+        d = torch.load(f, weights_only=True)
+        edit(d)
+        torch.save(d, f)
+
+    return damage
+
+
+def slime_case(rel, edit, names, kept, skipped=1):
+    return (lambda root: (slime_edit(rel, edit)(root), names)[1], kept, skipped)
+
+
+def slime_bytes(rel, cut):
+    def damage(root):
+        f = root / rel
+        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2] if cut else b"not a torch file at all")
+        return rel
+
+    return damage
+
+
+CASES["slime"] = {
+    "garbled file": (slime_bytes("rollout_data/2.pt", cut=False), TOTAL["slime"] - 2, 1),
+    "truncated file": (slime_bytes("rollout_data/2.pt", cut=True), TOTAL["slime"] - 2, 1),
+    "garbled record": slime_case("rollout_data/1.pt", lambda d: d["samples"].__setitem__(1, "oops"), "1.pt#1", 7),
+    "missing field": slime_case("rollout_data/1.pt", lambda d: d["samples"][1].pop("response_length"), "1.pt#1", 7),
+    "array lengths": slime_case("rollout_data/1.pt", lambda d: d["samples"][1]["loss_mask"].pop(), "1.pt#1", 7),
+    "unknown schema": slime_case("train_data/1.pt", lambda d: d.update(format_version=3), "train_data/1.pt", 8),
+    "mixed steps": slime_case("rollout_data/2.pt", lambda d: d.update(rollout_id=7), "rollout_data/2.pt", 6),
+}
+
+
+@pytest.mark.parametrize("fmt,case", [(f, c) for f, cs in CASES.items() for c in cs])
+def test_bad_input(tmp_path, fmt, case):
+    root = tmp_path / fmt
+    shutil.copytree(FIX / fmt, root)
+    damage, kept, skipped = CASES[fmt][case]
+    names = damage(root)
+    with pytest.raises(AuditInputError) as e:
+        list(read_samples(root, fmt))
+    assert names in str(e.value), str(e.value)
+    log = ReadLog(keep_going=True)
+    assert len(list(read_samples(root, fmt, log))) == kept
+    assert log.skipped == skipped and names in log.reasons[0], log.reasons
+
+
+@pytest.mark.parametrize("fmt", list(TOTAL))
+def test_fixture_read_and_detected(fmt):
+    log = ReadLog()
+    assert len(list(read_samples(FIX / fmt, log=log))) == TOTAL[fmt] and log.skipped == 0
+    assert detect_format(FIX / fmt) == fmt
+    with pytest.raises(AuditInputError, match="unknown format 'nope'"):
+        list(read_samples(FIX / fmt, "nope"))
+
+
+def test_detect_refuses_empty_folder(tmp_path):
+    with pytest.raises(AuditInputError, match=re.escape(f"{tmp_path}: no known format recognised")):
+        detect_format(tmp_path)
+    with pytest.raises(AuditInputError, match="no such file"):
+        detect_format(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("fmt", list(TOTAL))
+def test_empty_folder_named_by_each_reader(tmp_path, fmt):
+    with pytest.raises(AuditInputError, match=re.escape(str(tmp_path))):
+        list(read_samples(tmp_path, fmt))
+
+
+def test_prime_rl_unstable_step(tmp_path):
+    "A step folder without STABLE (a run cut off mid-step) is bad input; keep_going skips that step."
+    root = tmp_path / "prime-rl"
+    shutil.copytree(FIX / "prime-rl", root)
+    (root / "token_exports" / "step_3" / "STABLE").unlink()
+    with pytest.raises(AuditInputError, match="step_3: no STABLE marker"):
+        list(read_samples(root, "prime-rl"))
+    log = ReadLog(keep_going=True)
+    assert len(list(read_samples(root, "prime-rl", log))) == TOTAL["prime-rl"] - 2 and log.skipped == 1
