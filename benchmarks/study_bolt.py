@@ -222,7 +222,7 @@ def main():
         claims=rows,
         tables=tables,
         units=arms,
-        machine="2 CPU cores shared with other jobs, torch 2 threads",
+        machine="2 CPU cores shared with other jobs (two unit workers), torch 1 thread per unit",
     )
     if (
         legacy and (root / "unit-seconds.json").exists()
