@@ -131,8 +131,8 @@ def main():
         runs=runs,
         summary=summary,
         ratios=ratios,
-        machine=f"{os.cpu_count()} CPU cores shared with other jobs (load average {os.getloadavg()[0]:.1f} at the end), "
-        "torch 1 thread, CPU float32",
+        machine=f"{os.cpu_count()} CPU cores shared with other jobs "
+        f"(load average {os.getloadavg()[0]:.1f} at the end), torch 1 thread, CPU float32",
     )
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")

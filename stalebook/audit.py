@@ -22,9 +22,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .audit_formats import FORMATS, AuditInputError, LoggedSample, ReadLog, detect_format, read_samples
+from .audit_formats import AuditInputError, LoggedSample, ReadLog, detect_format, read_samples
 from stalebook.core import (
-    CommandParser,
     Domain,
     Progress,
     atomic_write_json,
@@ -39,7 +38,8 @@ from .trainer import mismatch_stats, offpolicy_stats
 # %% auto #0
 __all__ = ['QUANTILES', 'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms',
            'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'trend', 'audit', 'plot_lags',
-           'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown', 'write_audit', 'cmd_audit']
+           'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown',
+           'write_audit']
 
 # %% ../nbs/40_audit.ipynb #4061ebea
 def steps_of(samples: Iterable[LoggedSample], log: ReadLog | None = None) -> Iterator[list[LoggedSample]]:
@@ -399,7 +399,7 @@ def _series(res: dict, key: str):
 
 
 def plot_lags(ax, res: dict) -> None:
-    "Realised lag histogram (samples, loss tokens) and token-weighted staleness per step on a twin axis."
+    "Realised lag histogram: the share of samples and of loss tokens at each lag."
     h, ht = res["run"]["lag_hist"], res["run"]["lag_hist_tokens"]
     if not h:
         return _missing(ax, "versions and consuming steps (lag)")
@@ -408,6 +408,16 @@ def plot_lags(ax, res: dict) -> None:
     ax.bar(k + 0.2, [ht[x] / max(sum(ht.values()), 1) for x in ht], 0.4, label="loss tokens")
     ax.set(xlabel="lag (steps)", ylabel="share", title="realised lag")
     ax.legend(loc="upper left", fontsize=8)
+
+
+def plot_staleness(ax, res: dict) -> None:
+    "Per step: the token-weighted staleness and the mean and max lag of the consumed samples."
+    if _series(res, "lag_mean") is None:
+        return _missing(ax, "versions and consuming steps (lag)")
+    for key, lab in (("lag_token_weighted", "token-weighted"), ("lag_mean", "mean"), ("lag_max", "max")):
+        ax.plot(*_series(res, key), label=lab, lw=1, drawstyle="steps-mid" if key == "lag_max" else "default")
+    ax.set(xlabel="step", ylabel="staleness (steps)", title="staleness per step")
+    ax.legend(fontsize=7)
 
 # %% ../nbs/40_audit.ipynb #b0f8e2ac
 def plot_ratios(ax, res: dict) -> None:
@@ -468,9 +478,9 @@ def plot_ranking(ax, res: dict) -> None:
 
 
 def audit_figure(res: dict):
-    "The report's figure: lags, ratios, mismatch, ranking."
-    fig, axs = plt.subplots(1, 4, figsize=(19, 4))
-    for ax, f in zip(axs, (plot_lags, plot_ratios, plot_mismatch, plot_ranking)):
+    "The report's figure: lags, staleness per step, ratios, mismatch, ranking."
+    fig, axs = plt.subplots(1, 5, figsize=(23, 4))
+    for ax, f in zip(axs, (plot_lags, plot_staleness, plot_ratios, plot_mismatch, plot_ranking)):
         f(ax, res)
     fig.suptitle(f"audit of {Path(res['path']).name} ({res['format']})")
     fig.tight_layout()
@@ -524,40 +534,3 @@ def write_audit(result: dict, out, report: bool = True) -> Path:
             experiment_notebook("audit"), out / "report.ipynb", dict(audit_json="audit.json", out="."), cwd=out
         )
     return out
-
-# %% ../nbs/40_audit.ipynb #73f0656d
-def cmd_audit(argv) -> int:
-    "Audit a logged asynchronous run: staleness, importance ratios, mismatch KL, ranking agreement."
-    p = CommandParser(prog="stalebook audit", description="Staleness and mismatch diagnostics of a logged run.")
-    p.add_argument("path", help="the run's log folder (or one file)")
-    p.add_argument("--format", default="auto", choices=["auto", *FORMATS], help="the log's format (default: detect)")
-    p.add_argument("--out", default=None, help="output folder (default: audit-<name> here)")
-    p.add_argument("--keep-going", action="store_true", help="skip bad records (counted) instead of stopping")
-    p.add_argument("--is-threshold", type=float, default=2.0, help="truncation threshold of the token weights")
-    p.add_argument("--top-frac", type=float, default=0.25, help="the ranking question's k as a share of the prompts")
-    p.add_argument("--score", choices=["pass", "variance"], default="pass", help="prompt score: pass rate or p(1-p)")
-    p.add_argument("--no-report", action="store_true", help="the JSON only, no notebook")
-    p.add_argument("--quiet", action="store_true", help="no progress")
-    a = p.parse_args(argv)
-    if not 0 < a.top_frac < 1 or not a.is_threshold > 1:
-        p.error("--top-frac must lie in (0, 1) and --is-threshold be > 1")
-    path = Path(a.path)
-    res = audit(path, a.format, a.keep_going, a.is_threshold, a.top_frac, a.score, progress=not a.quiet)
-    out = write_audit(res, Path(a.out) if a.out else Path(f"audit-{path.resolve().name}"), report=not a.no_report)
-    r, rk = res["run"], res["ranking"]
-    skipped = res["read"]["skipped"]
-    print(
-        f"{path} ({res['format']}): {r['steps']} steps, {r['samples']} samples, {r['tokens']} tokens"
-        + (f", {skipped} bad records skipped" if skipped else "")
-    )
-    print(
-        f"  lag: mean {r['lag_mean']}, max {r['lag_max']}, token-weighted {r['lag_token_weighted']}; "
-        f"IS ESS fraction {r.get('mismatch/is_ess_frac')}, k3 {r.get('mismatch/k3_kl_mean')}"
-    )
-    if rk["applies"]:
-        print(
-            f"  ranking: top-{rk['k']} agreement {rk['agreement']:.2f} (95% {rk['agreement_ci95']}), "
-            f"noise ceiling {rk['noise_ceiling']:.2f}, chance {rk['chance']:.2f}"
-        )
-    print(f"  wrote {out / 'audit.json'}" + ("" if a.no_report else f" and {out / 'report.ipynb'}"))
-    return 0

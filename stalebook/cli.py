@@ -1,6 +1,6 @@
-"""One console script, many subcommands. Each subcommand lives next to the code it drives and is
-imported only when called, so `stalebook --help` stays instant even though later subcommands load
-torch and transformers.
+"""One console script, many subcommands: the table of commands and the dispatcher. The commands that drive the
+engine live in `stalebook.commands` (`50_commands`), imported only when one of them runs, so `stalebook --help`
+stays instant even though they load torch and transformers.
 
 Docs: https://stalebook.github.io/stalebook/cli.html.md"""
 
@@ -16,83 +16,85 @@ import json
 import os
 import pkgutil
 import sys
+import time
 
 from . import __version__
 from .core import CHECKS, CheckRows, CommandParser, StalebookError, run_checks
+from .preflight import PreflightError, preflight
 
 # %% auto #0
-__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'cmd_verify']
+__all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'cmd_verify', 'cmd_preflight']
 
 # %% ../nbs/01_cli.ipynb #ac588821
 COMMANDS: dict[str, tuple[str, str]] = {
-    "version": ("stalebook.cli:cmd_version", "print the stalebook version"),
-    "verify": ("stalebook.cli:cmd_verify", "run every numerical check of the theory notebooks and print the table"),
+    "version": ("cmd_version", "print the stalebook version"),
+    "verify": ("cmd_verify", "run every numerical check of the theory notebooks and print the table"),
     "snapshot": (
-        "stalebook.model:cmd_snapshot",
+        "cmd_snapshot",
         "build the embedded tiny model snapshot (tiny --out DIR), import a GGUF or Hugging Face model "
         "(import SRC --out DIR) or lock a snapshot folder (lock DIR)",
     ),
     "preflight": (
-        "stalebook.preflight:cmd_preflight",
+        "cmd_preflight",
         "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)",
     ),
     "rollouts": (
-        "stalebook.rollouts:cmd_rollouts",
+        "cmd_rollouts",
         "generate or resume a hash-bound rollout store from a config (RolloutsConfig)",
     ),
     "train": (
-        "stalebook.trainer:cmd_train",
+        "cmd_train",
         "run or resume GRPO/SFT training of a LoRA lineage from a config (TrainConfig)",
     ),
     "pipeline": (
-        "stalebook.pipeline:cmd_pipeline",
+        "cmd_pipeline",
         "pipelined GRPO from a config: a generator and a learner process, bounded staleness (TrainConfig)",
     ),
     "point": (
-        "stalebook.point:cmd_point",
+        "cmd_point",
         "run or resume one experiment point (stale vs fresh prompt scoring) via papermill",
     ),
     "run": (
-        "stalebook.executors:cmd_run",
+        "cmd_run",
         "run or resume a registry's units (REGISTRY [--only UNIT] [--root DIR] [--executor local|shared|ray])",
     ),
     "work": (
-        "stalebook.executors:cmd_work",
+        "cmd_work",
         (
             "this node's workers of a registry on a shared volume "
             "(REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])"
         ),
     ),
     "status": (
-        "stalebook.contracts:cmd_status",
+        "cmd_status",
         "one line per point of a registry: contract states, what is missing, elapsed time (--json)",
     ),
     "freeze": (
-        "stalebook.contracts:cmd_freeze",
+        "cmd_freeze",
         "freeze a registry's aggregate table once every registered point passes every contract",
     ),
     "audit": (
-        "stalebook.audit:cmd_audit",
+        "cmd_audit",
         "staleness and mismatch diagnostics of a logged asynchronous run "
         "(PATH [--format auto|prime-rl|nemo-rl|slime|areal|stalebook] [--out DIR] [--keep-going])",
     ),
     "report": (
-        "stalebook.report:cmd_report",
+        "cmd_report",
         "execute the report notebook of a registry: figures and tables (PARTIAL until frozen)",
     ),
     "design": (
-        "stalebook.protocol:cmd_design",
+        "cmd_design",
         (
             "gate power and verdict probabilities from a pilot result.json or --rho, "
             "and the smallest design reaching a target"
         ),
     ),
     "demo": (
-        "stalebook.report:cmd_demo",
+        "cmd_demo",
         "the main job: status -> run -> freeze -> report on the tiny registry's demo slice",
     ),
     "numerics": (
-        "stalebook.numerics:cmd_numerics",
+        "cmd_numerics",
         "hash every stage a run computes, to compare CPUs (trace [--compare FILE])",
     ),
 }
@@ -112,9 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve(target: str):
-    mod, fn = target.split(":")
-    return getattr(importlib.import_module(mod), fn)
+def _resolve(name: str):
+    "A command's function: one of this module's own (they load no torch) or `stalebook.commands`'."
+    if name in globals():
+        return globals()[name]
+    from stalebook import commands  # lazy: it loads torch and transformers (seconds); `--help` needs neither
+
+    return getattr(commands, name)
 
 # %% ../nbs/01_cli.ipynb #4b6b1e2b
 def main(argv=None) -> int:
@@ -195,3 +201,24 @@ def cmd_verify(argv) -> int:
         print(repr(CheckRows(rows)))
         print(f"\n{sum(r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
     return 0 if rows and all(r.passed for r in rows) else 1
+
+# %% ../nbs/01_cli.ipynb #5e7d0c12
+def cmd_preflight(argv) -> int:
+    "`stalebook preflight DIR [--revision R]`: compute mode + snapshot checks; one line per failure, exit 1."
+    p = CommandParser(prog="stalebook preflight", description="Enter compute mode and verify a locked snapshot.")
+    p.add_argument("dir")
+    p.add_argument("--revision", default=None, help="the revision the run was registered with")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    try:
+        lock = preflight(args.dir, revision=args.revision)
+    except PreflightError as e:
+        for line in e.failures:
+            print(f"preflight: FAIL {line}")
+        return 1
+    n = sum(len(v) for v in lock["self_test"].values())
+    print(
+        f"preflight: OK {args.dir} revision {lock['revision']} "
+        f"({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)"
+    )
+    return 0

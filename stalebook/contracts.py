@@ -21,7 +21,6 @@ import functools
 import io
 import json
 import re
-import sys
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from typing import Callable
 import numpy as np
 
 from stalebook.core import (
-    CommandParser,
     StalebookError,
     atomic_dir,
     config_hash,
@@ -42,7 +40,7 @@ from stalebook.core import (
 )
 from .point import load_point, point_tasks
 from .protocol import pool_cell
-from .registry import Registry, load_registry, registry_hash, registry_problems, registry_root
+from .registry import Registry, load_registry, registry_hash, registry_root
 from .rollouts import rollout_domain
 from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
@@ -70,8 +68,7 @@ __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'DEMO_PRETRAINED', 'COLUMNS', 'K
            'registry_status', 'PointCheck', 'point_missing', 'objective_contract', 'lineage_contract',
            'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract', 'manifest_contract',
            'table_title', 'registry_cells', 'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused',
-           'problem_lines', 'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status', 'cmd_status',
-           'cmd_freeze']
+           'problem_lines', 'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status']
 
 # %% ../nbs/33_contracts.ipynb #55406f5c
 @dataclass
@@ -764,45 +761,3 @@ def format_status(st: dict) -> str:
         [watermark(st), "", *progress_lines(st), "", line(hdr), *map(line, body)]
         + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else [])
     )
-
-# %% ../nbs/33_contracts.ipynb #0980067e
-def cmd_status(argv) -> int:
-    "Print a registry's status: contract states per point, PARTIAL until every point passes."
-    parser = CommandParser(prog="stalebook status", description="Contract states of every point of a registry.")
-    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    parser.add_argument("--json", action="store_true", help="print the status as JSON")
-    args = parser.parse_args(argv)
-    reg = load_registry(args.registry)
-    probs = registry_problems(reg)
-    if probs:
-        for x in probs:
-            print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
-        return 2
-    st = registry_status(reg, args.root)
-    print(json.dumps(st, indent=1) if args.json else format_status(st))
-    return 1 if st["totals"]["fail"] else 0
-
-
-def cmd_freeze(argv) -> int:
-    "Freeze a registry's aggregate table (refused, with the failing points listed, unless all pass)."
-    parser = CommandParser(
-        prog="stalebook freeze", description="Freeze the aggregate table once every registered point passes."
-    )
-    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    args = parser.parse_args(argv)
-    try:
-        res = freeze(args.registry, args.root)
-    except FreezeRefused as e:
-        for x in e.lines:
-            print(f"  {x}", file=sys.stderr)
-        print(f"stalebook: error: {e}", file=sys.stderr)
-        return 1
-    md = Path(res["dir"]) / "table.md"
-    print(md.read_text())
-    print(
-        f"[freeze] {'frozen' if res['written'] else 'already frozen, identical'}: {res['dir']}/table.{{md,csv,json}} "
-        f"(content hash {res['content_hash'][:16]})"
-    )
-    return 0

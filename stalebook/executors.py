@@ -14,7 +14,6 @@ Docs: https://stalebook.github.io/stalebook/executors.html.md"""
 # %% ../nbs/35_executors.ipynb #e06a7db2
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .core import CommandParser, JsonlLog, StalebookError, atomic_write_json, numerics_env
+from .core import JsonlLog, StalebookError, atomic_write_json, numerics_env
 from .registry import Registry, load_registry, registry_problems, registry_root
 from stalebook.units import (
     UnitBusy,
@@ -38,7 +37,6 @@ from stalebook.units import (
     queue_dir,
     queue_state,
     read_lease,
-    run_local,
     run_unit,
     select_units,
 )
@@ -46,8 +44,8 @@ from stalebook.units import (
 # %% auto #0
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
            'Lease', 'is_stale', 'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased',
-           'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'work_parser', 'shared_executor', 'cmd_work',
-           'registry_spec', 'ray_unit', 'connect_ray', 'ray_tasks', 'run_ray', 'cmd_run']
+           'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'shared_executor', 'registry_spec', 'ray_unit',
+           'connect_ray', 'ray_tasks', 'run_ray']
 
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
@@ -437,34 +435,6 @@ def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
         signal.signal(signal.SIGTERM, old)
     return max((rc if rc >= 0 else 128 - rc for rc in rcs), default=0)
 
-
-def work_parser(prog: str, description: str) -> CommandParser:
-    parser = CommandParser(prog=prog, description=description)
-    parser.add_argument("registry", help="a registry name in configs/registries/ (NAME or NAME:SLICE) or a YAML file")
-    parser.add_argument("--only", default=None, help="comma-separated unit ids or shell patterns (e.g. 'tiny-math-*')")
-    parser.add_argument(
-        "--gpus-per-unit",
-        type=int,
-        default=None,
-        help="GPUs of one unit: one worker per G GPUs of this node (default: 1 on a node with GPUs, else 0)",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=None, help="workers on this node (default: GPUs / G, or 1 without GPUs)"
-    )
-    parser.add_argument("--max-units", type=int, default=None, help="each worker stops after running N units")
-    parser.add_argument(
-        "--ttl",
-        type=float,
-        default=DEFAULT_TTL,
-        help=f"seconds without a heartbeat before a lease is taken over ({DEFAULT_TTL:.0f})",
-    )
-    parser.add_argument(
-        "--claim", choices=CLAIM_MODES, default="excl", help="exclusive create (excl) or link-based claim (NFSv2/v3)"
-    )
-    parser.add_argument("--label", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser
-
 # %% ../nbs/35_executors.ipynb #d4817a10
 def _worker_argv(args, root) -> list[str]:
     "The arguments every worker of this node gets (the node's own choices: workers, GPUs, are not passed on)."
@@ -504,17 +474,6 @@ def shared_executor(args) -> int:
         log=log,
     )
     return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, args.only)) else 0
-
-
-def cmd_work(argv) -> int:
-    "`stalebook work`: this node's workers of the shared-volume executor."
-    parser = work_parser(
-        "stalebook work", "Claim and run units of a registry from a shared volume (run the same command on every node)."
-    )
-    parser.add_argument(
-        "--root", required=True, help="the shared results folder, mounted at the same path on every node"
-    )
-    return shared_executor(parser.parse_args(argv))
 
 # %% ../nbs/35_executors.ipynb #ff11e16d
 def registry_spec(reg: Registry) -> str:
@@ -647,54 +606,4 @@ def run_ray(
         ray.shutdown()  # disconnects; a private head stops with it
 
 # %% ../nbs/35_executors.ipynb #b6ce26df
-EXECUTORS = ("local", "shared", "ray")
-
-
-def cmd_run(argv) -> int:
-    "`stalebook run`: run or resume a registry's units with the chosen executor."
-    parser = work_parser(
-        "stalebook run",
-        "Run or resume the units of a registry: in this process (local), as this node's workers on a "
-        "shared volume (shared) or as Ray tasks (ray).",
-    )
-    parser.add_argument(
-        "--root",
-        default=None,
-        help="results folder (default: the registry's `out`); shared and ray: on the shared volume",
-    )
-    parser.add_argument("--executor", choices=EXECUTORS, default="local", help="local (default), shared or ray")
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="ray: auto or HOST:PORT of an existing cluster (default: a private head on 127.0.0.1)",
-    )
-    parser.add_argument("--cpus-per-unit", type=float, default=1.0, help="ray: CPUs of one task (1)")
-    parser.add_argument(
-        "--max-retries", type=int, default=3, help="ray: retries of a task whose worker or node died (3)"
-    )
-    parser.add_argument(
-        "--ray-dashboard", action="store_true", help="ray: the private head serves its dashboard (on 127.0.0.1)"
-    )
-    args = parser.parse_args(argv)
-    if args.executor == "local":
-        return run_local(args.registry, args.root, args.only, args.quiet)
-    if args.executor == "shared":
-        return shared_executor(args)
-    res = run_ray(
-        args.registry,
-        args.root,
-        args.address,
-        gpus_per_unit=args.gpus_per_unit or 0,
-        cpus_per_unit=args.cpus_per_unit,
-        max_retries=args.max_retries,
-        ttl_s=args.ttl,
-        only=args.only,
-        dashboard=args.ray_dashboard,
-        log=(lambda *x: None) if args.quiet else (lambda m: print(m, flush=True)),
-    )
-    bad = {u: s["state"] for u, s in res.items() if s["state"] != "done"}
-    print(
-        f"[run] ray: {len(res) - len(bad)} of {len(res)} units done"
-        + (f"; not done: {', '.join(f'{u} ({s})' for u, s in bad.items())}" if bad else "")
-    )
-    return 1 if bad else 0
+EXECUTORS = ("local", "shared", "ray")  # what `stalebook run --executor` chooses from

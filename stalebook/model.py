@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.utils import logging as hf_logging
 
 from stalebook.core import (
-    CommandParser,
     Domain,
     StalebookError,
     atomic_dir,
@@ -60,15 +59,15 @@ from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks, uses_answ
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
            'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
-           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'WARMSTART_ANSWER', 'WARMSTART_OPTIONS', 'build_char_tokenizer',
-           'tiny_llama_config', 'init_model', 'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec',
-           'training_pools', 'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot',
-           'shipped_snapshot', 'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets',
-           'LoraSpec', 'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
+           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'WARMSTART_ANSWER', 'build_char_tokenizer', 'tiny_llama_config',
+           'init_model', 'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec', 'training_pools',
+           'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'shipped_snapshot',
+           'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets', 'LoraSpec',
+           'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
            'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
            'render_prompt', 'stop_token_ids', 'pad_token_id', 'split_at_stop', 'packaged_model', 'gguf_facts',
            'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot', 'WarmStartSpec', 'chat_sft_ids', 'answer_loss',
-           'chat_pass_rate', 'warmstart_snapshot', 'cmd_snapshot']
+           'chat_pass_rate', 'warmstart_snapshot']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -1160,100 +1159,3 @@ def warmstart_snapshot(src, out, spec: WarmStartSpec | None = None, overwrite: b
         f"{time.time() - t0:.1f} s -> {out}"
     )
     return lock
-
-# %% ../nbs/23_model.ipynb #33b0902fd34d4ace834912fa1002cf8e
-def _import_parser(sub) -> None:
-    "The `snapshot import` subcommand's arguments."
-    imp = sub.add_parser(
-        "import", help="import a GGUF file, a Hugging Face folder or a packaged model (smollm2) as a locked snapshot"
-    )
-    imp.add_argument("src", help=f"a .gguf file, a Hugging Face model folder, or one of {sorted(PACKAGED_MODELS)}")
-    imp.add_argument("--out", required=True, help="snapshot folder to create")
-    imp.add_argument("--force", action="store_true", help="replace an existing folder")
-    imp.add_argument(
-        "--sha256", default=None, help="refuse a source whose sha256 differs (built in for packaged models)"
-    )
-    imp.add_argument(
-        "--allow-no-chat-template", action="store_true", help="a base model: prompts are raw text, no template needed"
-    )
-
-
-WARMSTART_OPTIONS = {  # WarmStartSpec field: help of its --option
-    "steps": "SFT steps",
-    "batch": "examples per step",
-    "lr": "AdamW learning rate (LoRA)",
-    "seed": "root of the warm start's RNG domains",
-    "threads": "torch threads during the build (part of what fixes the revision)",
-    "system": "the system prompt of every example and evaluation prompt",
-    "level": "task level",
-    "pool": "training tasks",
-    "lora_r": "LoRA rank (alpha = 2 r), merged at the end",
-    "eval_n": "evaluation prompts",
-    "eval_k": "samples per evaluation prompt (temperature 1)",
-    "max_new_tokens": "new tokens per evaluation sample",
-}
-
-
-def _warmstart_parser(sub) -> None:
-    "The `snapshot warmstart` subcommand's arguments: the spec's fields, defaults from `WarmStartSpec`."
-    w = sub.add_parser("warmstart", help="format warm start (LoRA SFT, merged) of a chat snapshot on one task family")
-    w.add_argument("src", help="a locked snapshot with a chat template (e.g. from `stalebook snapshot import`)")
-    w.add_argument("--out", required=True, help="snapshot folder to create")
-    w.add_argument("--family", required=True, help=f"task family: one of {sorted(WARMSTART_ANSWER)}")
-    w.add_argument("--force", action="store_true", help="replace an existing folder")
-    for f in fields(WarmStartSpec):
-        if f.name in WARMSTART_OPTIONS:
-            w.add_argument(
-                f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=WARMSTART_OPTIONS[f.name]
-            )
-
-
-def cmd_snapshot(argv) -> int:
-    "`stalebook snapshot tiny|import|warmstart|lock ...`: build, import, warm-start or lock a snapshot."
-    p = CommandParser(
-        prog="stalebook snapshot",
-        description="Build the embedded tiny snapshot, import a pretrained model, warm-start one, or lock a folder.",
-    )
-    sub = p.add_subparsers(dest="what", metavar="{tiny,import,warmstart,lock}", parser_class=CommandParser)
-    tiny_parser = sub.add_parser("tiny", help="build, warm-start and lock the tiny character-level Llama")
-    tiny_parser.add_argument("--out", required=True, help="snapshot folder to create")
-    tiny_parser.add_argument("--seed", type=int, default=0)
-    tiny_parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads during the build (part of what fixes the revision)"
-    )
-    tiny_parser.add_argument("--force", action="store_true", help="replace an existing folder")
-    tiny_parser.add_argument("--no-lock", action="store_true", help="do not write the lockfile")
-    _import_parser(sub)
-    _warmstart_parser(sub)
-    lock_parser = sub.add_parser(
-        "lock", help="write DIR/stalebook.lock.json for a plain or Hugging Face cache snapshot folder"
-    )
-    lock_parser.add_argument("dir")
-    args = p.parse_args(argv)
-    if args.what is None:
-        raise StalebookError(
-            "stalebook snapshot: choose 'tiny', 'import' or 'lock' to build, import or lock a snapshot, "
-            "'warmstart' to warm-start an imported one"
-        )
-    if args.what == "tiny":
-        if args.threads < 1:
-            raise StalebookError("stalebook snapshot tiny: --threads must be >= 1")
-        build_tiny_snapshot(args.out, TinySpec(seed=args.seed, threads=args.threads), overwrite=args.force)
-        if not args.no_lock:
-            lock = write_lock(args.out)
-            print(f"locked {args.out}: revision {lock['revision']}")
-        return 0
-    if args.what == "import":
-        lock = import_snapshot(
-            args.src, args.out, not args.allow_no_chat_template, sha256=args.sha256, overwrite=args.force
-        )
-        print(f"locked {args.out}: revision {lock['revision']}, {len(lock['files'])} files")
-        return 0
-    if args.what == "warmstart":
-        spec = WarmStartSpec(family=args.family, **{k: getattr(args, k) for k in WARMSTART_OPTIONS})
-        lock = warmstart_snapshot(args.src, args.out, spec, overwrite=args.force)
-        print(f"locked {args.out}: revision {lock['revision']}, {len(lock['files'])} files")
-        return 0
-    lock = write_lock(args.dir)
-    print(f"locked {args.dir} ({lock['layout']}): revision {lock['revision']}, {len(lock['files'])} files")
-    return 0

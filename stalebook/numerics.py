@@ -20,7 +20,7 @@ import torch
 from scipy import special, stats
 
 from .bolt import ReferenceTrainer
-from .core import CommandParser, Domain, StalebookError, atomic_write, exact_sqrt, hash_file
+from .core import Domain, StalebookError, exact_sqrt, hash_file
 from .model import load_policy, numerics_state, policy_hash, shipped_snapshot
 from .protocol import analyse_point, synthetic_point, synthetic_pool
 from stalebook.rollouts import (
@@ -40,7 +40,7 @@ from .trainer import AsyncConfig, TrainConfig, Trainer, make_optimizer
 __all__ = ['F', 'LENGTHS', 'TORCH_OPS', 'MATMUL_SHAPES', 'NUMPY_OPS', 'PROMPTS', 'TIMING', 'FIXED_LAG', 'NUMPY_SIMD',
            'stage_hash', 'torch_op_hashes', 'numpy_op_hashes', 'model_hashes', 'sampling_hashes', 'digit_mean',
            'trace_config', 'run_hashes', 'training_hashes', 'scoring_hashes', 'analysis_hashes', 'numpy_simd',
-           'numerics_trace', 'trace_differences', 'load_trace', 'compare_report', 'cmd_numerics']
+           'numerics_trace', 'trace_differences', 'load_trace', 'compare_report']
 
 # %% ../nbs/38_numerics.ipynb #d4f6d971
 def stage_hash(*xs) -> str:
@@ -354,36 +354,3 @@ def compare_report(ref: dict, got: dict, name: str) -> tuple[list[str], int]:
         lines += [f"  {k}: {ref.get(k)} there, {got.get(k)} here" for k in diff[1:]]
     notes = [k for k in got if k.startswith("meta/") and ref.get(k, got[k]) != got[k]]
     return lines + [f"  (not compared) {k}: {ref[k]} there, {got[k]} here" for k in notes], int(bool(diff))
-
-# %% ../nbs/38_numerics.ipynb #377ba6ff
-def _threads(s: str) -> tuple[int, ...]:
-    try:
-        t = tuple(int(x) for x in s.split(","))
-    except ValueError:
-        t = ()
-    if not t or min(t) < 1:
-        raise StalebookError(f"--threads {s!r}: expected thread counts >= 1 separated by commas, e.g. 1,2")
-    return t
-
-
-def cmd_numerics(argv) -> int:
-    "`stalebook numerics trace [--threads 1,2] [--compare FILE] [--out FILE]`."
-    p = CommandParser(prog="stalebook numerics", description="Hash every stage a run computes (see 38_numerics).")
-    sub = p.add_subparsers(dest="what", metavar="{trace}", parser_class=CommandParser, required=True)
-    tp = sub.add_parser("trace", help="hash every stage on the shipped tiny snapshot and print the JSON")
-    tp.add_argument("--threads", default="1", help="torch thread counts to trace, comma-separated (default 1)")
-    tp.add_argument("--compare", metavar="FILE", help="a trace from another machine: name the first differing stage")
-    tp.add_argument("--out", metavar="FILE", help="write the trace to FILE instead of printing it")
-    args = p.parse_args(argv)
-    threads, ref = _threads(args.threads), load_trace(args.compare) if args.compare else None
-    got = numerics_trace(threads)
-    text = json.dumps(got, indent=1) + "\n"
-    if args.out:
-        atomic_write(args.out, text)
-    if ref is None:
-        if not args.out:
-            print(text, end="")
-        return 0
-    lines, rc = compare_report(ref, got, args.compare)
-    print(*lines, sep="\n")
-    return rc

@@ -29,7 +29,6 @@ import torch
 from safetensors.torch import load_file, save
 
 from stalebook.core import (
-    CommandParser,
     Domain,
     Progress,
     StalebookError,
@@ -39,7 +38,6 @@ from stalebook.core import (
     environment,
     from_dict,
     hash_json,
-    load_config,
 )
 from .model import compute_setup, policy_hash
 from stalebook.rollouts import (
@@ -65,9 +63,9 @@ from stalebook.trainer import (
 )
 
 # %% auto #0
-__all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'cmd_pipeline',
-           'CollapseCriterion', 'collapse_step', 'CellConfig', 'cell_train_config', 'cell_identity',
-           'heldout_pass_rate', 'train_until_decided', 'run_cell', 'study_sweep', 'study_report']
+__all__ = ['SERIES', 'weights_file', 'publish_weights', 'load_weights', 'generator_main', 'run_pipeline', 'CollapseCriterion',
+           'collapse_step', 'CellConfig', 'cell_train_config', 'cell_identity', 'heldout_pass_rate',
+           'train_until_decided', 'run_cell', 'study_sweep', 'study_report']
 
 # %% ../nbs/29_pipeline.ipynb #7d000006
 def weights_file(d, version: int) -> Path:
@@ -273,27 +271,6 @@ def _pipeline_manifest(tr: Trainer, dropped: int, tokens: int, wall: float) -> d
         ),
     )
     return man
-
-# %% ../nbs/29_pipeline.ipynb #7d000031
-def cmd_pipeline(argv) -> int:
-    "Run pipelined GRPO (a generator and a learner process) from a TrainConfig with async_training.mode 'pipelined'."
-    p = CommandParser(
-        prog="stalebook pipeline", description="Pipelined GRPO: generator and learner processes, bounded staleness."
-    )
-    p.add_argument("config", help="YAML/JSON TrainConfig (async_training.mode: pipelined)")
-    p.add_argument("--out", default=None, help="override config.out")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    cfg = load_config(TrainConfig, args.config, overrides={"out": args.out} if args.out else None)
-    man = run_pipeline(cfg, progress=not args.quiet)
-    timings = json.loads((Path(cfg.out) / "timings.json").read_text())
-    print(
-        f"{cfg.out}: {man['steps']} steps, lags {man['lag_histogram']} "
-        f"(max {man['max_lag']}, bound {man['max_staleness']}), "
-        f"dropped {man['dropped']}, {timings['learner_steps_per_s']:.3f} learner steps/s; "
-        "not bit-reproducible (see pipeline.json)"
-    )
-    return 0
 
 # %% ../nbs/29_pipeline.ipynb #7d000017
 @dataclass

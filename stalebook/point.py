@@ -26,7 +26,6 @@ import torch
 from fastcore.basics import patch
 
 from stalebook.core import (
-    CommandParser,
     Domain,
     StalebookError,
     added_field,
@@ -67,7 +66,7 @@ from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identit
 # %% auto #0
 __all__ = ['PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'run_stale', 'npz_bytes',
            'cached_npz', 'negative_control', 'point_positive_control', 'point_markdown', 'save_boot', 'load_point',
-           'run_point', 'execute_point', 'resolve_point', 'cmd_point']
+           'run_point', 'execute_point', 'resolve_point']
 
 # %% ../nbs/28_point.ipynb #1eabcc05
 @dataclass
@@ -520,18 +519,3 @@ def execute_point(cfg: PointConfig, inline: bool = False, progress: bool = False
 def resolve_point(cfg: PointConfig, base) -> PointConfig:
     "`cfg` with its (relative) folders resolved under `base`."
     return dataclasses.replace(cfg, run=str(Path(base) / cfg.run), out=str(Path(base) / point_dir(cfg)))
-
-
-def cmd_point(argv) -> int:
-    "Run (or resume) one experiment point from a PointConfig file."
-    p = CommandParser(prog="stalebook point", description="Run or resume one experiment point (papermill).")
-    p.add_argument("config", help="YAML/JSON PointConfig")
-    p.add_argument("--checkpoint", type=int, default=None, help="override config.checkpoint")
-    p.add_argument("--inline", action="store_true", help="run in-process, no executed-notebook artifact")
-    args = p.parse_args(argv)
-    cfg = load_config(
-        PointConfig, args.config, overrides={"checkpoint": args.checkpoint} if args.checkpoint is not None else None
-    )
-    res = execute_point(cfg, inline=args.inline)
-    print(point_markdown(res))
-    return 0

@@ -12,14 +12,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
-import time
 
-from .core import CommandParser, StalebookError
+from .core import StalebookError
 from .snapshot import read_lock, verify_snapshot
 
 # %% auto #0
-__all__ = ['MISSING_TOKEN_PATH', 'NetworkRefused', 'enter_compute_mode', 'in_compute_mode', 'PreflightError', 'preflight',
-           'cmd_preflight']
+__all__ = ['MISSING_TOKEN_PATH', 'NetworkRefused', 'enter_compute_mode', 'in_compute_mode', 'PreflightError', 'preflight']
 
 # %% ../nbs/24_preflight.ipynb #43d9eaa1
 class NetworkRefused(StalebookError, ConnectionRefusedError):
@@ -143,24 +141,3 @@ def preflight(d, revision: str | None = None, expect_schema: dict | None = None)
     if bad:
         raise PreflightError(bad)
     return read_lock(d)
-
-# %% ../nbs/24_preflight.ipynb #27a89966
-def cmd_preflight(argv) -> int:
-    "`stalebook preflight DIR [--revision R]`: compute mode + snapshot checks; one line per failure, exit 1."
-    p = CommandParser(prog="stalebook preflight", description="Enter compute mode and verify a locked snapshot.")
-    p.add_argument("dir")
-    p.add_argument("--revision", default=None, help="the revision the run was registered with")
-    args = p.parse_args(argv)
-    t0 = time.time()
-    try:
-        lock = preflight(args.dir, revision=args.revision)
-    except PreflightError as e:
-        for line in e.failures:
-            print(f"preflight: FAIL {line}")
-        return 1
-    n = sum(len(v) for v in lock["self_test"].values())
-    print(
-        f"preflight: OK {args.dir} revision {lock['revision']} "
-        f"({len(lock['files'])} files, {n} verifier cases, {time.time() - t0:.1f} s)"
-    )
-    return 0

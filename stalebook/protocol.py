@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 from fastcore.basics import patch
 from scipy import stats
 
-from .core import Check, CommandParser, Domain, StalebookError, group_advantages, topk_mask, verify_check
+from .core import Check, Domain, group_advantages, topk_mask, verify_check
 from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_from_rel, spearman_brown
 
 # %% auto #0
@@ -38,8 +37,8 @@ __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', '
            'dilute_control', 'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc',
            'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell', 'summarise_cell',
            'coverage_table', 'choose_bound', 'latent_draws', 'design_power', 'pilot_model', 'pilot_models',
-           'predict_design', 'smallest_design', 'cmd_design', 'shrinkage_diagnostics', 'calibration_point_2s',
-           'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams',
+           'predict_design', 'smallest_design', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s',
+           'coverage_table_2s', 'choose_bound_2s', 'check_gram_bootstrap', 'check_tie_streams',
            'check_verdict_boundaries', 'check_bound_inputs', 'check_bounds_contain_estimate']
 
 # %% ../nbs/18_protocol.ipynb #56527639
@@ -1640,104 +1639,6 @@ def smallest_design(
         if tried[-1][what] >= target:
             return tried[-1], tried
     return None, tried
-
-# %% ../nbs/18_protocol.ipynb #e8f9a0b1
-def _read_pilot(path: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise StalebookError(f"stalebook design: no such file: {path}")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise StalebookError(f"stalebook design: {path} is not JSON ({e.msg})") from None
-    summ = data.get("result", data)
-    summ = dict(summ, K=summ.get("K") or data.get("manifest", {}).get("config", {}).get("group_size"))
-    missing = [f for f in ("n", "k", "K", "rel", "rel_bounds", "gain_fresh", "gain_stale") if summ.get(f) is None]
-    if missing:
-        raise StalebookError(f"stalebook design: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
-    return summ
-
-# %% ../nbs/18_protocol.ipynb #af84e2ec
-def cmd_design(argv) -> int:
-    """Predicted gate power and verdict probabilities from pilot points (result.json, pooled) or --rho, and the smallest
-    design reaching --target."""
-    parser = CommandParser(
-        prog="stalebook design",
-        description="Power of the protocol's gate and verdicts, and the smallest design reaching a target.",
-    )
-    parser.add_argument(
-        "result", nargs="*", help="pilot points' result.json (several at one design: their spread enters the forecast)"
-    )
-    parser.add_argument(
-        "--rho", type=float, help="split-half correlation of single-split scores (instead of a result.json)"
-    )
-    parser.add_argument("--gain", type=float, help="fresh gain at the --rho design (only scales predicted gains)")
-    for f, h in (("--n", "candidate prompts"), ("--K", "rollouts per prompt and split"), ("--k", "selected set size")):
-        parser.add_argument(f, type=int, help=f"{h} (default: the pilot's)")
-    parser.add_argument("--seeds", type=int, default=5, help="registered seeds per cell (default 5)")
-    parser.add_argument(
-        "--stale-ratio", type=float, help="stale gain / fresh gain (default: the pilot's smallest, else 1)"
-    )
-    parser.add_argument("--target", type=float, default=0.9, help="target power of the gate (default 0.9)")
-    parser.add_argument(
-        "--bound",
-        choices=("percentile", "model", "gaussian", "hybrid"),
-        help=f"bound method (default: the pilot's, else {DEFAULT_BOUND})",
-    )
-    parser.add_argument(
-        "--noise-scale",
-        type=float,
-        help="rollout-bootstrap noise understatement kappa (default: the pilot's, else 1.3)",
-    )
-    args = parser.parse_args(argv)
-    if args.result:
-        model = pilot_models([_read_pilot(r) for r in args.result])
-    elif args.rho is not None and None not in (args.n, args.K, args.k):
-        model = dict(rho=args.rho, gain=args.gain, n=args.n, k=args.k, K=args.K)
-    else:
-        raise StalebookError("stalebook design: give a pilot result.json, or --rho with --n, --K and --k")
-    model = model | {nm: v for nm, v in (("bound", args.bound), ("noise_scale", args.noise_scale)) if v is not None}
-    n, K, k = args.n or model["n"], args.K or model["K"], args.k or model["k"]
-    print(
-        f"pilot: n={model['n']} k={model['k']} K={model['K']}  rho={model['rho']:.3f}  "
-        f"bound {model.get('bound', DEFAULT_BOUND)}"
-        + (f"  fresh gain {model['gain']:.4f}" if model.get("gain") is not None else "")
-        + (
-            f"\n{model['pilots']} pilot points: Rel_k spread x{model['rel_sd_scale']:.2f} and its LB offset "
-            f"x{model['spread_scale']:.2f} the model's"
-            + (" (fewer than 3 points: rho taken as known)" if model["pilots"] < 3 else "")
-            if "pilots" in model
-            else ""
-        )
-    )
-    for b in dict.fromkeys((model.get("bound", DEFAULT_BOUND), "model")):
-        pr = predict_design(
-            model | {"bound": b}, n, K, k, args.seeds, args.stale_ratio, pools=20, draws=25, boot_reps=60
-        )
-        print(
-            f"design n={n} K={K} k={k}, {args.seeds} seeds, bound {b} (stale ratio {pr['stale_ratio']:.2f}): "
-            f"rho={pr['rho']:.3f}  P(gate)={pr['p_gate']:.3f}  "
-            f"P(Effective)={pr['p_effective']:.3f}  P(Ineffective)={pr['p_ineffective']:.3f}  "
-            f"P(Inconclusive)={pr['p_inconclusive']:.3f}"
-        )
-    best, tried = smallest_design(
-        model,
-        args.target,
-        seeds=args.seeds,
-        stale_ratio=args.stale_ratio,
-        q=k / n,
-        pools=20,
-        draws=20,
-        boot_reps=50,
-        cells=500,
-    )
-    for t in tried:
-        print(f"  n={t['n']:5d} K={t['K']:3d} k={t['k']:4d}  rho={t['rho']:.3f}  P(gate)={t['p_gate']:.3f}")
-    print(
-        f"smallest design with P(gate) >= {args.target} (bound {model.get('bound', DEFAULT_BOUND)}): "
-        + (f"n={best['n']} K={best['K']} k={best['k']} (P(gate)={best['p_gate']:.3f})" if best else "none in the grid")
-    )
-    return 0
 
 # %% ../nbs/18_protocol.ipynb #504fb2a444614c0babb325280ed9130a
 @patch

@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -27,8 +26,6 @@ import numpy as np
 
 from . import sandbox
 from stalebook.contracts import (
-    cmd_freeze,
-    cmd_status,
     frozen_content,
     registry_cells,
     registry_status,
@@ -37,7 +34,6 @@ from stalebook.contracts import (
     watermark,
 )
 from stalebook.core import (
-    CommandParser,
     StalebookError,
     atomic_dir,
     atomic_write,
@@ -47,7 +43,7 @@ from stalebook.core import (
     project_root,
     run_notebook,
 )
-from .executors import cmd_run, node_gpus
+from .executors import node_gpus
 from .protocol import dilute_control, pilot_model, pilot_models, pool_cell, predict_design
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
@@ -56,8 +52,8 @@ from .units import point_name, select_units, unit_dir
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'point_rows', 'study_view', 'report_name', 'report_title',
            'save_report_figure', 'plot_reliability', 'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report',
-           'cmd_report', 'results_dir', 'frozen_root', 'publish_sources', 'publish_report', 'control_summary',
-           'gate_forecast', 'decision_lines', 'registry_decisions', 'demo_workers', 'cmd_demo']
+           'results_dir', 'frozen_root', 'publish_sources', 'publish_report', 'control_summary', 'gate_forecast',
+           'decision_lines', 'registry_decisions', 'demo_workers']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -236,35 +232,6 @@ def _spec(reg: Registry) -> str:
     except StalebookError:
         pass
     return reg.source + (f":{reg.name.split(':', 1)[1]}" if ":" in reg.name else "")
-
-# %% ../nbs/34_report.ipynb #7cb0554b
-def cmd_report(argv) -> int:
-    "Execute the report notebook of a registry and say where it is; with `--publish`, then publish it."
-    parser = CommandParser(
-        prog="stalebook report", description="Figures and tables of a registry (PARTIAL until frozen)."
-    )
-    parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
-    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    parser.add_argument(
-        "--publish",
-        action="store_true",
-        help="then copy the frozen table and the figures into results/<registry>/ (what the README reads); "
-        "refused, before anything runs, unless the registry is frozen",
-    )
-    parser.add_argument("--results", default=None, help="where --publish writes (default: the project's results/)")
-    args = parser.parse_args(argv)
-    if args.results and not args.publish:
-        raise StalebookError("stalebook report: --results is where --publish writes; give --publish too")
-    if args.publish:
-        frozen_root(args.registry, args.root)
-    out = run_report(args.registry, args.root)
-    figs = sorted(x.name for x in out.parent.glob("report-*.png"))
-    print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
-    if args.publish:
-        d = publish_report(args.registry, args.root, args.results)
-        ch = json.loads((d / "table.json").read_text())["content_hash"]
-        print(f"[publish] {d}: {', '.join(sorted(x.name for x in d.iterdir()))} (frozen table {ch[:16]})")
-    return 0
 
 # %% ../nbs/34_report.ipynb #c4e2f8b9
 PUBLISHED_FIGURES = ("rel", "gain-ratio", "verdicts")
@@ -450,49 +417,3 @@ def demo_workers(reg: Registry, only: str | None = None) -> int | None:
     if node_gpus():
         return None
     return max(1, min(sandbox.cores(), len(select_units(reg, only))))
-
-
-def cmd_demo(argv) -> int:
-    "status -> run -> freeze -> report on a registry (default: tiny:demo), then its decisions."
-    parser = CommandParser(
-        prog="stalebook demo", description="The main job: status, run, freeze and report a registry on this machine."
-    )
-    parser.add_argument(
-        "registry", nargs="?", default="tiny:demo", help="registry (default: tiny:demo, the tiny registry's demo slice)"
-    )
-    parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="run-stage workers (default: one per core, up to one per unit; 1: local)",
-    )
-    args = parser.parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {args.workers})")
-    n = args.workers if args.workers is not None else demo_workers(load_registry(args.registry))
-    extra, t0 = ["--root", args.root] if args.root else [], time.perf_counter()
-    run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
-    for stage, fn, more in (
-        ("status", cmd_status, []),
-        ("run", cmd_run, run),
-        ("freeze", cmd_freeze, []),
-        ("report", cmd_report, []),
-    ):
-        print(
-            f"\n[demo] stalebook {stage} {args.registry} {' '.join(more)}".rstrip()
-            + f" ({time.perf_counter() - t0:.0f} s)",
-            flush=True,
-        )
-        rc = fn([args.registry, *extra, *more])
-        if rc != 0 and stage != "status":
-            return rc
-    print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print("\n".join(registry_decisions(args.registry, args.root)))
-    root = registry_root(load_registry(args.registry), args.root)
-    print(
-        f"\n[demo] report: {root / 'report'} (figures and tables); "
-        f"`stalebook report {args.registry} --publish` (`make publish` for tiny:demo) copies it into results/"
-    )
-    print(f"[demo] done in {time.perf_counter() - t0:.0f} s")
-    return 0

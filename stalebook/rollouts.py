@@ -30,7 +30,6 @@ from transformers import DynamicCache, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 
 from stalebook.core import (
-    CommandParser,
     Domain,
     JsonlLog,
     Progress,
@@ -43,12 +42,10 @@ from stalebook.core import (
     fault_point,
     hash_file,
     hash_json,
-    load_config,
 )
 from stalebook.model import (
     LoraSpec,
     chat_template,
-    compute_setup,
     default_snapshot,
     left_pad,
     load_policy,
@@ -69,7 +66,7 @@ __all__ = ['SAMPLERS', 'RUN_DETAILS', 'Generation', 'register_sampler', 'Sampler
            'check_prompt_format', 'prompt_token_ids', 'completion_stops', 'hf_sample', 'pad_rows', 'micro_batches',
            'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_of',
            'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups',
-           'generate_store', 'RolloutsConfig', 'load_run_policy', 'cmd_rollouts']
+           'generate_store', 'RolloutsConfig', 'load_run_policy']
 
 # %% ../nbs/25_rollouts.ipynb #74a17aea
 @dataclass
@@ -870,32 +867,3 @@ def load_run_policy(snapshot: str, adapter: str, device: str, dtype: str, lora=N
     return load_policy(
         snap, device=device, dtype=dtype, lora=lora or LoraSpec(), init_domain=Domain(seed, ("lora", "init"))
     )
-
-# %% ../nbs/25_rollouts.ipynb #1072cb57
-def cmd_rollouts(argv) -> int:
-    "Generate (or resume) a hash-bound rollout store from a config file."
-    p = CommandParser(prog="stalebook rollouts", description="Generate or resume a rollout store.")
-    p.add_argument("config", help="YAML/JSON RolloutsConfig")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    cfg = load_config(RolloutsConfig, args.config)
-    compute_setup(cfg.threads)
-    tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
-    model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
-    check_prompt_format(tok, cfg.sampling)  # before any sampling: the config chose the prompts' format
-    ph = policy_hash(model)
-    store = RolloutStore(
-        cfg.out,
-        ph,
-        rollout_domain(cfg.seed, ph, cfg.purpose),
-        cfg.sampling,
-        [t.id for t in tasks],
-        numerics=numerics_of(model),
-    )
-    generate_store(model, tok, tasks, store, progress=not args.quiet)
-    r = np.array([x["rewards"] for x in store.records])
-    print(
-        f"{store.path}: {store.n_done} groups x {cfg.sampling.group_size}, mean reward {r.mean():.3f}, "
-        f"zero-advantage groups {int((r == r[:, :1]).all(-1).sum())}"
-    )
-    return 0

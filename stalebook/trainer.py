@@ -32,7 +32,6 @@ from safetensors.torch import load_file, save_file
 
 from . import sandbox
 from stalebook.core import (
-    CommandParser,
     Domain,
     JsonlLog,
     Progress,
@@ -78,7 +77,7 @@ __all__ = ['ASYNC_STATE', 'TOKEN_EXPORT_FORMAT', 'aggregate', 'batch_norm', 'lev
            'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage',
            'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'step_rewards',
            'groups_of', 'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers',
-           'token_export_rows', 'write_token_export', 'lag_histogram', 'cmd_train']
+           'token_export_rows', 'write_token_export', 'lag_histogram']
 
 # %% ../nbs/26_trainer.ipynb #75805459
 def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -1052,6 +1051,7 @@ def token_export_rows(step: int, version: int, ph: str, gen: Generation, R, adv,
     """A learner step's records, one per row of the batch (rewards R [P, K], advantages [B], behaviour and learner
     log-probs and mask [B, W]): tokens, the three log-probs, reward, advantage, versions and the loss's settings."""
     a, r = cfg.async_training, R.reshape(-1).tolist()
+    old, logp, mask, adv = (t.detach().cpu() for t in (old, logp, mask, adv))  # one copy off the device
     common = dict(
         format=TOKEN_EXPORT_FORMAT,
         step=step,
@@ -1153,34 +1153,3 @@ def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Train
         bar.update(1, reward=f"{rec['reward_mean']:.2f}")
     bar.close()
     return self
-
-# %% ../nbs/26_trainer.ipynb #92d60d8b
-def cmd_train(argv) -> int:
-    "Run or resume a GRPO/SFT training run from a config file."
-    p = CommandParser(prog="stalebook train", description="Run or resume GRPO (or SFT) training of a LoRA lineage.")
-    p.add_argument("config", help="YAML/JSON TrainConfig")
-    p.add_argument("--steps", type=int, default=None, help="stop after this many total steps (default: config.steps)")
-    p.add_argument("--out", default=None, help="override config.out")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    cfg = load_config(TrainConfig, args.config, overrides={"out": args.out} if args.out else None)
-    trainer = Trainer(cfg).run(steps=args.steps, progress=not args.quiet)
-    recs = trainer.log.records
-    if recs:
-        first, last = recs[0], recs[-1]
-        print(
-            f"{cfg.out}: step {trainer.step}/{cfg.steps}  "
-            f"reward first {first['reward_mean']:.3f}±{first['reward_se']:.3f}  "
-            f"last {last['reward_mean']:.3f}±{last['reward_se']:.3f}  "
-            f"zero-adv groups {sum(r['zero_adv_groups'] for r in recs)}"
-        )
-        if cfg.async_training.enabled:
-            print(
-                f"  behaviour policy: {cfg.async_training.mode}, S={cfg.async_training.staleness}, "
-                f"lags {lag_histogram(recs)}, max |log r| {max(r['logr_max_abs'] or 0 for r in recs):.3g}, "
-                f"correction {cfg.async_training.correction}"
-            )
-    probs = check_lineage(cfg.out)
-    for pr in probs:
-        print(f"lineage: {pr}")
-    return 1 if probs else 0

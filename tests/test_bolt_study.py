@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from stalebook.bolt_study import STORES
-from stalebook.contracts import FreezeRefused, cmd_status, freeze, problem_lines, registry_status
+from stalebook.commands import cmd_status
+from stalebook.contracts import FreezeRefused, freeze, problem_lines, registry_status
 from stalebook.core import ConfigError
 from stalebook.registry import load_registry
 from stalebook.units import run_unit

@@ -1,6 +1,7 @@
 """The command surface (stalebook.cli): every `cmd_*` function of the package is a command of the table and every
-entry resolves to one; every `stalebook X` that the package, the notebooks and the README mention is a command; and
-`stalebook pipeline --help` works through the installed console script."""
+entry resolves to one; the commands live in `stalebook.commands` (and cli's own three) only, and no other module
+parses arguments; every `stalebook X` that the package, the notebooks and the README mention is a command;
+`stalebook pipeline --help` works through the installed console script, and `stalebook --help` loads no command."""
 
 import ast
 import json
@@ -23,15 +24,44 @@ SHELL_LINE = re.compile(r"^\s*(?:\$\s+)?stalebook\s+([a-z][\w-]*)")
 PROG = re.compile(r"""prog\s*=\s*["']stalebook\s+([a-z][\w-]*)""")
 
 
+# the modules that may define commands and parse arguments: the entry point (its own three light commands), the
+# commands layer, and core (which defines CommandParser)
+COMMAND_MODULES = {"stalebook.cli", "stalebook.commands"}
+PARSING_MODULES = COMMAND_MODULES | {"stalebook.core"}
+
+
+def package_modules():
+    "(module name, parsed source) of every module of the package."
+    for f in sorted(PKG.rglob("*.py")):
+        yield ".".join(f.relative_to(ROOT).with_suffix("").parts), ast.parse(f.read_text())
+
+
 def cmd_functions() -> set[str]:
     "`module:function` of every module-level `def cmd_*` in the package source."
-    out = set()
-    for f in sorted(PKG.rglob("*.py")):
-        mod = ".".join(f.relative_to(ROOT).with_suffix("").parts)
-        for node in ast.parse(f.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_"):
-                out.add(f"{mod}:{node.name}")
-    return out
+    return {
+        f"{mod}:{node.name}"
+        for mod, tree in package_modules()
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_")
+    }
+
+
+def argument_parsing(mod: str, tree) -> list[str]:
+    "What in a module parses arguments: an argparse import, a use of CommandParser or ArgumentParser."
+    found = [
+        f"{mod}: imports argparse"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import)
+        for a in n.names
+        if a.name == "argparse"
+    ]
+    found += [
+        f"{mod}:{n.lineno}: {n.id if isinstance(n, ast.Name) else n.attr}"
+        for n in ast.walk(tree)
+        if (isinstance(n, ast.Name) and n.id in ("CommandParser", "ArgumentParser"))
+        or (isinstance(n, ast.Attribute) and n.attr in ("CommandParser", "ArgumentParser"))
+    ]
+    return found
 
 
 def texts(path: Path) -> list[str]:
@@ -66,13 +96,40 @@ def documented() -> dict[str, set[str]]:
 
 def test_every_cmd_function_is_a_command_and_every_command_resolves():
     fns = cmd_functions()
-    targets = {target for target, _ in COMMANDS.values()}
-    assert "stalebook.pipeline:cmd_pipeline" in fns  # the scan sees the package
-    assert not fns - targets, f"cmd_* functions missing from cli.COMMANDS: {sorted(fns - targets)}"
-    assert not targets - fns, f"cli.COMMANDS entries that are no cmd_* function of the package: {sorted(targets - fns)}"
+    assert "stalebook.commands:cmd_pipeline" in fns  # the scan sees the package
+    outside = sorted(f for f in fns if f.split(":")[0] not in COMMAND_MODULES)
+    assert not outside, f"commands defined outside stalebook.commands and stalebook.cli: {outside}"
+    names, targets = {f.split(":")[1] for f in fns}, {target for target, _ in COMMANDS.values()}
+    assert len(names) == len(fns), f"a command defined twice: {sorted(fns)}"
+    assert not names - targets, f"cmd_* functions missing from cli.COMMANDS: {sorted(names - targets)}"
+    assert not targets - names, (
+        f"cli.COMMANDS entries that are no cmd_* function of the package: {sorted(targets - names)}"
+    )
     for name, (target, help_) in COMMANDS.items():
         f = _resolve(target)
-        assert callable(f) and f.__doc__ and help_, name
+        assert callable(f) and f.__name__ == target and f.__doc__ and help_, name
+
+
+def test_only_the_command_layer_parses_arguments():
+    bad = [x for mod, tree in package_modules() if mod not in PARSING_MODULES for x in argument_parsing(mod, tree)]
+    assert not bad, f"argument parsing outside stalebook.commands and stalebook.cli: {bad}"
+    assert argument_parsing("x", ast.parse("import argparse\np = CommandParser(prog='x')")) == [
+        "x: imports argparse",
+        "x:2: CommandParser",
+    ]  # the scan is not vacuous
+
+
+def test_help_loads_no_command_module():
+    "`stalebook --help` (and a bad command) imports neither the commands layer nor torch: it stays instant."
+    code = (
+        "import contextlib, io, sys\n"
+        "from stalebook.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    assert main(['--help']) == 0 and main(['nope']) == 2 and main(['version']) == 0\n"
+        "print('stalebook.commands' in sys.modules, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
 
 
 def test_every_mentioned_command_exists():

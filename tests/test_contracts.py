@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stalebook.contracts import FreezeRefused, cmd_freeze, cmd_status, freeze, problem_lines, registry_status
+from stalebook.commands import cmd_freeze, cmd_status
+from stalebook.contracts import FreezeRefused, freeze, problem_lines, registry_status
 from stalebook.registry import load_registry
 from stalebook.units import output_hash, run_registry
 

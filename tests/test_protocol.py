@@ -40,7 +40,6 @@ from stalebook.protocol import (
     calibration_point_2s,
     cell_pool,
     check_bounds_contain_estimate,
-    cmd_design,
     cosine_scores,
     design_power,
     dilute_factor,
@@ -595,6 +594,8 @@ def test_the_pilots_spread_enters_the_forecast():
 
 
 def test_cmd_design(tmp_path):
+    from stalebook.commands import cmd_design  # the command layer loads torch; the rest of this file needs numpy only
+
     D, cand, val, keys, masks = _inputs(2, 32, 4, 6, 6, 4, 0.2, 4)
     r = analyse_point(cand, val, 4, D, stale={"g00": np.arange(32.0)}, n_boot=100)
     f = tmp_path / "result.json"
