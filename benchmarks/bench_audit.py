@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+import numpy as np  # isort: skip
 
 HERE = Path(__file__).resolve().parent
 CHILD = """
