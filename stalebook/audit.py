@@ -32,8 +32,8 @@ from stalebook.core import (
     run_notebook,
     topk_mask,
 )
+from .objectives import mismatch_stats, offpolicy_stats
 from .theory.margin import margin_certificate
-from .trainer import mismatch_stats, offpolicy_stats
 
 # %% auto #0
 __all__ = ['QUANTILES', 'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms',
@@ -221,7 +221,8 @@ class RatioSketch:
 
 # %% ../nbs/40_audit.ipynb #33a8e6d3
 def prompt_occurrences(ss: list[LoggedSample], occ: dict) -> None:
-    "Add a step's prompts to `occ`: prompt -> [(step, n, sum r, sum r^2, all r in {0, 1})], one entry per step."
+    """Add a step's prompts to `occ`: prompt -> its first and latest occurrence, each (step, n, sum r, sum r^2, all r in
+    {0, 1}) -- two entries per distinct prompt whatever the number of steps (all the ranking question reads)."""
     by = defaultdict(list)
     for s in ss:
         if s.prompt is not None and s.reward is not None:
@@ -229,7 +230,11 @@ def prompt_occurrences(ss: list[LoggedSample], occ: dict) -> None:
     step = ss[0].step if ss[0].step is not None else ss[0].version_tail
     for p, r in by.items():
         r = np.asarray(r, dtype=np.float64)
-        occ[p].append((step, len(r), float(r.sum()), float((r**2).sum()), bool(np.isin(r, (0.0, 1.0)).all())))
+        e, o = (step, len(r), float(r.sum()), float((r**2).sum()), bool(np.isin(r, (0.0, 1.0)).all())), occ[p]
+        if len(o) < 2:
+            o.append(e)
+        else:
+            o[1] = e  # the latest; the first is kept
 
 
 def _score(mean, score: str):
