@@ -113,6 +113,7 @@ def main(argv=None):
     root = Path(a.root)
     shutil.rmtree(root, ignore_errors=True)
     res = dict(machine=f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared", runs={})
+    load0 = os.getloadavg()[0]
     for name, gb in (("quarter", a.gb / 4), ("full", a.gb)):
         t0 = time.perf_counter()
         g = generate(root / name, gb, a.rows_per_step, a.width)
@@ -146,6 +147,7 @@ def main(argv=None):
         + ", ".join(f"{k} {v:.2f}" for k, v in res["ratios"].items()),
         flush=True,
     )
+    res["machine"] += f"; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)
