@@ -30,11 +30,11 @@ from pathlib import Path
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
 import numpy as np  # isort: skip
 
+from stalebook.analysis import analyse_point
 from stalebook.core import Domain, atomic_write_json
 from stalebook.protocol import (
     DEFAULT_BOUND,
     SPLITS,
-    analyse_point,
     bootstrap_gram,
     bootstrap_naive,
     point_scores,

@@ -74,8 +74,8 @@ def timed(cmd: list[str], log: Path) -> dict:
 def cells_of(spec: str, root: Path) -> dict:
     """{checkpoint: dict(gate=[bool per seed], seeds, verdicts={estimator: verdict}, summaries=[...])} of the
     registry's (single-cell-per-checkpoint) study under `root`."""
+    from stalebook.calibration import bound_calibrated, regime_of
     from stalebook.contracts import registry_cells, registry_status
-    from stalebook.protocol import bound_calibrated, regime_of
     from stalebook.registry import load_registry
     from stalebook.report import study_view
 

@@ -2,7 +2,7 @@
 
 Reads a finished point of a demo run (default: the tiny registry's demo root, unit tiny-math-s0, checkpoint 25):
 its `timings.json` (wall seconds per stage as the demo ran it: rollouts, scoring, analysis). Then it re-runs the
-point's analysis (`protocol.analyse_point`: 10,000 replicates, every bound method's inputs) from the point's cached
+point's analysis (`analysis.analyse_point`: 10,000 replicates, every bound method's inputs) from the point's cached
 features, `--reps` times, alternating the code before this change (the Gram matrices by `det_matmul` over every
 row, resampled weights of every group) and after (`live_gram`: zero rows skipped; weights of the non-homogeneous
 groups only), and prints median CPU and wall seconds per stage (Gram matrices, bootstrap, the rest), their

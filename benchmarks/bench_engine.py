@@ -86,9 +86,11 @@ class Timers:
 
 def instrument(tr, T: Timers):
     "Wrap what `Trainer.train_step` calls; returns an undo function."
+    import stalebook.objectives as OM
     import stalebook.trainer as TM
 
     saved = {k: getattr(TM, k) for k in ("batch_rewards", "completion_logprobs", "policy_hash")}
+    saved_om = OM.completion_logprobs  # the objectives' forward passes (with gradients, and the KL reference's)
 
     def wrap(name, key):
         f = saved[name]
@@ -107,7 +109,7 @@ def instrument(tr, T: Timers):
 
     tr.generate = generate
     TM.batch_rewards = wrap("batch_rewards", "rewards")
-    TM.completion_logprobs = wrap(
+    TM.completion_logprobs = OM.completion_logprobs = wrap(
         "completion_logprobs",
         lambda *a, **kw: "forward (grad)" if torch.is_grad_enabled() else "teacher-forced forward (no grad)",
     )
@@ -128,6 +130,7 @@ def instrument(tr, T: Timers):
     def undo():
         for k, v in saved.items():
             setattr(TM, k, v)
+        OM.completion_logprobs = saved_om
         torch.Tensor.backward = back
         del tr.generate
         h1.remove()

@@ -146,10 +146,11 @@ def scoring_overhead(a, snap, system, lora) -> dict:
 
     from stalebook.core import Domain
     from stalebook.model import policy_hash
+    from stalebook.objectives import resolved
     from stalebook.rollouts import SamplingConfig, load_run_policy
     from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
     from stalebook.theory.estimators import ESTIMATORS
-    from stalebook.trainer import TrainConfig, Trainer, resolved
+    from stalebook.trainer import TrainConfig, Trainer
 
     G, K, B = a.groups, a.score_k, a.groups * a.score_k
     model, tok = load_run_policy(str(snap), "", "cpu", "float32", lora=lora)
@@ -265,7 +266,8 @@ def _write_json(path: Path, obj) -> None:
 
 def main(argv=None):
     from stalebook.core import environment
-    from stalebook.model import LoraSpec, compute_setup, numerics_state, smol_snapshot
+    from stalebook.model import LoraSpec, compute_setup, numerics_state
+    from stalebook.pretrained import smol_snapshot
     from stalebook.rollouts import load_run_policy
     from stalebook.snapshot import read_lock
 

@@ -1,4 +1,4 @@
-"""Calibration study of the protocol's one-sided 95% bounds (stalebook.protocol, section "Calibration study").
+"""Calibration study of the protocol's one-sided 95% bounds (stalebook.calibration, section "Calibration study").
 
 Synthetic pools that reproduce the protocol's own sampling (fixed prompts with per-prompt pass rates and
 score-vector populations; R/A/B splits of K rollouts; the same Gram-space bootstrap, tie streams and sets),
@@ -35,9 +35,7 @@ from pathlib import Path
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
 import numpy as np  # isort: skip
 
-from stalebook.core import Domain, atomic_write_json
-from stalebook.protocol import (
-    DEFAULT_BOUND,
+from stalebook.calibration import (
     REGIMES_2S,
     calibrate_cell,
     calibration_grid,
@@ -47,12 +45,13 @@ from stalebook.protocol import (
     choose_bound_2s,
     coverage_table,
     coverage_table_2s,
-    design_power,
-    rho_from_rel,
     summarise_cell,
     summarise_cell_2s,
-    truth_mc,
 )
+from stalebook.core import Domain, atomic_write_json
+from stalebook.design import design_power
+from stalebook.protocol import DEFAULT_BOUND, truth_mc
+from stalebook.theory.reliability import rho_from_rel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -218,9 +218,9 @@ def scoring(model, tok, a, out):
 def generation(model, tok, a, backend, out):
     "Sampling with one backend: tokens/s (best of reps after a warm-up), peak memory, mismatch vs the trainer."
     from stalebook.core import Domain
+    from stalebook.objectives import mismatch_stats
     from stalebook.rollouts import SamplingConfig, backend_problem, completion_logprobs, make_sampler, sample_batch
     from stalebook.tasks import synthetic_tasks
-    from stalebook.trainer import mismatch_stats
 
     why = backend_problem(backend, "seeded")
     if why:

@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     problems = problems[: a.limit or None]
     out = Path(a.out) if a.out else (RESULTS if not a.limit else None)
 
-    from stalebook.model import compute_setup, load_policy, numerics_state, smol_snapshot, stop_token_ids
+    from stalebook.model import compute_setup, load_policy, numerics_state, stop_token_ids
+    from stalebook.pretrained import smol_snapshot
     from stalebook.snapshot import read_lock
 
     compute_setup(a.threads)

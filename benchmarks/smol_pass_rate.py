@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     import torch
 
     from stalebook.core import Domain
-    from stalebook.model import load_policy, smol_snapshot
+    from stalebook.model import load_policy
+    from stalebook.pretrained import smol_snapshot
     from stalebook.rollouts import SamplingConfig, make_sampler, sample_batch, task_pool
     from stalebook.tasks import reward
 

@@ -2,7 +2,7 @@
 
 Measures the temperature-1 pass rate of the snapshot as imported on the warm start's own evaluation prompts (the same
 prompts, sampler and sampling domain the build then uses for the warm-started model: a like-for-like "before"),
-builds the warm-started snapshot with `stalebook.model.warmstart_snapshot` (the spec's defaults unless options say
+builds the warm-started snapshot with `stalebook.warmstart.warmstart_snapshot` (the spec's defaults unless options say
 otherwise), and writes the record: the spec, the wall time of the build, the new snapshot's revision, its loss curve
 and measured pass rate (from its build record), and the "before" measurement. `--rl-check` adds the pass rate of the
 warm-started snapshot measured by the RL sampler (`rollouts.sample_batch`, backend hf) on a run's own task pool
@@ -27,7 +27,7 @@ from pathlib import Path
 
 def _parser():
     from stalebook.core import CommandParser
-    from stalebook.model import WarmStartSpec
+    from stalebook.warmstart import WarmStartSpec
 
     ap = CommandParser(prog="smol_warmstart.py", description=__doc__.splitlines()[0])
     ap.add_argument("--snapshot", default="", help="the imported snapshot (default: the `make smol` one)")
@@ -73,16 +73,11 @@ def _rl_check(snap: str, spec) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    from stalebook.model import (
-        WarmStartSpec,
-        chat_pass_rate,
-        keep_freed_memory,
-        load_policy,
-        smol_snapshot,
-        warmstart_snapshot,
-    )
+    from stalebook.model import keep_freed_memory, load_policy
+    from stalebook.pretrained import smol_snapshot
     from stalebook.snapshot import read_lock
     from stalebook.tasks import synthetic_tasks
+    from stalebook.warmstart import WarmStartSpec, chat_pass_rate, warmstart_snapshot
 
     a = _parser().parse_args(argv)
     spec = WarmStartSpec(**{f.name: getattr(a, f.name) for f in fields(WarmStartSpec)})

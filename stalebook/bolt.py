@@ -22,7 +22,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from fastcore.basics import patch
 from filelock import FileLock
 
 from stalebook.core import (
@@ -46,6 +45,7 @@ from stalebook.model import (
     policy_hash,
     training_pools,
 )
+from .objectives import sample_log_weights
 from stalebook.rollouts import (
     Generation,
     RolloutStore,
@@ -71,17 +71,17 @@ from stalebook.theory.boltzmann import (
     refit_log_weights,
     tv,
 )
-from .trainer import TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks, weighted_sft_loss
+from .trainer import TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks
 
 # %% auto #0
-__all__ = ['WEIGHTINGS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards',
-           'sample_log_weights', 'reference_stats', 'reference_summary', 'ReferenceTrainer', 'first_token_law',
-           'on_support', 'enumerable_check', 'EvalConfig', 'BoltConfig', 'eval_steps', 'arm_train_config',
-           'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling', 'sequence_logprobs', 'pool_metrics',
-           'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm', 'arm_trainer', 'train_arm',
-           'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result', 'arm_stage', 'run_arm',
-           'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired', 'aggregate_study',
-           'arm_table', 'claim_rows', 'claim_table']
+__all__ = ['ARM_SPECS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'open_reference', 'reference_rewards',
+           'reference_stats', 'reference_summary', 'round_store', 'round_reference', 'ReferenceData',
+           'reference_trainer', 'first_token_law', 'on_support', 'enumerable_check', 'Arm', 'EvalConfig', 'BoltConfig',
+           'eval_steps', 'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
+           'sequence_logprobs', 'pool_metrics', 'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm',
+           'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result',
+           'arm_stage', 'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired',
+           'aggregate_study', 'arm_table', 'claim_rows', 'claim_table']
 
 # %% ../nbs/30_bolt.ipynb #2c34e1f8
 @contextlib.contextmanager
@@ -145,9 +145,6 @@ def open_reference(path, policy_hash: str) -> RolloutStore:
     return store
 
 # %% ../nbs/30_bolt.ipynb #220453a7
-WEIGHTINGS = ("bolt", "refit")
-
-
 def reference_rewards(store: RolloutStore) -> np.ndarray:
     """[G, N] float64 verifier rewards of a reference store; an empty or ragged group or a non-finite reward is
     refused, naming its line."""
@@ -169,20 +166,6 @@ def reference_rewards(store: RolloutStore) -> np.ndarray:
     if not R:
         raise StalebookError(f"{f}: reference store has no groups")
     return np.asarray(R, np.float64)
-
-
-def sample_log_weights(R, weighting: str, beta: float) -> np.ndarray:
-    """log-weights [G, N] of stored rewards: 'bolt' r/beta - log Z-hat(x) (mean weight 1 per prompt), 'refit' log r.
-    Both are `theory.boltzmann`'s functions: one implementation for the tabular and the real case."""
-    if weighting == "bolt":
-        if not beta > 0:
-            raise StalebookError(f"beta must be > 0 for BOLT weights, got {beta} (beta -> 0 is positive-only SFT)")
-        return mc_bolt_log_weights(R, beta)
-    if weighting == "refit":
-        if (np.asarray(R) < 0).any():
-            raise StalebookError("Refit's weights are the raw rewards: they must be >= 0")
-        return refit_log_weights(R)
-    raise StalebookError(f"unknown weighting {weighting!r} (one of {', '.join(WEIGHTINGS)})")
 
 # %% ../nbs/30_bolt.ipynb #920513e7
 def reference_stats(R, beta: float) -> dict:
@@ -231,20 +214,61 @@ def _bind(f: Path, rec: dict) -> None:
     atomic_write_json(f, rec)
 
 
-class ReferenceTrainer(Trainer):
-    """Weighted SFT on reference datasets through the Trainer's step, loop and lineage: the step's prompts' stored
-    groups instead of samples, their stored rewards, the weighted cross-entropy; round k of `rounds` trains on the
-    reference sampled by lineage checkpoint k*steps/rounds (1 round: BOLT/Refit; more: iterative BOLT)."""
+def round_store(tr: Trainer, k: int, step: int, ref_path: str, stores: Path) -> RolloutStore:
+    """Round k's reference store, sampled by lineage checkpoint `step` of the run of trainer `tr`: the store at
+    `ref_path` (round 0, when given), generated now if the model is that checkpoint, else found complete in `stores`."""
+    ref_hash = json.loads((lineage_checkpoint(tr.dir, step) / "meta.json").read_text())["policy_hash"]
+    if k == 0 and ref_path:
+        return open_reference(ref_path, ref_hash)
+    if policy_hash(tr.model) == ref_hash:
+        return reference_store(
+            tr.model, tr.tok, tr.tasks, stores, tr.cfg.seed, tr.cfg.sampling, reward_fn=tr.reward_fn, sampler=tr.sampler
+        )
+    store = RolloutStore(
+        stores,
+        ref_hash,
+        rollout_domain(tr.cfg.seed, ref_hash, "bolt/reference"),
+        tr.cfg.sampling,
+        [t.id for t in tr.tasks],
+        numerics=numerics_of(tr.model),
+    )
+    if not store.complete:
+        raise StalebookError(f"{store.path}: round {k}'s reference is incomplete and its policy (step {step}) is gone")
+    store.verify()
+    return store
+
+# %% ../nbs/30_bolt.ipynb #016444b3
+def round_reference(tr: Trainer, k: int, step: int, ref_path: str, stores: Path, weighting: str, beta: float) -> dict:
+    """Round k's weighted dataset {store, R [G, N], logw [G, N], index}, sampled by lineage checkpoint `step`
+    (`round_store`); its summary (`reference-<k>.json`) and the time it took are recorded in the run folder."""
+    t0 = time.perf_counter()
+    store = round_store(tr, k, step, ref_path, stores)
+    R, index = reference_rewards(store), {t: i for i, t in enumerate(store.task_ids)}
+    missing = [t.id for t in tr.tasks if t.id not in index]
+    if missing:
+        raise StalebookError(
+            f"{store.path}: reference dataset lacks {len(missing)} training prompts (first: {missing[0]})"
+        )
+    atomic_write_json(
+        tr.dir / f"reference-{k}.json",
+        reference_summary(store, R, weighting, beta) | dict(round=k, step=step),
+    )
+    tf = tr.dir / "reference-timings.json"
+    times = json.loads(tf.read_text()) if tf.exists() else {}
+    if str(k) not in times:
+        atomic_write_json(tf, times | {str(k): round(time.perf_counter() - t0, 4)})
+    return dict(store=store, R=R, logw=sample_log_weights(R, weighting, beta), index=index)
+
+# %% ../nbs/30_bolt.ipynb #8e8ee569
+class ReferenceData:
+    """The data of weighted SFT on a stored reference set, for the one `Trainer`: the step's prompts in the trainer's
+    data order, their stored groups in the round's reference set instead of samples (with their stored rewards and
+    weights), no behaviour pass. Round k of `rounds` trains on the reference sampled by lineage checkpoint
+    k*steps/rounds (1 round: BOLT/Refit; more: iterative BOLT). A config it cannot serve is refused before any work;
+    the weighting, beta and rounds are bound to the run folder."""
 
     def __init__(
-        self,
-        cfg: TrainConfig,
-        weighting: str = "bolt",
-        beta: float = 0.5,
-        rounds: int = 1,
-        stores=None,
-        reference: str = "",
-        **kw,
+        self, cfg: TrainConfig, weighting="bolt", beta: float = 0.5, rounds: int = 1, stores=None, reference=""
     ):
         if cfg.objective != "sft":
             raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
@@ -262,104 +286,56 @@ class ReferenceTrainer(Trainer):
         _bind(
             Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference)
         )
-        super().__init__(cfg, **kw)
 
-# %% ../nbs/30_bolt.ipynb #016444b3
-@patch
-def reference(self: ReferenceTrainer, k: int) -> dict:
-    """Round k's weighted dataset {store, R, logw, index}, sampled by lineage checkpoint k*round_len (generated now
-    if the model is it)."""
-    if k in self.refs:
+    def reference(self, tr: Trainer, k: int) -> dict:
+        "Round k's weighted dataset (`round_reference`), generated or found once per round."
+        if k not in self.refs:
+            args = (self.ref_path, self.stores, self.weighting, self.beta)
+            self.refs[k] = round_reference(tr, k, k * self.round_len, *args)
         return self.refs[k]
-    step, t0 = k * self.round_len, time.perf_counter()
-    ref_hash = json.loads((lineage_checkpoint(self.dir, step) / "meta.json").read_text())["policy_hash"]
-    if k == 0 and self.ref_path:
-        store = open_reference(self.ref_path, ref_hash)
-    elif policy_hash(self.model) == ref_hash:
-        store = reference_store(
-            self.model,
-            self.tok,
-            self.tasks,
-            self.stores,
-            self.cfg.seed,
-            self.cfg.sampling,
-            reward_fn=self.reward_fn,
-            sampler=self.sampler,
+
+    def make_batch(self, tr: Trainer) -> list:
+        "The step's prompts: the trainer's data order (`next_tasks` at its cursor, which it advances), as online."
+        out, tr.cursor = next_tasks(tr.tasks, tr.cursor, tr.cfg.prompts_per_step, tr.cfg.seed, tr.cfg.domain)
+        return out
+
+    def generate(self, tr: Trainer, batch, ph: str) -> Generation:
+        """The step's prompts' stored completions in the round's reference (nothing is sampled), carrying their stored
+        rewards [P, N] and weights [P*N]."""
+        self.round = min(tr.step // self.round_len, self.rounds - 1)
+        ref = self.reference(tr, self.round)
+        rows = [ref["index"][t.id] for t in batch]
+        recs = [ref["store"].records[i] for i in rows]
+        return Generation(
+            [r["prompt_ids"] for r in recs for _ in r["tokens"]],
+            [c for r in recs for c in r["tokens"]],
+            [x for r in recs for x in r["texts"]],
+            [x for r in recs for x in r["sampler_logp"]],
+            rewards=torch.from_numpy(ref["R"][rows]),
+            weights=torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1)),
         )
-    else:
-        store = RolloutStore(
-            self.stores,
-            ref_hash,
-            rollout_domain(self.cfg.seed, ref_hash, "bolt/reference"),
-            self.cfg.sampling,
-            [t.id for t in self.tasks],
-            numerics=numerics_of(self.model),
-        )
-        if not store.complete:
-            raise StalebookError(
-                f"{store.path}: round {k}'s reference is incomplete and its policy (step {step}) is gone"
-            )
-        store.verify()
-    R, index = reference_rewards(store), {t: i for i, t in enumerate(store.task_ids)}
-    missing = [t.id for t in self.tasks if t.id not in index]
-    if missing:
-        raise StalebookError(
-            f"{store.path}: reference dataset lacks {len(missing)} training prompts (first: {missing[0]})"
-        )
-    atomic_write_json(
-        self.dir / f"reference-{k}.json",
-        reference_summary(store, R, self.weighting, self.beta) | dict(round=k, step=step),
-    )
-    tf = self.dir / "reference-timings.json"
-    times = json.loads(tf.read_text()) if tf.exists() else {}
-    if str(k) not in times:
-        atomic_write_json(tf, times | {str(k): round(time.perf_counter() - t0, 4)})
-    self.refs[k] = dict(store=store, R=R, logw=sample_log_weights(R, self.weighting, self.beta), index=index)
-    return self.refs[k]
 
-# %% ../nbs/30_bolt.ipynb #8e8ee569
-@patch
-def generate(self: ReferenceTrainer, batch, ph: str) -> Generation:
-    """The step's prompts' stored completions in the round's reference (nothing is sampled), carrying their stored
-    rewards [P, N] and weights [P*N]."""
-    self.round = min(self.step // self.round_len, self.rounds - 1)
-    ref = self.reference(self.round)
-    rows = [ref["index"][t.id] for t in batch]
-    recs = [ref["store"].records[i] for i in rows]
-    return Generation(
-        [r["prompt_ids"] for r in recs for _ in r["tokens"]],
-        [c for r in recs for c in r["tokens"]],
-        [x for r in recs for x in r["texts"]],
-        [x for r in recs for x in r["sampler_logp"]],
-        rewards=torch.from_numpy(ref["R"][rows]),
-        weights=torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1)),
-    )
+    def rewards(self, tr: Trainer, batch, gen: Generation) -> torch.Tensor:
+        "The stored verifier rewards [P, N] the batch carries (no verifier call)."
+        return gen.rewards
+
+    def behaviour_logprobs(self, tr: Trainer, gen: Generation):
+        "No behaviour forward pass (weighted SFT has no ratio to a sampling policy): only the completions' token mask."
+        lens = torch.tensor([len(c) for c in gen.completions])
+        return None, torch.arange(int(lens.max()) if len(lens) else 0)[None, :] < lens[:, None]
+
+    def record(self) -> dict:
+        "What the data adds to a step's record: the round it trained on."
+        return {"bolt/round": self.round}
 
 
-@patch
-def rewards(self: ReferenceTrainer, batch, gen: Generation) -> torch.Tensor:
-    "The stored verifier rewards [P, N] the batch carries (no verifier call)."
-    return gen.rewards
-
-
-@patch
-def behaviour_logprobs(self: ReferenceTrainer, gen: Generation):
-    "No behaviour forward pass (weighted SFT has no ratio to a sampling policy): only the completions' token mask."
-    lens = torch.tensor([len(c) for c in gen.completions])
-    return None, torch.arange(int(lens.max()) if len(lens) else 0)[None, :] < lens[:, None]
-
-
-@patch
-def objective(self: ReferenceTrainer, gen: Generation, R, old, mask, lag: int = 0):
-    """Weighted cross-entropy of the stored completions with the batch's weights: one forward with gradients, no
-    behaviour or reference pass; its gradient accumulated into the LoRA tensors (the Trainer's contract), the loss
-    returned detached."""
-    self.model.train()
-    self.opt.zero_grad(set_to_none=True)
-    logp, mask = self.teacher_forced(gen)
-    loss, st = weighted_sft_loss(logp, gen.weights, mask, self.cfg.loss_agg)
-    loss.backward()
-    return loss.detach(), {**st, "bolt/round": self.round}
+def reference_trainer(
+    cfg: TrainConfig, weighting="bolt", beta=0.5, rounds=1, stores=None, reference="", **kw
+) -> Trainer:
+    """The one `Trainer` on a stored reference set (`ReferenceData`) with the `weighted-sft` objective: BOLT, Refit and
+    iterative BOLT. `kw`: the Trainer's (model, tokenizer, tasks, reward_fn)."""
+    data = ReferenceData(cfg, weighting, beta, rounds, stores, reference)
+    return Trainer(cfg, data=data, objective="weighted-sft", **kw)
 
 # %% ../nbs/30_bolt.ipynb #7dd19bd7
 def first_token_law(model, tok, tasks):
@@ -377,7 +353,7 @@ def on_support(l, S):
 
 
 def enumerable_check(snapshot, out, steps=100, N=64, beta=1.0, lr=3e-2, n_prompts=2, seed=0):
-    """BOLT on one-token reference samples through ReferenceTrainer: the model's law before/after against q-hat*w
+    """BOLT on one-token reference samples through `reference_trainer`: the model's law before/after against q-hat*w
     and Refit's q-hat*r. `seed` draws the prompts, the reference samples, the LoRA init and the data order."""
     rf = lambda t, x: ((ALPHABET.index(x) % 4) / 3 if len(x) == 1 else 0.0, {})  # vocab = 4 specials, then ALPHABET
     tks = synthetic_tasks("math", n_prompts, Domain(seed, ("nb", "bolt", "enum")))
@@ -393,8 +369,8 @@ def enumerable_check(snapshot, out, steps=100, N=64, beta=1.0, lr=3e-2, n_prompt
         checkpoint_every=steps,
         sampling=SamplingConfig(group_size=N, max_new_tokens=1, groups_per_batch=n_prompts),
     )
-    tr = ReferenceTrainer(cfg, "bolt", beta, tasks=tks, reward_fn=rf)
-    ref = tr.reference(0)
+    tr = reference_trainer(cfg, "bolt", beta, tasks=tks, reward_fn=rf)
+    ref = tr.data.reference(tr, 0)
     V = len(tr.tok)
     y = np.array([[c[0] for c in r["tokens"]] for r in ref["store"].records])  # [P, N] sampled tokens
     with np.errstate(divide="ignore"):
@@ -415,10 +391,30 @@ def enumerable_check(snapshot, out, steps=100, N=64, beta=1.0, lr=3e-2, n_prompt
         laws=(l0, l1, l_bolt, l_refit),
     )
 
+# %% ../nbs/30_bolt.ipynb #c1c7754e
+@dataclass(frozen=True)
+class Arm:
+    """How an arm trains: the objective it runs (`OBJECTIVES`) and the one its runs record (`TrainConfig.objective`),
+    the weighting of its stored reference set (`WEIGHTINGS`; None: it samples online), whether GRPO's `kl_beta` is the
+    arm's beta, whether it iterates reference rounds."""
+
+    objective: str
+    recorded: str
+    weighting: str | None = None
+    kl: bool = False
+    iterated: bool = False
+
+
+ARM_SPECS = {
+    "bolt": Arm("weighted-sft", "sft", "bolt"),
+    "refit": Arm("weighted-sft", "sft", "refit"),
+    "positive": Arm("sft", "sft"),
+    "grpo": Arm("grpo", "grpo", kl=True),
+    "iterative": Arm("weighted-sft", "sft", "bolt", iterated=True),
+}
+ARMS = tuple(ARM_SPECS)
+
 # %% ../nbs/30_bolt.ipynb #ff86e4c1
-ARMS = ("bolt", "refit", "positive", "grpo", "iterative")
-
-
 def _bolt_train() -> TrainConfig:
     # the tiny model's learning setting (16 prompts x 16 samples, lr 3e-3: benchmarks/learn_tiny.py);
     # unnormalised advantages so that GRPO's kl_beta and BOLT's beta weigh the same E[r] - beta KL
@@ -467,9 +463,10 @@ class BoltConfig:
     def __post_init__(self):
         if not self.beta > 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
-        if self.arm == "iterative" and self.rounds < 2:
-            raise ValueError("arm 'iterative' needs rounds >= 2")
-        if self.arm != "iterative" and self.rounds != 1:
+        iterated = self.arm in ARM_SPECS and ARM_SPECS[self.arm].iterated
+        if iterated and self.rounds < 2:
+            raise ValueError(f"arm '{self.arm}' needs rounds >= 2")
+        if not iterated and self.rounds != 1:
             raise ValueError(f"arm '{self.arm}' has rounds = 1 (got {self.rounds})")
         if self.train.steps % self.rounds or self.train.steps % self.eval.at:
             raise ValueError(
@@ -485,13 +482,13 @@ def eval_steps(cfg: BoltConfig) -> list[int]:
 def arm_train_config(cfg: BoltConfig, out_dir) -> TrainConfig:
     """The arm's TrainConfig: `train` with its run folder, objective, KL coefficient and every round start and
     measured step as lineage steps."""
-    S, R = cfg.train.steps, cfg.rounds
+    S, R, arm = cfg.train.steps, cfg.rounds, ARM_SPECS[cfg.arm]
     marks = set(eval_steps(cfg)) | {k * S // R for k in range(R)}
     return dataclasses.replace(
         cfg.train,
         out=str(Path(out_dir) / "train"),
-        objective="grpo" if cfg.arm == "grpo" else "sft",
-        kl_beta=cfg.beta if cfg.arm == "grpo" else 0.0,
+        objective=arm.recorded,
+        kl_beta=cfg.beta if arm.kl else 0.0,
         lineage_steps=tuple(sorted(marks)),
     )
 
@@ -705,29 +702,22 @@ def evaluate_arm(cfg: BoltConfig, tr: Trainer, out_dir, progress: bool = False, 
 
 # %% ../nbs/30_bolt.ipynb #7d01e6f9
 def arm_trainer(cfg: BoltConfig, out_dir, reward_fn=None) -> Trainer:
-    """The arm's trainer, restored at its last checkpoint: the stock `Trainer` for grpo and positive,
-    `ReferenceTrainer` for the weighted-SFT arms."""
-    tcfg = arm_train_config(cfg, out_dir)
-    if cfg.arm in ("grpo", "positive"):
-        return Trainer(tcfg, reward_fn=reward_fn)
-    return ReferenceTrainer(
-        tcfg,
-        "refit" if cfg.arm == "refit" else "bolt",
-        cfg.beta,
-        cfg.rounds,
-        stores_root(cfg, out_dir),
-        cfg.reference,
-        reward_fn=reward_fn,
-    )
+    """The arm's trainer, restored at its last checkpoint: the one `Trainer` with the arm's objective, on data sampled
+    online (grpo, positive) or on its stored reference set (`ReferenceData`: the weighted-SFT arms)."""
+    tcfg, arm = arm_train_config(cfg, out_dir), ARM_SPECS[cfg.arm]
+    data = None
+    if arm.weighting is not None:
+        data = ReferenceData(tcfg, arm.weighting, cfg.beta, cfg.rounds, stores_root(cfg, out_dir), cfg.reference)
+    return Trainer(tcfg, reward_fn=reward_fn, data=data, objective=arm.objective)
 
 
 def train_arm(cfg: BoltConfig, out_dir, progress: bool = False, reward_fn=None, meter: Meter | None = None) -> Trainer:
     """Train (or resume) an arm's lineage: 'reference' (static arms: sampling the round-0 dataset) and 'train'
     phases on `meter`."""
     meter, tr = meter or Meter(cfg.train.device), arm_trainer(cfg, out_dir, reward_fn)
-    if isinstance(tr, ReferenceTrainer):
+    if isinstance(tr.data, ReferenceData):
         with meter.phase("reference"):
-            tr.reference(0)
+            tr.data.reference(tr, 0)
     n0 = tr.step
     with meter.phase("train"):
         tr.run(progress=progress)
@@ -760,7 +750,7 @@ def arm_budget(cfg: BoltConfig, tr: Trainer) -> dict:
     "What the arms of a seed share (prompt schedule, updates, LoRA, lr, N = K) and how many completions each sampled."
     t = tr.cfg
     n_gen = (
-        len(tr.tasks) * cfg.rounds if isinstance(tr, ReferenceTrainer) else t.steps * t.prompts_per_step
+        len(tr.tasks) * cfg.rounds if isinstance(tr.data, ReferenceData) else t.steps * t.prompts_per_step
     ) * t.sampling.group_size
     return dict(
         optimizer_updates=len(tr.log.records),
@@ -989,7 +979,7 @@ def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, s
                 base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw
             )
             units += [
-                (f"{d}-s{seed}-{a}", "arm", mk(arm=a, rounds=s.rounds if a == "iterative" else 1)) for a in s.arms
+                (f"{d}-s{seed}-{a}", "arm", mk(arm=a, rounds=s.rounds if ARM_SPECS[a].iterated else 1)) for a in s.arms
             ]
             if d in s.sweep_domains:
                 units += [

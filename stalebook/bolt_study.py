@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from stalebook.bolt import (
+    ARM_SPECS,
     ARM_STAGES,
     BoltConfig,
     BoltStudy,
@@ -82,7 +83,8 @@ def _arm_config(u: Unit) -> BoltConfig:
 
 
 def static_arm(cfg: BoltConfig) -> bool:
-    return cfg.arm not in ("grpo", "positive")
+    "Does the arm train on a stored reference set (its data is `ReferenceData`)?"
+    return ARM_SPECS[cfg.arm].weighting is not None
 
 
 def stage_outputs(cfg: BoltConfig, stage: str) -> tuple[str, ...]:
@@ -166,7 +168,8 @@ def bolt_objective(u: Unit) -> list[str]:
     if u.config.kind == "sweep":
         return []
     cfg, t = u.config.arm, u.dir / "train"
-    want, kl = ("grpo", cfg.beta) if cfg.arm == "grpo" else ("sft", 0.0)
+    arm = ARM_SPECS[cfg.arm]
+    want, kl = arm.recorded, cfg.beta if arm.kl else 0.0
     if not (t / "config.yaml").is_file():
         return ["train/config.yaml missing"]
     tc, probs = load_config(TrainConfig, t / "config.yaml"), []
@@ -181,7 +184,7 @@ def bolt_objective(u: Unit) -> list[str]:
     ]
     if static_arm(cfg):
         w = _json(t / "weighting.json") or {}
-        need = dict(weighting="refit" if cfg.arm == "refit" else "bolt", beta=cfg.beta, rounds=cfg.rounds)
+        need = dict(weighting=arm.weighting, beta=cfg.beta, rounds=cfg.rounds)
         probs += [
             f"train/weighting.json: {k} is {w.get(k)!r}, the arm's is {v!r}" for k, v in need.items() if w.get(k) != v
         ]

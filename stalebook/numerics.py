@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from scipy import special, stats
 
-from .bolt import ReferenceTrainer
+from .analysis import analyse_point
+from .bolt import reference_trainer
 from .core import Domain, StalebookError, exact_sqrt, hash_file
 from .model import load_policy, numerics_state, policy_hash, shipped_snapshot
-from .protocol import analyse_point, synthetic_point, synthetic_pool
+from .protocol import synthetic_point, synthetic_pool
 from stalebook.rollouts import (
     RolloutStore,
     SamplingConfig,
@@ -256,9 +257,9 @@ def training_hashes(snapshot, threads: int, tmp) -> tuple[dict, Trainer, Trainer
     lag_cfg = trace_config(tmp / "lag", snapshot, t, steps=3, async_training=FIXED_LAG)
     lag = Trainer(lag_cfg, reward_fn=digit_mean).run(progress=False)
     bolt_cfg = trace_config(tmp / "bolt", snapshot, t, objective="sft", steps=1)
-    bolt = ReferenceTrainer(bolt_cfg, "bolt", 0.5, reward_fn=digit_mean).run(progress=False)
+    bolt = reference_trainer(bolt_cfg, "bolt", 0.5, reward_fn=digit_mean).run(progress=False)
     out = run_hashes(f"grpo_sync/t{t}", sync) | run_hashes(f"grpo_fixed_lag/t{t}", lag) | run_hashes(f"bolt/t{t}", bolt)
-    out[f"bolt/t{t}/reference"] = hash_file(bolt.reference(0)["store"].path / "groups.jsonl")[:16]
+    out[f"bolt/t{t}/reference"] = hash_file(bolt.data.reference(bolt, 0)["store"].path / "groups.jsonl")[:16]
     return out, sync, lag
 
 # %% ../nbs/38_numerics.ipynb #f3bfff78

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 
+from .analysis import PointResult, analyse_point, dilute_control, positive_control
 from stalebook.core import (
     Domain,
     StalebookError,
@@ -39,17 +40,7 @@ from stalebook.core import (
     run_notebook,
 )
 from .model import compute_setup, default_snapshot, load_adapter_state, load_policy, policy_hash
-from stalebook.protocol import (
-    BOUNDS,
-    DEFAULT_BOUND,
-    SPLITS,
-    PointResult,
-    Rollouts,
-    admissible,
-    analyse_point,
-    dilute_control,
-    positive_control,
-)
+from .protocol import BOUNDS, DEFAULT_BOUND, SPLITS, Rollouts, admissible
 from stalebook.rollouts import (
     RolloutStore,
     SamplingConfig,

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from . import sandbox
+from .analysis import dilute_control
 from stalebook.contracts import (
     frozen_content,
     registry_cells,
@@ -43,11 +44,12 @@ from stalebook.core import (
     project_root,
     run_notebook,
 )
+from .design import pilot_model, pilot_models, predict_design
 from .executors import node_gpus
-from .protocol import dilute_control, pilot_model, pilot_models, pool_cell, predict_design
 from .registry import Registry, load_registry, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
+from .verdict import pool_cell
 
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'point_rows', 'study_view', 'report_name', 'report_title',

@@ -27,7 +27,6 @@ from typing import Literal
 
 import torch
 import yaml
-from fastcore.basics import patch
 from safetensors.torch import load_file, save_file
 
 from . import sandbox
@@ -44,7 +43,6 @@ from stalebook.core import (
     config_dict,
     config_hash,
     fault_point,
-    group_advantages,
     hash_dir,
     hash_json,
     homogeneous_groups,
@@ -52,6 +50,7 @@ from stalebook.core import (
     read_jsonl,
 )
 from .model import LoraSpec, adamw, compute_setup, load_adapter_state, policy_hash, save_adapter
+from .objectives import finite_or_none, groups_of, mismatch_stats, objective_of, resolved
 from stalebook.rollouts import (
     Generation,
     SamplingConfig,
@@ -71,216 +70,13 @@ from .tasks import VerifierProcess
 from .theory.async_sim import behaviour_source
 
 # %% auto #0
-__all__ = ['ASYNC_STATE', 'TOKEN_EXPORT_FORMAT', 'aggregate', 'batch_norm', 'level_log_ratio', 'clipped_objective', 'grpo_loss',
-           'sft_loss', 'weighted_sft_loss', 'is_weights', 'offpolicy_grpo_loss', 'offpolicy_stats', 'mismatch_stats',
-           'AsyncConfig', 'TrainConfig', 'identity_dict', 'snapshot_key', 'run_identity', 'save_run_config',
-           'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state', 'load_train_state', 'Lineage',
-           'check_lineage', 'check_resume_config', 'make_optimizer', 'Trainer', 'next_tasks', 'step_rewards',
-           'groups_of', 'reward_chunks', 'GroupRewards', 'partial_rewards', 'resolved', 'verifier_workers',
-           'token_export_rows', 'write_token_export', 'lag_histogram']
-
-# %% ../nbs/26_trainer.ipynb #75805459
-def aggregate(x: torch.Tensor, mask: torch.Tensor, how: str, norm: torch.Tensor | None = None) -> torch.Tensor:
-    """token-mean: mean over all unmasked tokens; seq-mean: mean over rows of each row's token mean.
-    `norm`: the whole batch's denominator (`batch_norm`) when x is one micro-batch of it,
-    so that the micro-batches' terms add up."""
-    m = mask.to(x.dtype)
-    if how == "token-mean":
-        return (x * m).sum() / (m.sum().clamp(min=1) if norm is None else norm)
-    if how == "seq-mean":
-        n = m.sum(-1)
-        per = (x * m).sum(-1) / n.clamp(min=1)
-        if norm is not None:
-            return per[n > 0].sum() / norm
-        return per[n > 0].mean() if (n > 0).any() else per.sum() * 0
-    raise ValueError(f"unknown aggregation {how!r}")
-
-
-def batch_norm(mask: torch.Tensor, how: str, dtype=torch.float32) -> torch.Tensor:
-    """The denominator of `aggregate` over a whole batch: its tokens (token-mean)
-    or its non-empty rows (seq-mean), at least 1."""
-    m = mask.to(dtype)
-    return m.sum().clamp(min=1) if how == "token-mean" else (m.sum(-1) > 0).sum().to(dtype).clamp(min=1)
-
-# %% ../nbs/26_trainer.ipynb #3b7e0a12
-def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
-    """Log-ratios [B, L] at an importance-sampling level
-    (token | sequence: sum | geometric: mean over the response), [B, L]."""
-    if level == "token":
-        return log_ratio
-    m = mask.to(log_ratio.dtype)
-    s = (log_ratio * m).sum(-1, keepdim=True)
-    if level == "geometric":
-        s = s / m.sum(-1, keepdim=True).clamp(min=1)
-    elif level != "sequence":
-        raise ValueError(f"unknown importance-sampling level {level!r}")
-    return s.expand_as(log_ratio)
-
-
-def clipped_objective(log_ratio: torch.Tensor, A: torch.Tensor, clip_low: float = 0.2, clip_high: float | None = None):
-    """PPO's clipped surrogate per token: (min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r, where the clip binds),
-    r = exp(log_ratio) [B, L], A broadcastable to it; clip_high None = clip_low."""
-    ratio = torch.exp(log_ratio)
-    hi = clip_low if clip_high is None else clip_high
-    unclipped, clipped = ratio * A, ratio.clamp(1 - clip_low, 1 + hi) * A
-    return torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
-
-# %% ../nbs/26_trainer.ipynb #602967d9
-def grpo_loss(
-    logp,
-    old_logp,
-    adv,
-    mask,
-    clip_epsilon=0.2,
-    agg="token-mean",
-    ref_logp=None,
-    kl_beta=0.0,
-    clip_epsilon_high=None,
-    level="token",
-    is_weights=None,
-    norm=None,
-):
-    """PPO-form clipped GRPO loss; returns (loss, stats). adv is per row [B]; the ratio pi/pi_old is taken at
-    `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term; `norm`: `aggregate`'s."""
-    lr = level_log_ratio(logp - old_logp, mask, level)
-    obj, ratio, _ = clipped_objective(lr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
-    if is_weights is not None:
-        obj = obj * is_weights
-    loss = -aggregate(obj, mask, agg, norm)
-    stats = {"ratio_max_dev": float(((ratio.detach() - 1).abs() * mask).max()) if mask.any() else 0.0}
-    if ref_logp is not None and kl_beta > 0:
-        d = ref_logp - logp
-        kl = aggregate(torch.exp(d) - d - 1, mask, agg, norm)
-        loss = loss + kl_beta * kl
-        stats["kl"] = float(kl.detach())
-    return loss, stats
-
-
-def sft_loss(logp, rewards, mask, agg="token-mean"):
-    "Positive-only response cross-entropy: -agg(log-probs of reward-1 responses)."
-    pos = (rewards > 0.5)[:, None] & mask
-    if not pos.any():
-        return (logp * 0).sum(), {"n_positive": 0}
-    return -aggregate(logp, pos, agg), {"n_positive": int((rewards > 0.5).sum())}
-
-# %% ../nbs/26_trainer.ipynb #b3f1a7c2
-def weighted_sft_loss(logp, weights, mask, agg="token-mean"):
-    """Weighted response cross-entropy -agg(w_i log pi(A_t|H_t)) (BOLT, Refit); returns (loss, stats).
-    logp, mask: [B, L]; weights: [B] >= 0, one per response. With token-mean the normaliser counts every
-    response token whatever its weight, so the batch objective is sum_i w_i log pi(y_i) up to a constant."""
-    w = weights.to(logp.device, logp.dtype)[:, None]
-    loss = -aggregate(logp * w, mask, agg)
-    # the statistics of the weights the loss used (logp's dtype): float64 weights from numpy can differ in their
-    # last bits between CPUs (numpy's exp/log dispatch by instruction set); rounded to float32 they agree
-    return loss, {
-        "sft/weight_mean": float(w.mean()),
-        "sft/weight_max": float(w.max()),
-        "sft/n_weighted": int((w > 0).sum()),
-    }
-
-# %% ../nbs/26_trainer.ipynb #5c1d2e02
-def is_weights(log_ratio, mask, correction: str = "truncate", level: str = "token", threshold: float = 2.0):
-    """Detached importance weights [B, L] of rho = pi_theta/pi_phi (log_ratio = log pi_theta - log pi_phi per token)
-    at `level`: truncated min(rho, C) (`truncate`) or masked rho 1[rho <= C] (`mask`); zero on padding."""
-    rho = torch.exp(level_log_ratio(log_ratio.detach(), mask, level))
-    if correction == "truncate":
-        w = rho.clamp(max=threshold)
-    elif correction == "mask":
-        w = rho.masked_fill(rho > threshold, 0.0)
-    else:
-        raise ValueError(f"unknown off-policy correction {correction!r}")
-    return w * mask
-
-
-def offpolicy_grpo_loss(
-    logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token", threshold: float = 2.0, **kw
-):
-    """GRPO on groups sampled by a behaviour policy phi; returns (loss, stats). `none`: PPO-clip with ratio
-    pi_theta/pi_phi at `level`; `truncate` / `mask`: `is_weights` of pi_theta/pi_phi times the clipped surrogate
-    against the learner itself (ratio 1).
-    `kw`: grpo_loss's clip_epsilon, clip_epsilon_high, agg, ref_logp, kl_beta, norm."""
-    if correction == "none":
-        return grpo_loss(logp, behaviour_logp, adv, mask, level=level, **kw)
-    w = is_weights(logp - behaviour_logp, mask, correction, level, threshold)
-    return grpo_loss(logp, logp.detach(), adv, mask, is_weights=w, **kw)
-
-# %% ../nbs/26_trainer.ipynb #5c1d2e06
-def _num(x) -> float | None:
-    "A finite float, or None (JSON null) for nan/inf."
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-@torch.no_grad()
-def offpolicy_stats(
-    logp,
-    behaviour_logp,
-    adv,
-    mask,
-    correction: str = "none",
-    level: str = "token",
-    threshold: float = 2.0,
-    clip_epsilon: float = 0.2,
-    clip_epsilon_high: float | None = None,
-) -> dict:
-    """Off-policy diagnostics of a batch sampled by phi (log-probs [B, L], adv [B], mask [B, L]): |log r| max/mean,
-    k3 KL(pi_phi || pi_theta), clip fraction of the loss,
-    and ESS fraction, log max and fraction > C of the raw weights."""
-    m = mask
-    lr = ((logp - behaviour_logp) * m).detach().double()  # float64: k3 = r - 1 - log r cancels near r = 1
-    n = m.sum().clamp(min=1)
-    lw = level_log_ratio(lr, m, level)
-    lw = lw[m] if level == "token" else lw[:, 0][m.any(-1)]
-    if correction == "none":
-        clip = (
-            clipped_objective(
-                level_log_ratio(lr, m, level), adv[:, None].to(lr.dtype), clip_epsilon, clip_epsilon_high
-            )[2]
-            & m
-        ).sum() / n
-    else:
-        clip = 0.0  # the decoupled loss's ratio is 1: its clip never binds
-    ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / max(lw.numel(), 1)
-    return dict(
-        logr_max_abs=_num(lr.abs().max()),
-        logr_mean_abs=_num(lr.abs().sum() / n),
-        kl_behav_k3=_num(((torch.expm1(lr) - lr) * m).sum() / n),
-        clip_frac=_num(clip),
-        is_ess_frac=_num(ess),
-        is_log_max=_num(lw.max()) if lw.numel() else None,
-        is_beyond_frac=_num((lw > math.log(threshold)).double().mean()) if lw.numel() else None,
-    )
-
-# %% ../nbs/26_trainer.ipynb #075ece1d
-@torch.no_grad()
-def mismatch_stats(trainer_logp, sampler_logp, mask, threshold: float = 2.0) -> dict:
-    """Training–inference mismatch of one batch: trainer log-probs [B, L] (mask [B, L]) against the sampler's own
-    (`sampler_logp`: one list per row). |Δ log p| mean/max, k3 KL(sampler || trainer), and the token IS weights
-    w = pi_train / pi_sampler: mean, max, min, ESS fraction, then mean / max truncated at `threshold` and the fraction
-    beyond it. Tokens the sampler gave no log-prob for are left out."""
-    s = torch.zeros(mask.shape, dtype=torch.float64)
-    have = torch.zeros(mask.shape, dtype=torch.bool)
-    for i, row in enumerate(sampler_logp):
-        n = min(len(row), mask.shape[1])
-        s[i, :n], have[i, :n] = torch.tensor(row[:n], dtype=torch.float64), True
-    m = mask.cpu() & have
-    d = (trainer_logp.detach().cpu().double() - s)[m]
-    if not d.numel():
-        return {}
-    w, n = torch.exp(d), d.numel()
-    wt = w.clamp(max=threshold)
-    return {
-        "mismatch/logp_abs_diff_mean": _num(d.abs().mean()),
-        "mismatch/logp_abs_diff_max": _num(d.abs().max()),
-        "mismatch/k3_kl": _num((torch.expm1(d) - d).mean()),
-        "mismatch/is_mean": _num(w.mean()),
-        "mismatch/is_max": _num(w.max()),
-        "mismatch/is_min": _num(w.min()),
-        "mismatch/is_ess_frac": _num(w.sum() ** 2 / (w**2).sum() / n),
-        "mismatch/is_truncated_mean": _num(wt.mean()),
-        "mismatch/is_truncated_max": _num(wt.max()),
-        "mismatch/is_beyond_frac": _num((w > threshold).double().mean()),
-    }
+__all__ = ['ASYNC_STATE', 'TOKEN_EXPORT_FORMAT', 'AsyncConfig', 'TrainConfig', 'identity_dict', 'snapshot_key', 'run_identity',
+           'save_run_config', 'Behaviour', 'checkpoint_name', 'lineage_checkpoint', 'save_train_state',
+           'load_train_state', 'write_checkpoint', 'newest_recorded', 'check_resumable', 'Lineage', 'check_lineage',
+           'check_resume_config', 'make_optimizer', 'next_tasks', 'drop_records_from', 'flat', 'flat_grad',
+           'start_async', 'step_rewards', 'reward_chunks', 'GroupRewards', 'verifier_workers', 'start_verifier',
+           'token_export_rows', 'write_token_export', 'async_record', 'lag_histogram', 'step_record', 'run_setup',
+           'OnlineData', 'Trainer']
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c01
 @dataclass
@@ -517,6 +313,53 @@ def load_train_state(d, opt, sched) -> None:
 ASYNC_STATE = "async.safetensors"  # an asynchronous run's extra state in each checkpoint
 
 
+def write_checkpoint(path: Path, model, opt, sched, meta: dict, extra: dict | None = None) -> None:
+    """A checkpoint folder written atomically: adapter, optimizer + scheduler + RNG state, `extra` tensors
+    (async.safetensors) and `meta` (meta.json, last)."""
+    with atomic_dir(path, overwrite=True) as d:
+        save_adapter(model, d / "adapter")
+        fault_point("ckpt", meta["step"])
+        save_train_state(d, opt, sched)
+        if extra:
+            save_file(extra, str(d / ASYNC_STATE))
+        atomic_write_json(d / "meta.json", meta)
+
+
+def newest_recorded(run_dir: Path) -> tuple[Path | None, list]:
+    """The newest rolling checkpoint of a run whose content still hashes to its entry in lineage.json (None for a fresh
+    run), and that chain. Debris of a commit killed mid-write is removed, and so is an orphan written just before a
+    crash that came before the root was recorded."""
+    ckdir = run_dir / "ckpt"
+    for tmp in [*run_dir.glob("ckpt/.step-*"), *run_dir.glob("lineage/.step-*")]:
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of a commit killed mid-write
+    ck = sorted(p for p in ckdir.glob("step-*") if (p / "meta.json").exists()) if ckdir.exists() else []
+    if not ck:
+        return None, []
+    lf = run_dir / "lineage.json"
+    chain = json.loads(lf.read_text())["chain"] if lf.exists() else []
+    hashes = {c["step"]: c["hash"] for c in chain}
+    path = next((p for p in reversed(ck) if hashes.get(int(p.name[5:])) == hash_dir(p)), None)
+    if path is None:
+        if chain:
+            raise StalebookError(f"{lf}: no checkpoint under {ckdir} matches the recorded lineage")
+        shutil.rmtree(ckdir)  # crashed before the root was recorded
+    return path, chain
+
+
+def check_resumable(path: Path, meta: dict, objective: str, model) -> None:
+    "Refuse a checkpoint of another objective, or one computed in other numerics than this process's."
+    if meta["objective"] != objective:
+        raise StalebookError(
+            f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{objective}'; "
+            "an SFT run never resumes from a GRPO checkpoint (or the reverse)"
+        )
+    if meta.get("numerics") != (num := numerics_of(model)):  # numerics are part of a run's identity
+        raise StalebookError(
+            f"{path}: the run computed in numerics {meta.get('numerics')}, this process in {num}; "
+            "a lineage never mixes them (use another out dir)"
+        )
+
+# %% ../nbs/26_trainer.ipynb #c2a1b169
 class Lineage:
     "The checkpoints of one run: rolling `ckpt/`, permanent `lineage/`, and the hash chain in `lineage.json`."
 
@@ -543,13 +386,7 @@ class Lineage:
             policy_hash=policy_hash(model),
             numerics=numerics_of(model),
         )
-        with atomic_dir(path, overwrite=True) as d:
-            save_adapter(model, d / "adapter")
-            fault_point("ckpt", step)
-            save_train_state(d, opt, sched)
-            if extra:
-                save_file(extra, str(d / ASYNC_STATE))
-            atomic_write_json(d / "meta.json", meta)
+        write_checkpoint(path, model, opt, sched, meta, extra)
         h = hash_dir(path)
         self.chain.append(dict(step=step, hash=h, parent=self.parent, objective=self.objective))
         self.parent = h
@@ -565,44 +402,21 @@ class Lineage:
             shutil.rmtree(old, ignore_errors=True)
         return h
 
-# %% ../nbs/26_trainer.ipynb #c2a1b169
-@patch
-def restore(self: Lineage, model, opt, sched) -> dict | None:
-    "Load the newest checkpoint recorded in lineage.json into model/opt/sched; its meta, or None for a fresh run."
-    ckdir = self.dir / "ckpt"
-    for tmp in [*self.dir.glob("ckpt/.step-*"), *self.dir.glob("lineage/.step-*")]:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of a commit killed mid-write
-    ck = sorted(p for p in ckdir.glob("step-*") if (p / "meta.json").exists()) if ckdir.exists() else []
-    if not ck:
-        return None
-    lf = self.dir / "lineage.json"
-    chain = json.loads(lf.read_text())["chain"] if lf.exists() else []
-    hashes = {c["step"]: c["hash"] for c in chain}
-    path = next((p for p in reversed(ck) if hashes.get(int(p.name[5:])) == hash_dir(p)), None)
-    if path is None:
-        if chain:
-            raise StalebookError(f"{lf}: no checkpoint under {ckdir} matches the recorded lineage")
-        shutil.rmtree(ckdir)
-        return None  # crashed before the root was recorded
-    meta = json.loads((path / "meta.json").read_text())
-    self.restored = path
-    if meta["objective"] != self.objective:
-        raise StalebookError(
-            f"{path}: checkpoint objective is '{meta['objective']}', config asks for '{self.objective}'; "
-            "an SFT run never resumes from a GRPO checkpoint (or the reverse)"
-        )
-    if meta.get("numerics") != (num := numerics_of(model)):  # numerics are part of a run's identity
-        raise StalebookError(
-            f"{path}: the run computed in numerics {meta.get('numerics')}, this process in {num}; "
-            "a lineage never mixes them (use another out dir)"
-        )
-    self.chain = [c for c in chain if c["step"] <= meta["step"]]
-    self.parent = self.chain[-1]["hash"]
-    load_adapter_state(model, path / "adapter")
-    load_train_state(path, opt, sched)
-    if meta["policy_hash"] != policy_hash(model):
-        raise StalebookError(f"{path}: restored weights do not reproduce the checkpoint's policy hash")
-    return meta
+    def restore(self, model, opt, sched) -> dict | None:
+        "Load the newest checkpoint recorded in lineage.json into model/opt/sched; its meta, or None for a fresh run."
+        path, chain = newest_recorded(self.dir)
+        if path is None:
+            return None
+        meta = json.loads((path / "meta.json").read_text())
+        self.restored = path
+        check_resumable(path, meta, self.objective, model)
+        self.chain = [c for c in chain if c["step"] <= meta["step"]]
+        self.parent = self.chain[-1]["hash"]
+        load_adapter_state(model, path / "adapter")
+        load_train_state(path, opt, sched)
+        if meta["policy_hash"] != policy_hash(model):
+            raise StalebookError(f"{path}: restored weights do not reproduce the checkpoint's policy hash")
+        return meta
 
 # %% ../nbs/26_trainer.ipynb #410453ed
 def check_lineage(run_dir) -> list[str]:
@@ -664,60 +478,6 @@ def make_optimizer(cfg: TrainConfig, params):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
 
 
-class Trainer:
-    """GRPO/SFT on LoRA parameters: the step, the data order and the loop; checkpoints go through a `Lineage`. The
-    step is made of public hooks, in the order they run: `make_batch` -> `generate` -> `rewards` ->
-    `behaviour_logprobs` -> `learn` (`objective`, optimizer step, record) -> `should_checkpoint` / `checkpoint`. A
-    subclass changes a stage by overriding its hook (BOLT's `ReferenceTrainer`); the pipelined learner drives `learn`
-    and `checkpoint` itself."""
-
-    def __init__(self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None):
-        self.cfg, self.dir = cfg, Path(cfg.out)
-        check_resume_config(cfg, self.dir / "config.yaml")
-        # torch's global generator is seeded at process start from the OS; nothing here should draw from it,
-        # but library code may (e.g. peft's own init before ours): seed it from a named domain so that its
-        # state — saved in every checkpoint — is a function of the config alone.
-        torch.manual_seed(Domain(cfg.seed, ("torch", "global")).seed64())
-        compute_setup(cfg.threads)
-        if model is None:
-            model, tokenizer = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
-        self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn  # reward_fn None = the package verifier
-        check_prompt_format(tokenizer, cfg.sampling)  # a chat template needs sampling.system_prompt, chosen
-        self.dir.mkdir(parents=True, exist_ok=True)  # only once the config is known to be usable
-        self.tasks = (
-            tasks
-            if tasks is not None
-            else task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
-        )
-        self.sampler = make_sampler(cfg.sampling.backend, model, tokenizer)  # the generation backend
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise StalebookError("model has no trainable (LoRA) parameters")
-        self.opt, self.sched = make_optimizer(cfg, self.params)
-        self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
-        async_cfg = cfg.async_training
-        self.async_on, self.trace = async_cfg.enabled, {}
-        self.behaviour = Behaviour(async_cfg, model) if async_cfg.enabled and async_cfg.mode != "pipelined" else None
-        self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
-        meta = self.lineage.restore(self.model, self.opt, self.sched)
-        if meta is not None:
-            self._resume_log(meta)
-        self._async_start(meta)
-        save_run_config(cfg, self.dir / "config.yaml")
-        self.log = JsonlLog(self.dir / "steps.jsonl")
-        if meta is None:
-            self.lineage.commit(0, self.model, self.opt, self.sched, self.cursor, self.async_state())  # the root
-
-# %% ../nbs/26_trainer.ipynb #0d4e503b
-@patch
-def _resume_log(self: Trainer, meta: dict) -> None:
-    "Continue after a restored checkpoint: its step and data cursor; step records past it are dropped."
-    self.step, self.cursor = meta["step"], list(meta["cursor"])
-    logf = self.dir / "steps.jsonl"
-    keep = [r for r in read_jsonl(logf, warn=False).records if r["step"] < self.step]
-    atomic_write(logf, "".join(canonical_json(r) + "\n" for r in keep))
-
-
 def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
     """(n prompts, next cursor): consecutive slices of one permutation per data epoch,
     from (seed, 'data', domain, epoch)."""
@@ -732,44 +492,36 @@ def next_tasks(tasks, cursor, n: int, seed: int, domain: str):
     return out, [epoch, pos]
 
 
-@patch
-def make_batch(self: Trainer) -> list:
-    "Hook 1: the step's prompts (`next_tasks` at the run's data cursor, which it advances)."
-    out, self.cursor = next_tasks(self.tasks, self.cursor, self.cfg.prompts_per_step, self.cfg.seed, self.cfg.domain)
-    return out
+def drop_records_from(logf: Path, step: int) -> None:
+    "Continue a step log after a restored checkpoint of `step`: the records of that step and later are dropped."
+    keep = [r for r in read_jsonl(logf, warn=False).records if r["step"] < step]
+    atomic_write(logf, "".join(canonical_json(r) + "\n" for r in keep))
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c05
-@patch
-def flat_params(self: Trainer) -> torch.Tensor:
-    "The trainable (LoRA) tensors as one float64 vector."
-    return torch.cat([p.detach().reshape(-1) for p in self.params]).double()
+def flat(tensors) -> torch.Tensor:
+    "Tensors (the trainable LoRA ones) as one float64 vector."
+    return torch.cat([p.detach().reshape(-1) for p in tensors]).double()
 
 
-@patch
-def async_state(self: Trainer) -> dict | None:
-    "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
-    if not self.async_on:
-        return None
-    st = {f"trace.{k}": v for k, v in self.trace.items()}
-    if self.behaviour is not None:
-        st.update(self.behaviour.state())
-    return st
+def flat_grad(params) -> torch.Tensor:
+    "The gradients of `params` as one float64 vector (zeros for a tensor without one)."
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]).double()
 
 
-@patch
-def _async_start(self: Trainer, meta) -> None:
-    "Fresh run: snapshot theta_0; resumed run: reload the state its checkpoint saved."
-    if not self.async_on:
-        return
-    if meta is None:
-        self.trace = {"theta0": self.flat_params()}
-        if self.behaviour is not None:
-            self.behaviour.record(0)
-        return
-    t = load_file(str(self.lineage.restored / ASYNC_STATE))
-    self.trace = {k[6:]: v for k, v in t.items() if k.startswith("trace.")}
-    if self.behaviour is not None:
-        self.behaviour.load_state(t)
+def start_async(params, behaviour: Behaviour | None, restored: Path | None) -> dict:
+    """An asynchronous run's trace at its start: a fresh run's theta_0 (and its behaviour snapshot of step 0), or the
+    state a resumed run's checkpoint `restored` saved (the trace, and the behaviour snapshots loaded into
+    `behaviour`)."""
+    if restored is None:
+        trace = {"theta0": flat(params)}
+        if behaviour is not None:
+            behaviour.record(0)
+        return trace
+    t = load_file(str(restored / ASYNC_STATE))
+    trace = {k[6:]: v for k, v in t.items() if k.startswith("trace.")}
+    if behaviour is not None:
+        behaviour.load_state(t)
+    return trace
 
 # %% ../nbs/26_trainer.ipynb #b8175436
 def step_rewards(batch, texts, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
@@ -779,42 +531,7 @@ def step_rewards(batch, texts, K: int, reward_fn=None, memo: dict | None = None,
         dtype=torch.float64,
     ).view(-1, K)
 
-
-@patch
-def generate(self: Trainer, batch, ph: str) -> Generation:
-    """Hook 2: K responses per prompt of `batch` from the weights on the model (hash `ph`) through the run's sampler
-    (synced to them first), group g from the domain (seed, 'rollout', ph, 'train/<step>', prompt id)."""
-    self.sampler.sync_weights(self.model)
-    dom = rollout_domain(self.cfg.seed, ph, f"train/{self.step}")
-    return sample_batch(self.sampler, batch, dom, self.cfg.sampling, self.cfg.shared_prefix)
-
-
-@patch
-def teacher_forced(self: Trainer, gen: Generation):
-    """Log-probs [B, L] and mask of the batch's completions under the weights on the model (the run's micro-batch,
-    pad and shared-prefix settings): the one call behind the behaviour pass and a weighted-SFT learner's forward."""
-    return completion_logprobs(
-        self.model,
-        gen.prompt_ids,
-        gen.completions,
-        self.cfg.micro_batch,
-        self.tok.pad_token_id,
-        shared_prefix=self.cfg.shared_prefix,
-    )
-
-
-@patch
-def behaviour_logprobs(self: Trainer, gen: Generation):
-    "Hook 4: teacher-forced log-probs (and mask) of the completions under the weights on the model, without gradients."
-    with torch.no_grad():
-        return self.teacher_forced(gen)
-
 # %% ../nbs/26_trainer.ipynb #84d3d0e0
-def groups_of(rows: slice, K: int) -> range:
-    "The groups (K consecutive rows each) that a slice of rows touches."
-    return range(rows.start // K, (rows.stop - 1) // K + 1)
-
-
 def reward_chunks(B: int, K: int, micro_batch: int) -> list[list[int]]:
     "A step's groups in the learner's order: those of its last micro-batch first, each group in one chunk."
     chunks, seen = [], set()
@@ -855,193 +572,18 @@ class GroupRewards:
         return self.partial(range(self.P))
 
 
-def partial_rewards(R, groups) -> torch.Tensor:
-    "[P, K] rewards with at least the rows of `groups` known: `R` itself when it is a tensor."
-    return R.partial(groups) if isinstance(R, GroupRewards) else R
-
-
-def resolved(R) -> torch.Tensor:
-    "Rewards [P, K]: `R` itself, or every group of a `GroupRewards` (waiting for them)."
-    return R.result() if isinstance(R, GroupRewards) else R
-
-
 def verifier_workers(threads: int) -> int:
     """Sandbox workers beside a model computing on `threads` torch threads (0: torch's default, every core):
     the cores it leaves, at least 1."""
     return max(1, sandbox.cores() - (threads if threads > 0 else sandbox.cores()))
 
 
-@patch
-def rewards(self: Trainer, batch, gen: Generation) -> GroupRewards:
-    """Hook 3: the step's rewards, verified on the trainer's verifier thread in the learner's order (`reward_chunks`);
-    code programs by a `VerifierProcess` on the cores the model leaves (the package verifier; a `reward_fn` here)."""
-    if self._verifier is None:
-        self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
-        if self.reward_fn is None and self.cfg.domain in ("code", "code_nl"):
-            self._verifier_proc = VerifierProcess(verifier_workers(self.cfg.threads))
-    K, memo, vp = self.cfg.sampling.group_size, {}, self._verifier_proc
-    verify = lambda gs: step_rewards(
-        [batch[g] for g in gs],
-        [gen.texts[g * K + j] for g in gs for j in range(K)],
-        K,
-        self.reward_fn,
-        memo,
-        vp.rewards if vp is not None else None,
-    )
-    return GroupRewards(verify, reward_chunks(len(gen.texts), K, self.cfg.micro_batch), len(batch), K, self._verifier)
-
-# %% ../nbs/26_trainer.ipynb #a8e927f7
-@patch
-def objective(self: Trainer, gen: Generation, R, old, mask, lag: int = 0):
-    """Hook 5: accumulate the gradient of the loss against behaviour log-probs `old` [B, L] into the LoRA tensors and
-    return the batch's (loss, stats). GRPO: forward and backward one micro-batch at a time, the last first, each
-    waiting for its own groups' rewards alone (`R`: a tensor or `GroupRewards`). SFT's denominator needs every
-    reward: one pass, then R."""
-    cfg, pad, pids, comps = self.cfg, self.tok.pad_token_id, gen.prompt_ids, gen.completions
-    async_cfg, shared_prefix = cfg.async_training, cfg.shared_prefix
-    ref = None
-    if cfg.objective == "grpo" and cfg.kl_beta > 0:
-        with torch.no_grad(), self.model.disable_adapter():
-            ref, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, shared_prefix)
-    self.model.train()
-    self.opt.zero_grad(set_to_none=True)
-    if cfg.objective == "sft":
-        logp, _ = completion_logprobs(self.model, pids, comps, cfg.micro_batch, pad, shared_prefix)
-        loss, st = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
-        loss.backward()
-        return loss.detach(), st
-    adv_of = lambda R: (
-        group_advantages(R, std=cfg.std_normalize, eps=cfg.adv_eps, ddof=cfg.std_ddof).view(-1).to(old.device)
-    )
-    kw = dict(
-        clip_epsilon=cfg.clip_epsilon,
-        clip_epsilon_high=async_cfg.clip_epsilon_high,
-        agg=cfg.loss_agg,
-        kl_beta=cfg.kl_beta,
-    )
-    norm, parts = batch_norm(mask, cfg.loss_agg, old.dtype), {}
-    for rows in micro_batches(len(comps), cfg.micro_batch)[::-1]:
-        lp, _ = completion_logprobs(self.model, pids[rows], comps[rows], cfg.micro_batch, pad, shared_prefix)
-        lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))  # the batch's width
-        adv = adv_of(partial_rewards(R, groups_of(rows, cfg.sampling.group_size)))[rows]
-        part, _ = offpolicy_grpo_loss(
-            lp,
-            old[rows],
-            adv,
-            mask[rows],
-            async_cfg.correction,
-            async_cfg.level,
-            async_cfg.is_threshold,
-            ref_logp=None if ref is None else ref[rows],
-            norm=norm,
-            **kw,
-        )
-        part.backward()
-        parts[rows.start] = lp.detach()
-    logp, adv = torch.cat([parts[s] for s in sorted(parts)]), adv_of(resolved(R))
-    self._exportable = (logp, adv) if cfg.token_export else None  # for `write_token_export` in `learn`
-    loss, st = offpolicy_grpo_loss(
-        logp, old, adv, mask, async_cfg.correction, async_cfg.level, async_cfg.is_threshold, ref_logp=ref, **kw
-    )
-    if self.async_on:
-        st.update(
-            offpolicy_stats(
-                logp,
-                old,
-                adv,
-                mask,
-                async_cfg.correction,
-                async_cfg.level,
-                async_cfg.is_threshold,
-                cfg.clip_epsilon,
-                async_cfg.clip_epsilon_high,
-            )
-        )
-    dev = st["logr_max_abs"] if self.async_on else st["ratio_max_dev"]
-    dev = float("inf") if dev is None else dev
-    if lag == 0 and not dev < cfg.ratio_tol:
-        raise StalebookError(
-            f"step {self.step}: PPO ratio deviates from 1 by {dev:.2e} (> {cfg.ratio_tol}); "
-            "the policy that sampled is not the policy being updated"
-        )
-    return loss, st
-
-# %% ../nbs/26_trainer.ipynb #968ca564
-@patch
-def train_step(self: Trainer) -> dict:
-    """behaviour policy -> sample -> behaviour log-probs -> loss and gradient -> step -> record (one optimizer step);
-    the rewards are verified meanwhile, on a thread, each micro-batch's waited for only when its loss needs them."""
-    t0 = time.perf_counter()
-    batch = self.make_batch()
-    with self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step) as src:
-        ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
-        gen = self.generate(batch, ph)
-        t_gen = time.perf_counter() - t0
-        R = self.rewards(batch, gen)  # GroupRewards: verified on a thread
-        old, mask = self.behaviour_logprobs(gen)
-        phi = self.flat_params() if self.async_on else None
-    rec = self.learn(gen, R, old, mask, ph, src, phi)
-    rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
-    return rec
-
-
-@patch
-def learn(self: Trainer, gen: Generation, R, old, mask, ph: str, src: int, phi=None) -> dict:
-    """Hook 6: objective, optimizer step and record for groups `gen` sampled by the weights of learner step `src`
-    (hash `ph`, flat tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or
-    `GroupRewards`); the mismatch diagnostics when `diagnose_mismatch`. The pipelined learner calls it too."""
-    cfg = self.cfg
-    theta = self.flat_params() if self.async_on else None
-    loss, st = self.objective(gen, R, old, mask, lag=self.step - src)  # the gradient is in place
-    R = resolved(R)
-    gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-    if not (torch.isfinite(loss) and torch.isfinite(gn)):
-        raise StalebookError(
-            f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); "
-            "the run diverged"
-        )
-    grad = (
-        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]).double()
-        if self.async_on
-        else None
-    )
-    self.opt.step()
-    self.sched.step()
-    r = R.numpy()
-    rec = dict(
-        step=self.step,
-        policy_hash=ph,
-        objective=cfg.objective,
-        reward_mean=float(r.mean()),
-        reward_se=float(r.mean(-1).std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else 0.0,
-        zero_adv_groups=int(homogeneous_groups(r).sum()),
-        n_groups=len(r),
-        loss=float(loss.detach()),
-        grad_norm=float(gn),
-        n_tokens=int(mask.sum()),
-        lr=float(self.sched.get_last_lr()[0]),
-        clip_epsilon=cfg.clip_epsilon,
-        loss_agg=cfg.loss_agg,
-        **st,
-    )
-    if self.diagnose_mismatch:
-        rec.update(mismatch_stats(old, gen.sampler_logp, mask, cfg.async_training.is_threshold))
-    if self.async_on:
-        rec.update(self._async_record(theta, grad, src, phi))
-    if cfg.token_export:
-        logp, adv = self._exportable
-        rows = token_export_rows(self.step, src, ph, gen, R, adv, old, logp, mask, cfg)
-        write_token_export(self.dir / "token_exports", self.step, rows)
-    self.step += 1
-    if self.behaviour is not None:
-        self.behaviour.record(self.step)
-    return rec
-
-
-Trainer.diagnose_mismatch = property(
-    lambda self: self.cfg.mismatch_diagnostics or self.sampler.name != "hf",
-    doc="Does each step record `mismatch_stats` (asked for, or a sampler other than the HF model itself)?",
-)
+def start_verifier(reward_fn, domain: str, threads: int):
+    """A step's verifier: one thread that verifies groups while the model computes, and for the package verifier of
+    code a `VerifierProcess` on the cores the model leaves (None otherwise)."""
+    ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+    code = reward_fn is None and domain in ("code", "code_nl")
+    return ex, VerifierProcess(verifier_workers(threads)) if code else None
 
 # %% ../nbs/26_trainer.ipynb #f071bce1
 TOKEN_EXPORT_FORMAT = "stalebook-token-export/1"
@@ -1096,20 +638,21 @@ def _cos(a, b) -> float | None:
     return float(a @ b) / d if d > 0 else None
 
 
-@patch
-def _async_record(self: Trainer, theta, grad, src: int, phi=None) -> dict:
-    "Lag, distances, and the update's norm and direction (theta: the flat weights before the step)."
-    upd = self.flat_params() - theta
+def async_record(trace: dict, theta, theta_next, grad, lag: int, src: int, phi=None) -> dict:
+    """Lag, distances, and the update's norm and direction: theta, theta_next the flat weights before and after the
+    step, grad its (clipped) gradient, phi the behaviour weights; `trace` (theta_0, the previous update and gradient)
+    is updated."""
+    upd = theta_next - theta
     rec = dict(
-        lag=self.step - src,
+        lag=lag,
         behaviour_step=src,
-        lag_dist=_num((theta - phi).norm()) if phi is not None else None,
-        drift=_num((theta - self.trace["theta0"]).norm()),
-        update_norm=_num(upd.norm()),
-        update_cos=_cos(upd, self.trace.get("prev_update")),
-        grad_cos=_cos(grad, self.trace.get("prev_grad")),
+        lag_dist=finite_or_none((theta - phi).norm()) if phi is not None else None,
+        drift=finite_or_none((theta - trace["theta0"]).norm()),
+        update_norm=finite_or_none(upd.norm()),
+        update_cos=_cos(upd, trace.get("prev_update")),
+        grad_cos=_cos(grad, trace.get("prev_grad")),
     )
-    self.trace.update(prev_update=upd, prev_grad=grad)
+    trace.update(prev_update=upd, prev_grad=grad)
     return rec
 
 
@@ -1120,36 +663,244 @@ def lag_histogram(records) -> dict:
         out[r["lag"]] = out.get(r["lag"], 0) + 1
     return dict(sorted(out.items()))
 
-# %% ../nbs/26_trainer.ipynb #c3407379
-@patch
-def should_checkpoint(self: Trainer) -> bool:
-    "Hook 7: is the step just taken one to commit (every `checkpoint_every`, the lineage steps, the last)?"
-    c = self.cfg
-    return self.step % c.checkpoint_every == 0 or self.step in c.lineage_steps or self.step == c.steps
+
+def step_record(step: int, ph: str, cfg: TrainConfig, R, loss, gn, mask, lr: float, st: dict) -> dict:
+    """A step's record: the policy that sampled, the rewards R [P, K] (mean, SE over groups, zero-advantage groups),
+    loss, gradient norm, tokens (mask [B, L]), learning rate, the loss's settings and the objective's statistics."""
+    r = R.numpy()
+    return dict(
+        step=step,
+        policy_hash=ph,
+        objective=cfg.objective,
+        reward_mean=float(r.mean()),
+        reward_se=float(r.mean(-1).std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else 0.0,
+        zero_adv_groups=int(homogeneous_groups(r).sum()),
+        n_groups=len(r),
+        loss=float(loss.detach()),
+        grad_norm=float(gn),
+        n_tokens=int(mask.sum()),
+        lr=lr,
+        clip_epsilon=cfg.clip_epsilon,
+        loss_agg=cfg.loss_agg,
+        **st,
+    )
+
+# %% ../nbs/26_trainer.ipynb #4b60c20e
+def run_setup(cfg: TrainConfig, model=None, tokenizer=None, tasks=None):
+    """What a run computes with, set up in this order: torch's global generator, the compute threads, the policy and
+    tokenizer (loaded unless given), the prompt format, the run folder (created only once the config is known to be
+    usable), the task pool (unless given) and the sampler (the generation backend)."""
+    # torch's global generator is seeded at process start from the OS; nothing here should draw from it,
+    # but library code may (e.g. peft's own init before ours): seed it from a named domain so that its
+    # state — saved in every checkpoint — is a function of the config alone.
+    torch.manual_seed(Domain(cfg.seed, ("torch", "global")).seed64())
+    compute_setup(cfg.threads)
+    if model is None:
+        model, tokenizer = load_run_policy(cfg.snapshot, "", cfg.device, cfg.dtype, lora=cfg.lora, seed=cfg.seed)
+    check_prompt_format(tokenizer, cfg.sampling)  # a chat template needs sampling.system_prompt, chosen
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    if tasks is None:
+        tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
+    return model, tokenizer, tasks, make_sampler(cfg.sampling.backend, model, tokenizer)
 
 
-@patch
-def checkpoint(self: Trainer) -> str:
-    "Commit the current step's checkpoint to the lineage (adapter, optimizer, cursor, async state); its hash."
-    return self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self.async_state())
+class OnlineData:
+    """The data of online RL, a `Trainer`'s by default: the step's prompts in the run's data order, K responses each
+    sampled from the weights on the model, their verifier rewards and their teacher-forced behaviour log-probs."""
 
+    def make_batch(self, tr) -> list:
+        "The step's prompts (`next_tasks` at the run's data cursor, which it advances)."
+        out, tr.cursor = next_tasks(tr.tasks, tr.cursor, tr.cfg.prompts_per_step, tr.cfg.seed, tr.cfg.domain)
+        return out
 
-@patch
-def run(self: Trainer, steps: int | None = None, progress: bool = True) -> Trainer:
-    "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
-    if self.cfg.async_training.mode == "pipelined":
-        raise StalebookError(
-            f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
-            "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)"
+    def generate(self, tr, batch, ph: str) -> Generation:
+        """K responses per prompt of `batch` from the weights on the model (hash `ph`) through the run's sampler
+        (synced to them first), group g from the domain (seed, 'rollout', ph, 'train/<step>', prompt id)."""
+        tr.sampler.sync_weights(tr.model)
+        dom = rollout_domain(tr.cfg.seed, ph, f"train/{tr.step}")
+        return sample_batch(tr.sampler, batch, dom, tr.cfg.sampling, tr.cfg.shared_prefix)
+
+    def rewards(self, tr, batch, gen: Generation) -> GroupRewards:
+        """The step's rewards [P, K], verified on the trainer's verifier thread in the learner's order
+        (`reward_chunks`); code programs by a `VerifierProcess` (the package verifier; a `reward_fn` here)."""
+        if tr._verifier is None:
+            tr._verifier, tr._verifier_proc = start_verifier(tr.reward_fn, tr.cfg.domain, tr.cfg.threads)
+        K, memo, vp = tr.cfg.sampling.group_size, {}, tr._verifier_proc
+        verify = lambda gs: step_rewards(
+            [batch[g] for g in gs],
+            [gen.texts[g * K + j] for g in gs for j in range(K)],
+            K,
+            tr.reward_fn,
+            memo,
+            vp.rewards if vp is not None else None,
         )
-    end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
-    bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
-    while self.step < end:
-        rec = self.train_step()
-        fault_point("step", rec["step"])
-        self.log.append(rec)
-        if self.should_checkpoint():
-            self.checkpoint()
-        bar.update(1, reward=f"{rec['reward_mean']:.2f}")
-    bar.close()
-    return self
+        return GroupRewards(verify, reward_chunks(len(gen.texts), K, tr.cfg.micro_batch), len(batch), K, tr._verifier)
+
+    def behaviour_logprobs(self, tr, gen: Generation):
+        "Teacher-forced log-probs [B, L] and mask of the completions under the weights on the model, no gradients."
+        with torch.no_grad():
+            return tr.teacher_forced(gen)
+
+    def record(self) -> dict:
+        "What the data adds to a step's record: nothing."
+        return {}
+
+# %% ../nbs/26_trainer.ipynb #3304e8b8
+class Trainer:
+    """GRPO, positive-only SFT and weighted SFT on LoRA parameters: the step, the data order and the loop; checkpoints
+    go through a `Lineage`. The step is made of public hooks, in the order they run: `make_batch` -> `generate` ->
+    `rewards` -> `behaviour_logprobs` (asked of `data`: `OnlineData` unless another is given, e.g. BOLT's
+    `ReferenceData`) -> `learn` (`objective`: the one registered under `objective`, default `cfg.objective`; the
+    optimizer step; the record) -> `should_checkpoint` / `checkpoint`. The pipelined learner drives `learn` and
+    `checkpoint` itself."""
+
+    def __init__(
+        self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None, data=None, objective: str = ""
+    ):
+        self.cfg, self.dir = cfg, Path(cfg.out)
+        self.data = OnlineData() if data is None else data  # where each step's groups come from
+        self.objective_name = objective or cfg.objective  # a name in OBJECTIVES
+        objective_of(self.objective_name)  # an unknown objective fails before any work
+        check_resume_config(cfg, self.dir / "config.yaml")
+        model, tokenizer, self.tasks, self.sampler = run_setup(cfg, model, tokenizer, tasks)
+        self.model, self.tok, self.reward_fn = model, tokenizer, reward_fn  # reward_fn None = the package verifier
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise StalebookError("model has no trainable (LoRA) parameters")
+        self.opt, self.sched = make_optimizer(cfg, self.params)
+        self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
+        a = cfg.async_training
+        self.async_on, self.trace, self.export_tensors = a.enabled, {}, None
+        self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
+        self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
+        meta = self.lineage.restore(self.model, self.opt, self.sched)
+        if meta is not None:  # continue after the restored checkpoint: its step and data cursor
+            self.step, self.cursor = meta["step"], list(meta["cursor"])
+            drop_records_from(self.dir / "steps.jsonl", self.step)
+        if self.async_on:
+            self.trace = start_async(self.params, self.behaviour, self.lineage.restored)
+        save_run_config(cfg, self.dir / "config.yaml")
+        self.log = JsonlLog(self.dir / "steps.jsonl")
+        if meta is None:
+            self.checkpoint()  # the root
+
+    def train_step(self) -> dict:
+        """One optimizer step, top to bottom: prompts -> behaviour policy on the model -> sample -> rewards (verified on
+        a thread, each micro-batch's waited for only when its loss needs them) -> behaviour log-probs -> learn."""
+        t0 = time.perf_counter()
+        batch = self.make_batch()
+        acting = self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step)
+        with acting as src:
+            ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
+            gen = self.generate(batch, ph)
+            t_gen = time.perf_counter() - t0
+            R = self.rewards(batch, gen)  # GroupRewards: verified on a thread
+            old, mask = self.behaviour_logprobs(gen)
+            phi = self.flat_params() if self.async_on else None
+        rec = self.learn(gen, R, old, mask, ph, src, phi)
+        rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
+        return rec
+
+    def make_batch(self) -> list:
+        "Hook 1: the step's prompts, from the data (which advances the data cursor)."
+        return self.data.make_batch(self)
+
+    def generate(self, batch, ph: str) -> Generation:
+        "Hook 2: the step's groups for the prompts of `batch` from the weights on the model (hash `ph`)."
+        return self.data.generate(self, batch, ph)
+
+    def rewards(self, batch, gen: Generation):
+        "Hook 3: the groups' rewards [P, K]: a tensor, or a `GroupRewards` still being verified."
+        return self.data.rewards(self, batch, gen)
+
+    def behaviour_logprobs(self, gen: Generation):
+        "Hook 4: behaviour log-probs [B, L] of the completions (None when the data has none) and their mask [B, L]."
+        return self.data.behaviour_logprobs(self, gen)
+
+    def objective(self, gen: Generation, R, old, mask, lag: int = 0):
+        "Hook 5: the objective registered as `objective_name`: its gradient accumulated in place; (loss, stats)."
+        return objective_of(self.objective_name)(self, gen, R, old, mask, lag)
+
+    def learn(self, gen: Generation, R, old, mask, ph: str, src: int, phi=None) -> dict:
+        """Hook 6: objective, optimizer step and record for groups `gen` sampled by the weights of learner step `src`
+        (hash `ph`, flat tensors `phi`) with behaviour log-probs `old` [B, L] and rewards `R` (a tensor or
+        `GroupRewards`); the mismatch diagnostics when `diagnose_mismatch`. The pipelined learner calls it too."""
+        cfg = self.cfg
+        theta = self.flat_params() if self.async_on else None
+        loss, st = self.objective(gen, R, old, mask, lag=self.step - src)  # the gradient is in place
+        R = resolved(R)
+        gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+        if not (torch.isfinite(loss) and torch.isfinite(gn)):
+            raise StalebookError(
+                f"step {self.step}: non-finite loss or gradient (loss {float(loss)}, grad norm {float(gn)}); "
+                "the run diverged"
+            )
+        grad = flat_grad(self.params) if self.async_on else None
+        self.opt.step()
+        self.sched.step()
+        lr = float(self.sched.get_last_lr()[0])
+        rec = step_record(self.step, ph, cfg, R, loss, gn, mask, lr, {**st, **self.data.record()})
+        if self.diagnose_mismatch:
+            rec.update(mismatch_stats(old, gen.sampler_logp, mask, cfg.async_training.is_threshold))
+        if self.async_on:
+            rec.update(async_record(self.trace, theta, self.flat_params(), grad, self.step - src, src, phi))
+        if cfg.token_export:
+            logp, adv = self.export_tensors
+            rows = token_export_rows(self.step, src, ph, gen, R, adv, old, logp, mask, cfg)
+            write_token_export(self.dir / "token_exports", self.step, rows)
+        self.step += 1
+        if self.behaviour is not None:
+            self.behaviour.record(self.step)
+        return rec
+
+    def should_checkpoint(self) -> bool:
+        "Hook 7: is the step just taken one to commit (every `checkpoint_every`, the lineage steps, the last)?"
+        c = self.cfg
+        return self.step % c.checkpoint_every == 0 or self.step in c.lineage_steps or self.step == c.steps
+
+    def checkpoint(self) -> str:
+        "Commit the current step's checkpoint to the lineage (adapter, optimizer, cursor, async state); its hash."
+        return self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self.async_state())
+
+    def run(self, steps: int | None = None, progress: bool = True) -> Trainer:
+        "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
+        if self.cfg.async_training.mode == "pipelined":
+            raise StalebookError(
+                f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
+                "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)"
+            )
+        end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
+        bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
+        while self.step < end:
+            rec = self.train_step()
+            fault_point("step", rec["step"])
+            self.log.append(rec)
+            if self.should_checkpoint():
+                self.checkpoint()
+            bar.update(1, reward=f"{rec['reward_mean']:.2f}")
+        bar.close()
+        return self
+
+    def teacher_forced(self, gen: Generation):
+        """Log-probs [B, L] and mask of the batch's completions under the weights on the model (the run's micro-batch,
+        pad and shared-prefix settings): the one call behind the behaviour pass and a weighted-SFT learner's forward."""
+        c, pad = self.cfg, self.tok.pad_token_id
+        return completion_logprobs(self.model, gen.prompt_ids, gen.completions, c.micro_batch, pad, c.shared_prefix)
+
+    @property
+    def diagnose_mismatch(self) -> bool:
+        "Does each step record `mismatch_stats` (asked for, or a sampler other than the HF model itself)?"
+        return self.cfg.mismatch_diagnostics or self.sampler.name != "hf"
+
+    def flat_params(self) -> torch.Tensor:
+        "The trainable (LoRA) tensors as one float64 vector."
+        return flat(self.params)
+
+    def async_state(self) -> dict | None:
+        "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
+        if not self.async_on:
+            return None
+        st = {f"trace.{k}": v for k, v in self.trace.items()}
+        if self.behaviour is not None:
+            st.update(self.behaviour.state())
+        return st

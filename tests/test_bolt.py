@@ -19,16 +19,16 @@ from stalebook.bolt import (
     ARMS,
     BoltConfig,
     EvalConfig,
-    ReferenceTrainer,
     _bolt_train,
     arm_train_config,
     open_reference,
     reference_store,
+    reference_trainer,
     run_arm,
-    sample_log_weights,
 )
 from stalebook.core import ConfigError, Domain, StalebookError, atomic_write_json, hash_file, load_config
 from stalebook.model import policy_hash
+from stalebook.objectives import sample_log_weights
 from stalebook.rollouts import SamplingConfig, completion_logprobs, load_run_policy
 from stalebook.tasks import ALPHABET, synthetic_tasks
 from stalebook.theory.boltzmann import bolt_log_weights, induced_target, log_normalize, refit_log_weights, tv
@@ -76,8 +76,8 @@ def test_bolt_weights_on_a_real_dataset_are_theory_boltzmanns(tmp_path, tiny_sna
         sampling=SamplingConfig(group_size=8, max_new_tokens=6, groups_per_batch=6),
     )
     beta = 0.3
-    tr = ReferenceTrainer(cfg, "bolt", beta, reward_fn=digit_share)
-    ref = tr.reference(0)
+    tr = reference_trainer(cfg, "bolt", beta, reward_fn=digit_share)
+    ref = tr.data.reference(tr, 0)
     recs = [json.loads(l) for l in (ref["store"].path / "groups.jsonl").read_text().splitlines()]
     R = np.array([r["rewards"] for r in recs])
     assert len(np.unique(R)) > 2, "the check needs rewards that vary"
@@ -135,8 +135,8 @@ def test_weighted_sft_through_the_trainer_fits_its_induced_target(tmp_path, tiny
         checkpoint_every=60,
         sampling=SamplingConfig(group_size=N, max_new_tokens=1, groups_per_batch=1),
     )
-    tr = ReferenceTrainer(cfg, weighting, beta, tasks=tks, reward_fn=odd)
-    y = np.array([c[0] for c in tr.reference(0)["store"].records[0]["tokens"]])
+    tr = reference_trainer(cfg, weighting, beta, tasks=tks, reward_fn=odd)
+    y = np.array([c[0] for c in tr.data.reference(tr, 0)["store"].records[0]["tokens"]])
     V = len(tr.tok)
     with np.errstate(divide="ignore"):
         lq = np.log(np.bincount(y, minlength=V) / N)
@@ -188,7 +188,7 @@ def test_bad_input_names_the_file_or_field(tmp_path, tiny_snapshot):
         out=str(tmp_path / "t"), snapshot=str(tiny_snapshot), objective="sft", steps=2, lineage_steps=(0,)
     )
     with pytest.raises(StalebookError, match="beta must be > 0"):
-        ReferenceTrainer(cfg, "bolt", 0.0)
+        reference_trainer(cfg, "bolt", 0.0)
     # a reference dataset sampled by another policy (another LoRA init): refused, naming its manifest
     other, tok = load_run_policy(str(tiny_snapshot), "", "cpu", "float32", seed=1)
     tasks = synthetic_tasks("math", 8, Domain(0, ("tasks", "math", 0)))
@@ -233,7 +233,7 @@ def test_bad_input_names_the_file_or_field(tmp_path, tiny_snapshot):
         )
     assert open_reference(good.path, policy_hash(mine)).complete
     with pytest.raises(StalebookError, match="rounds=3 must be >= 1 and divide steps=2"):
-        ReferenceTrainer(dataclasses.replace(cfg, out=str(tmp_path / "t3")), "bolt", 0.5, rounds=3)
+        reference_trainer(dataclasses.replace(cfg, out=str(tmp_path / "t3")), "bolt", 0.5, rounds=3)
 
 
 def test_a_bolt_step_samples_nothing_and_runs_one_forward(tmp_path, tiny_snapshot):
@@ -259,11 +259,11 @@ def test_a_bolt_step_samples_nothing_and_runs_one_forward(tmp_path, tiny_snapsho
     )
     counts = {}
     for name, tr in (
-        ("bolt", ReferenceTrainer(mk("b", "sft"), "bolt", 0.5, reward_fn=counted)),
+        ("bolt", reference_trainer(mk("b", "sft"), "bolt", 0.5, reward_fn=counted)),
         ("grpo", Trainer(mk("g", "grpo", kl_beta=0.5), reward_fn=counted)),
     ):
         if name == "bolt":
-            tr.reference(0)
+            tr.data.reference(tr, 0)
         n0, fw = len(calls), []
         h = tr.model.get_base_model().model.register_forward_hook(lambda *a, fw=fw: fw.append(1))
         tr.run(progress=False)
@@ -309,7 +309,7 @@ def test_reduced_comparison_all_arms_matched_idempotent_resumable(tmp_path, tiny
     cfg = small_arm(tiny_snapshot, stores, "iterative")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=1))
     full = run_arm(cfg, tmp_path / "it-full", log=lambda *x: None, reward_fn=digit_share)
-    ReferenceTrainer(
+    reference_trainer(
         arm_train_config(cfg, tmp_path / "it-cut"), "bolt", cfg.beta, cfg.rounds, stores, reward_fn=digit_share
     ).run(steps=3, progress=False)
     cut = run_arm(cfg, tmp_path / "it-cut", log=lambda *x: None, reward_fn=digit_share)

@@ -16,24 +16,21 @@ from conftest import REDUCED
 from stalebook.core import Domain, StalebookError, hash_dir
 from stalebook.model import (
     BUILD_FILE,
-    PACKAGED_MODELS,
     LoraSpec,
     TinySpec,
     adapter_state,
     build_tiny_snapshot,
     ensure_tiny_snapshot,
-    import_snapshot,
     left_pad,
     load_adapter,
     load_policy,
-    packaged_model,
     policy_hash,
     render_prompt,
     save_adapter,
-    smol_snapshot,
     split_at_stop,
     stop_token_ids,
 )
+from stalebook.pretrained import PACKAGED_MODELS, import_snapshot, packaged_model, smol_snapshot
 from stalebook.snapshot import LOCKFILE, read_lock, write_lock
 
 ROOT = Path(__file__).resolve().parents[1]

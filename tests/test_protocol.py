@@ -1,5 +1,6 @@
-"""Tests of stalebook.protocol: Gram-space bootstrap vs explicit resampling, tie streams, gate/verdict, bound methods,
-controls, calibration of the default bound, the design function and `stalebook design`.
+"""Tests of stalebook.protocol and the modules built on it (analysis, calibration, verdict, design): Gram-space
+bootstrap vs explicit resampling, tie streams, gate/verdict, bound methods, controls, calibration of the default
+bound, the design function and `stalebook design`.
 
 Default-run times (shared 2-core machine): the whole file about 1-2 min; the reduced-grid coverage test is the
 largest part (see its docstring)."""
@@ -17,48 +18,40 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from stalebook.core import Domain, StalebookError, group_advantages, homogeneous_groups
-from stalebook.protocol import (
-    BOUNDS,
-    DEFAULT_BOUND,
-    LEGACY_BOUND,
-    NOT_CALIBRATED,
-    REGIME_CENTRES,
-    SPLITS,
-    GramHalf,
-    PointResult,
-    Rollouts,
-    admissible,
-    analyse_point,
-    bca_bounds,
-    bias_z0,
-    bootstrap_gram,
-    bootstrap_naive,
+from stalebook.analysis import PointResult, analyse_point, check_bounds_contain_estimate, positive_control
+from stalebook.calibration import (
     bound_calibrated,
     calibrate_cell,
     calibration_grid,
     calibration_point_2s,
+    calibration_record,
     cell_pool,
-    check_bounds_contain_estimate,
+    regime_of,
+)
+from stalebook.core import Domain, StalebookError, group_advantages, homogeneous_groups
+from stalebook.design import design_power, latent_draws, pilot_model, pilot_models, predict_design, smallest_design
+from stalebook.protocol import (
+    BOUNDS,
+    DEFAULT_BOUND,
+    LEGACY_BOUND,
+    SPLITS,
+    GramHalf,
+    Rollouts,
+    admissible,
+    bca_bounds,
+    bias_z0,
+    bootstrap_gram,
+    bootstrap_naive,
     cosine_scores,
-    design_power,
     dilute_factor,
     dilute_size,
     gaussian_rel_bounds,
     jackknife_moments,
-    latent_draws,
     percentile_bounds,
-    pilot_model,
-    pilot_models,
     point_scores,
-    pool_cell,
-    positive_control,
-    predict_design,
     prompt_gradients,
-    regime_of,
     reliability,
     selection_gain,
-    smallest_design,
     synthetic_point,
     synthetic_pool,
     synthetic_split,
@@ -69,6 +62,7 @@ from stalebook.protocol import (
     verdict,
 )
 from stalebook.theory.reliability import overlap_limit, overlap_slope, rho_from_rel
+from stalebook.verdict import NOT_CALIBRATED, pool_cell
 
 
 def _inputs(seed, n, n_val, d, K, K_val, frac_homog, k):
@@ -462,8 +456,9 @@ def test_bounds_contain_estimate_and_legacy_method():
     )
     assert PointResult.from_saved(r.summary(), r.to_arrays()).bound == DEFAULT_BOUND
     assert verdict([True] * 5, 1.0, 0.5, 1.5, 1.0, calibrated=False) == "Inconclusive"
-    assert not any(bound_calibrated("percentile", r) for r in REGIME_CENTRES)  # its UB under-covers everywhere
-    assert any(bound_calibrated(DEFAULT_BOUND, r) for r in REGIME_CENTRES)
+    regimes = calibration_record()["centres"]
+    assert not any(bound_calibrated("percentile", r) for r in regimes)  # its UB under-covers everywhere
+    assert any(bound_calibrated(DEFAULT_BOUND, r) for r in regimes)
     cell = pool_cell([r] * 5, "g00", bound="percentile")
     assert cell["verdict"] == "Inconclusive" and cell["note"] == NOT_CALIBRATED
     assert pool_cell([r] * 5, "g00", bound="percentile", check_calibration=False)["note"] == ""
@@ -650,6 +645,7 @@ _XM_SCRIPT = """
 import hashlib, json, os, sys
 import stalebook
 import numpy as np
+import stalebook.analysis as A
 import stalebook.protocol as P
 from stalebook.core import Domain
 if os.environ.get("BLAS_SUBST"):
@@ -658,7 +654,7 @@ g = np.random.default_rng(3)
 mu = g.standard_normal(512)
 ro = lambda m: P.Rollouts((g.random((m, 8)) < 0.4) * 1.0, g.standard_normal((m, 8, 512)) + 0.3 * mu)
 cand, val = {h: ro(48) for h in P.SPLITS}, {h: ro(12) for h in P.SPLITS}
-res = P.analyse_point(cand, val, 12, Domain(0, ("test", "xm")), stale={"s": g.standard_normal((48, 512))}, n_boot=2000)
+res = A.analyse_point(cand, val, 12, Domain(0, ("test", "xm")), stale={"s": g.standard_normal((48, 512))}, n_boot=2000)
 arr = res.to_arrays()
 h = hashlib.sha256(json.dumps(res.summary(), sort_keys=True).encode())
 for k in sorted(arr):

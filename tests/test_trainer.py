@@ -452,7 +452,7 @@ def test_trl_importance_sampling_matches():
     `log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)`."""
     import math
 
-    from stalebook.trainer import is_weights, level_log_ratio
+    from stalebook.objectives import is_weights, level_log_ratio
 
     for seed in range(5):
         old, sampling, mask = _offpolicy_inputs(seed)
@@ -489,7 +489,7 @@ def test_verl_rollout_is_matches():
         562  rollout_is_weights = rollout_is_weights.clamp(max=rollout_is_threshold)
 
     (log_ratio = log pi_train - log pi_rollout). Inside the safety bound stalebook's `truncate` weights are the same."""
-    from stalebook.trainer import is_weights
+    from stalebook.objectives import is_weights
 
     for seed in range(5):
         train, rollout, mask = _offpolicy_inputs(seed)
@@ -505,7 +505,7 @@ def test_verl_rollout_is_matches():
 
 def test_offpolicy_loss_gradients_against_autograd_of_the_definition():
     "Each correction's gradient equals -agg(w A grad log pi) (decoupled) or PPO-clip's (none), computed independently."
-    from stalebook.trainer import is_weights, offpolicy_grpo_loss
+    from stalebook.objectives import is_weights, offpolicy_grpo_loss
 
     theta, phi, mask = _offpolicy_inputs(3)
     adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.3, 0.0])

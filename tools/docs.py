@@ -293,7 +293,7 @@ class Site:
                 li, a = soup.new_tag("li"), soup.new_tag("a", href=_rel(target, page))
                 if target == page:
                     a["class"] = "current"
-                m = re.match(r"^(\d+)_", p.name)
+                m = re.match(r"^(\d+[a-z]?)_", p.name)  # 18a_analysis: a notebook that follows 18
                 if m:
                     num = soup.new_tag("span", attrs={"class": "num"})
                     num.string = m.group(1)
