@@ -124,7 +124,9 @@ def bench_verifier(repeat: int, workers: int) -> dict:
     )
 
 
-def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, reward_fn=None) -> TR.Trainer:
+def trainer(
+    domain: str, snapshot: str, out: Path, shared_prefix: bool = False, reward_fn=None, data=None
+) -> TR.Trainer:
     cfg = TR.TrainConfig(
         out=str(out / domain),
         snapshot=snapshot,
@@ -140,7 +142,7 @@ def trainer(domain: str, snapshot: str, out: Path, shared_prefix: bool = False, 
         checkpoint_every=1000,
         shared_prefix=shared_prefix,
     )
-    return TR.Trainer(cfg, reward_fn=reward_fn)
+    return TR.Trainer(cfg, reward_fn=reward_fn, data=data)  # data: the source whose `score` verifies rows
 
 
 ARMS = [
@@ -193,17 +195,27 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
 
         return reward_fn
 
-    TR.batch_rewards = timed
+    class TimedData(TR.OnlineData):
+        "The trainer's data, its rows verified through `timed` (the data source's `score` hook)."
+
+        def score(self, tasks, texts, *a, **k):
+            return timed(tasks, texts, *a, **k)
+
     with tempfile.TemporaryDirectory(prefix="bench-verifier-") as d:
         trs = {
             name: trainer(
-                dom, snapshot, Path(d) / name, sp, replay(v.split(":")[1]) if (v or "").startswith("replay:") else None
+                dom,
+                snapshot,
+                Path(d) / name,
+                sp,
+                replay(v.split(":")[1]) if (v or "").startswith("replay:") else None,
+                TimedData(),
             )
             for name, dom, v, sp in arms
         }
         for name, _, v, _ in arms:
             if v == "thread":
-                trs[name]._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+                trs[name].verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
         rows = {name: [] for name, *_ in arms}
         for i in range(steps + 1):  # step 0 = warm-up (processes and templates start there)
             for v in verdicts.values():
@@ -233,9 +245,8 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
                     f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in arms), flush=True
                 )
         for tr in trs.values():
-            if tr._verifier_proc is not None:
-                tr._verifier_proc.close()
-    TR.batch_rewards = real
+            if tr.verifier_proc is not None:
+                tr.verifier_proc.close()
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
     return rows, prompt
 

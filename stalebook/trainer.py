@@ -524,10 +524,14 @@ def start_async(params, behaviour: Behaviour | None, restored: Path | None) -> d
     return trace
 
 # %% ../nbs/26_trainer.ipynb #b8175436
-def step_rewards(batch, texts, K: int, reward_fn=None, memo: dict | None = None, verify=None) -> torch.Tensor:
-    "Verifier rewards [P, K] float64 of the decoded `texts` (`reward_fn`, `verify`, `memo`: batch_rewards')."
+def step_rewards(
+    batch, texts, K: int, reward_fn=None, memo: dict | None = None, verify=None, score=None
+) -> torch.Tensor:
+    """Verifier rewards [P, K] float64 of the decoded `texts` (`reward_fn`, `verify`, `memo`: batch_rewards'; `score`:
+    the function with batch_rewards' signature that verifies the rows, default batch_rewards itself)."""
+    score = batch_rewards if score is None else score
     return torch.tensor(
-        [r for r, _ in batch_rewards([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
+        [r for r, _ in score([t for t in batch for _ in range(K)], texts, reward_fn, verify, memo)],
         dtype=torch.float64,
     ).view(-1, K)
 
@@ -722,10 +726,12 @@ class OnlineData:
 
     def rewards(self, tr, batch, gen: Generation) -> GroupRewards:
         """The step's rewards [P, K], verified on the trainer's verifier thread in the learner's order
-        (`reward_chunks`); code programs by a `VerifierProcess` (the package verifier; a `reward_fn` here)."""
-        if tr._verifier is None:
-            tr._verifier, tr._verifier_proc = start_verifier(tr.reward_fn, tr.cfg.domain, tr.cfg.threads)
-        K, memo, vp = tr.cfg.sampling.group_size, {}, tr._verifier_proc
+        (`reward_chunks`); code programs by a `VerifierProcess` (the package verifier; a `reward_fn` here). The
+        verifier starts at the first step unless `tr.verifier` (an executor) was set before; rows go through
+        `self.score` (batch_rewards' signature: a subclass may wrap it, e.g. to time the verifier)."""
+        if tr.verifier is None:
+            tr.verifier, tr.verifier_proc = start_verifier(tr.reward_fn, tr.cfg.domain, tr.cfg.threads)
+        K, memo, vp = tr.cfg.sampling.group_size, {}, tr.verifier_proc
         verify = lambda gs: step_rewards(
             [batch[g] for g in gs],
             [gen.texts[g * K + j] for g in gs for j in range(K)],
@@ -733,8 +739,13 @@ class OnlineData:
             tr.reward_fn,
             memo,
             vp.rewards if vp is not None else None,
+            self.score,
         )
-        return GroupRewards(verify, reward_chunks(len(gen.texts), K, tr.cfg.micro_batch), len(batch), K, tr._verifier)
+        return GroupRewards(verify, reward_chunks(len(gen.texts), K, tr.cfg.micro_batch), len(batch), K, tr.verifier)
+
+    def score(self, tasks, texts, reward_fn=None, verify=None, memo: dict | None = None) -> list:
+        "Verdicts (reward, detail) of rows (tasks[i], texts[i]): `batch_rewards`, the hook a data source may wrap."
+        return batch_rewards(tasks, texts, reward_fn, verify, memo)
 
     def behaviour_logprobs(self, tr, gen: Generation):
         "Teacher-forced log-probs [B, L] and mask of the completions under the weights on the model, no gradients."
@@ -768,7 +779,7 @@ class Trainer:
         if not self.params:
             raise StalebookError("model has no trainable (LoRA) parameters")
         self.opt, self.sched = make_optimizer(cfg, self.params)
-        self.step, self.cursor, self._verifier, self._verifier_proc = 0, [0, 0], None, None
+        self.step, self.cursor, self.verifier, self.verifier_proc = 0, [0, 0], None, None  # see OnlineData.rewards
         a = cfg.async_training
         self.async_on, self.trace, self.export_tensors = a.enabled, {}, None
         self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None

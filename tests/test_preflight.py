@@ -1,45 +1,14 @@
 """Preflight: a correct snapshot passes the CLI; one line per failure without reading weights; compute mode
 blocks the network and credential discovery; the embedded snapshot is reused or repaired."""
 
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-import pytest
+from conftest import CLI, run_code
 
 from stalebook.core import hash_dir
 from stalebook.snapshot import LOCKFILE, read_lock, verify_snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(code, *args, env_extra=None, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update({"PYTHONPATH": str(ROOT), **(env_extra or {})})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-
-
-CLI = "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-@pytest.fixture
-def snap(tiny_snapshot, tmp_path):
-    d = tmp_path / "snap"
-    shutil.copytree(tiny_snapshot, d)
-    return d
-
 
 def test_correct_snapshot_passes_cli(snap):
-    r = _run(CLI, "preflight", snap)
+    r = run_code(CLI, "preflight", snap)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("preflight: OK") and read_lock(snap)["revision"] in r.stdout
     assert verify_snapshot(snap) == []
@@ -63,7 +32,7 @@ def test_cli_prints_one_line_per_failure_and_reads_no_weights(snap):
     print("MODULES", "torch" in sys.modules, "safetensors" in sys.modules, "transformers" in sys.modules, len(opened))
     sys.exit(rc)
     """
-    r = _run(code, "preflight", snap)
+    r = run_code(code, "preflight", snap)
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 1
     assert lines[:-1] == [
@@ -101,10 +70,10 @@ def test_planted_token_file_not_read(tmp_path):
         ({"HF_HOME": str(hf), "HF_TOKEN_PATH": str(custom)}, "hf_plantedCUSTOMtoken", custom),
         ({"HF_HOME": str(hf), "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""}, "hf_plantedHOMEtoken", hf / "token"),
     ]:
-        ctl = _run(code, "control", path, env_extra=tok_env)
+        ctl = run_code(code, "control", path, env_extra=tok_env)
         assert f"TOKEN {planted}" in ctl.stdout, ctl.stderr  # the planted file WOULD change behaviour
         assert f"OPENED ['{path}'" in ctl.stdout  # (huggingface_hub opens it, maybe twice)
-        r = _run(code, "compute", path, env_extra=tok_env)
+        r = run_code(code, "compute", path, env_extra=tok_env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == [
             "TOKEN None",
@@ -131,7 +100,7 @@ def test_network_refused_in_compute_mode_loopback_allowed():
         import huggingface_hub; huggingface_hub.hf_hub_download("gpt2", "config.json"); print("DOWNLOADED")
     except Exception as e: print("HUB", type(e).__name__)
     """
-    r = _run(code, env_extra={"HF_TOKEN": "hf_x"})
+    r = run_code(code, env_extra={"HF_TOKEN": "hf_x"})
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "ENV 1 1 1 False"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
+from conftest import write_yaml
 
 from stalebook.core import Domain, StalebookError, read_jsonl
 
@@ -17,32 +17,9 @@ EXE = str(Path(sys.executable).parent / "stalebook")
 TIMING = {"t_gen", "t_step"}
 
 
-def _write(path, obj):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(obj))
-    return path
-
-
 def _run(*args, fault=None, timeout=600):
     env = {**os.environ, "STALEBOOK_FAULT": fault or "", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([EXE, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _train_cfg(root, snap, **kw):
-    cfg = dict(
-        out=str(root / "run"),
-        snapshot=str(snap),
-        domain="math",
-        n_tasks=24,
-        steps=12,
-        prompts_per_step=3,
-        sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3),
-        lineage_steps=[0, 5, 10],
-        checkpoint_every=5,
-        lr=0.01,
-    )
-    cfg.update(kw)
-    return _write(root / "train.yaml", cfg)
 
 
 def _rollout_cfg(root, snap, **kw):
@@ -55,7 +32,7 @@ def _rollout_cfg(root, snap, **kw):
         sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3),
     )
     cfg.update(kw)
-    return _write(root / "rollouts.yaml", cfg)
+    return write_yaml(root / "rollouts.yaml", cfg)
 
 
 # Each kill is a process start (seconds of imports): `full` (5 kills) runs with the slow tests; `quick`, in the default

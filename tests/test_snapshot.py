@@ -2,40 +2,12 @@
 the lockfile works on a Hugging Face cache snapshot layout (module `stalebook.snapshot`)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-import pytest
+from conftest import CLI, run_code
 
 from stalebook.snapshot import LOCKFILE, read_lock, snapshot_layout, verify_snapshot, write_lock
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(code, *args, env_extra=None, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update({"PYTHONPATH": str(ROOT), **(env_extra or {})})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-
-
-CLI = "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-@pytest.fixture
-def snap(tiny_snapshot, tmp_path):
-    d = tmp_path / "snap"
-    shutil.copytree(tiny_snapshot, d)
-    return d
 
 
 def _edit_lock(d, f):
@@ -131,7 +103,7 @@ def test_hf_cache_snapshot_layout(tiny_snapshot, tmp_path):
 
     snap = _hf_cache_layout(tiny_snapshot, tmp_path / "hub")
     assert snapshot_layout(snap)["layout"] == "hf-cache" and (snap / "config.json").is_symlink()
-    r = _run(CLI, "snapshot", "lock", snap)
+    r = run_code(CLI, "snapshot", "lock", snap)
     assert r.returncode == 0 and "(hf-cache)" in r.stdout, r.stderr
     lock = read_lock(snap)
     assert (lock["hf_repo"], lock["hf_commit"]) == ("stalebook/tiny", snap.name)

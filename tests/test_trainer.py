@@ -13,18 +13,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import train_cfg, write_yaml
 
 from stalebook.core import Domain, read_jsonl
 
 EXE = str(Path(sys.executable).parent / "stalebook")
 TIMING = {"t_gen", "t_step"}
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _write(path, obj):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(obj))
-    return path
 
 
 def _run(*args, fault=None, timeout=600):
@@ -55,23 +50,6 @@ def _run_digit_share(cfg, fault=None, timeout=600):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _train_cfg(root, snap, **kw):
-    cfg = dict(
-        out=str(root / "run"),
-        snapshot=str(snap),
-        domain="math",
-        n_tasks=24,
-        steps=12,
-        prompts_per_step=3,
-        sampling=dict(group_size=4, max_new_tokens=8, groups_per_batch=3),
-        lineage_steps=[0, 5, 10],
-        checkpoint_every=5,
-        lr=0.01,
-    )
-    cfg.update(kw)
-    return _write(root / "train.yaml", cfg)
-
-
 def _steps(run):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in read_jsonl(run / "steps.jsonl").records]
 
@@ -82,10 +60,10 @@ def _steps(run):
     "full", [pytest.param(True, marks=pytest.mark.slow, id="full"), pytest.param(False, id="quick")]
 )
 def test_train_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot, full):
-    ref = _train_cfg(tmp_path / "ref", tiny_snapshot)
+    ref = train_cfg(tmp_path / "ref", tiny_snapshot)
     r = _run("train", ref, "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
-    flt = _train_cfg(tmp_path / "flt", tiny_snapshot)
+    flt = train_cfg(tmp_path / "flt", tiny_snapshot)
     g = Domain(0, ("test", "train-faults")).numpy()
     faults = [f"step:{s}" for s in sorted(g.choice(np.arange(1, 12), 4, replace=False))]
     faults.insert(2, "ckpt:5")
@@ -127,7 +105,7 @@ def test_train_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot, full)
 
 
 def test_lineage_check_detects_broken_chain(tmp_path, tiny_snapshot):
-    cfgp = _train_cfg(tmp_path, tiny_snapshot, steps=6, lineage_steps=[0, 5])
+    cfgp = train_cfg(tmp_path, tiny_snapshot, steps=6, lineage_steps=[0, 5])
     r = _run("train", cfgp, "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
     from stalebook.trainer import check_lineage
@@ -148,7 +126,7 @@ def test_lineage_check_detects_broken_chain(tmp_path, tiny_snapshot):
 
 
 def test_objective_switch_refused(tmp_path, tiny_snapshot, cli):
-    cfgp = _train_cfg(tmp_path, tiny_snapshot, steps=2, lineage_steps=[0])
+    cfgp = train_cfg(tmp_path, tiny_snapshot, steps=2, lineage_steps=[0])
     assert _run("train", cfgp, "--quiet").returncode == 0
     cfg = yaml.safe_load(cfgp.read_text())
     cfg["objective"] = "sft"
@@ -158,7 +136,7 @@ def test_objective_switch_refused(tmp_path, tiny_snapshot, cli):
 
 
 def test_bad_train_config_one_line_error(tmp_path, cli):
-    p = _write(tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "stepz": 3})
+    p = write_yaml(tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "stepz": 3})
     r = cli("train", p)
     assert (
         r.returncode == 2 and "unknown field 'stepz'" in r.stderr and str(p) in r.stderr and r.stderr.count("\n") == 1
@@ -181,7 +159,7 @@ print(json.dumps(lp.gather(1, torch.tensor(comp)[:, None]).squeeze(1).tolist()))
 
 
 def test_adapter_loads_with_plain_peft_in_fresh_process(tmp_path, tiny_snapshot):
-    cfgp = _train_cfg(tmp_path, tiny_snapshot, steps=3, lineage_steps=[0])
+    cfgp = train_cfg(tmp_path, tiny_snapshot, steps=3, lineage_steps=[0])
     assert _run("train", cfgp, "--quiet").returncode == 0
     ck = tmp_path / "run" / "ckpt" / "step-000003"
     from stalebook.rollouts import completion_logprobs, load_run_policy
@@ -303,8 +281,8 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_path, tiny_snapshot):
     """S = 0 byte for byte: a run whose config has no async_training / optimizer fields (what the synchronous trainer
     was configured with) and one that spells them out at S = 0 write the same files — steps.jsonl (timing keys aside),
     config.yaml (run path aside), every checkpoint byte, lineage.json — with no async state and no new step keys."""
-    a = _train_cfg(tmp_path / "absent", tiny_snapshot, steps=6, lineage_steps=[0, 5])
-    b = _train_cfg(
+    a = train_cfg(tmp_path / "absent", tiny_snapshot, steps=6, lineage_steps=[0, 5])
+    b = train_cfg(
         tmp_path / "explicit",
         tiny_snapshot,
         steps=6,
@@ -385,10 +363,10 @@ def test_async_resume_bit_identical_under_sigkill(tmp_path, tiny_snapshot):
     is graded (`digit_share`), so every step moves the adapter: the resumes from the step-10 and step-15 checkpoints
     need behaviour snapshots that differ from theta_0 and from each other, on any CPU."""
     kw = dict(async_training=dict(staleness=3, mode="fixed-lag"), steps=16, lineage_steps=[0, 5, 10, 15])
-    ref = _train_cfg(tmp_path / "ref", tiny_snapshot, **kw)
+    ref = train_cfg(tmp_path / "ref", tiny_snapshot, **kw)
     r = _run_digit_share(ref)
     assert r.returncode == 0, r.stderr[-2000:]
-    flt = _train_cfg(tmp_path / "flt", tiny_snapshot, **kw)
+    flt = train_cfg(tmp_path / "flt", tiny_snapshot, **kw)
     faults = ["step:3", "ckpt:5", "step:8", "ckpt:10", "step:12", "ckpt:15", "step:15"]
     kills = 0
     for f in faults:
@@ -524,12 +502,12 @@ def test_offpolicy_loss_gradients_against_autograd_of_the_definition():
 
 
 def test_bad_async_config_one_line_error(tmp_path, cli):
-    p = _write(
+    p = write_yaml(
         tmp_path / "bad.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 2, "mode": "lagged"}}
     )
     r = cli("train", p)
     assert r.returncode == 2 and "async_training.mode" in r.stderr and r.stderr.count("\n") == 1
-    p = _write(
+    p = write_yaml(
         tmp_path / "bad2.yaml", {"out": str(tmp_path / "r"), "async_training": {"staleness": 0, "correction": "mask"}}
     )
     r = cli("train", p)
@@ -666,7 +644,7 @@ def test_code_steps_verify_in_a_verifier_process_and_its_death_is_an_error(tmp_p
     )
     Trainer(TrainConfig(out=str(tmp_path / "straight"), **kw)).run(progress=False)
     tr = Trainer(TrainConfig(out=str(tmp_path / "killed"), **kw)).run(steps=2, progress=False)
-    vp = tr._verifier_proc
+    vp = tr.verifier_proc
     assert vp is not None and vp.p.pid != os.getpid() and vp.p.poll() is None
     assert vp.workers == verifier_workers(1) == max(1, sandbox.cores() - 1)
     os.kill(vp.p.pid, signal.SIGKILL)
