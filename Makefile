@@ -47,8 +47,8 @@ smol: setup
 
 # SmolLM2 format-warm-started on each family (answers after "Answer:", stops at <|im_end|>): a short LoRA SFT on the
 # chat template, merged into the weights, its temperature-1 pass rate measured and recorded, locked. Each is sized to
-# put the pass rate inside the RL band: math_nl WarmStartSpec's defaults (20 steps; benchmarks/results/
-# smol_warmstart.json), code_nl 6 steps (benchmarks/results/smol_warmstart_code_sizing.json: 20 steps give 0.99).
+# put the pass rate inside the RL band: math_nl WarmStartSpec's defaults (20 steps; results/records/
+# smol_warmstart.json), code_nl 6 steps (results/records/smol_warmstart_code_sizing.json: 20 steps give 0.99).
 # About 4 + 3 minutes of CPU, so not part of `smol` (which CI runs); each built unless one already verifies there.
 SMOL_MATH_DIR ?= runs/snapshots/smollm2-135m-instruct-math
 SMOL_CODE_DIR ?= runs/snapshots/smollm2-135m-instruct-code

@@ -9,7 +9,7 @@ baseline the issue names is what a script would do without streaming: the same q
 list of records in one process (its peak RSS is measured the same way; it is not run on the full log).
 
     PYTHONPATH=. python benchmarks/bench_audit.py [--gb 1.0] [--root /tmp/bench-audit] [--keep]
-                                                  [--json benchmarks/results/bench_audit.json]
+                                                  [--json results/records/bench_audit.json]
 
 The machine is shared (2 cores, other jobs running): wall times are indicative; the RSS ratio is the result.
 """
@@ -108,7 +108,7 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--root", default="/tmp/bench-audit")
     ap.add_argument("--keep", action="store_true", help="keep the generated logs")
-    ap.add_argument("--json", default=str(HERE / "results" / "bench_audit.json"))
+    ap.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_audit.json"))
     a = ap.parse_args(argv)
     root = Path(a.root)
     shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Time and peak memory of BOLT's training against online GRPO's, measured side by side in one run.
 
-Both arms train the study's math budget (registry configs/registries/bolt-tiny.yaml, section `study.math`: 100
+Both arms train a study section's budget (default: registry configs/registries/bolt-tiny.yaml, section `study.math`: 100
 updates of 16 prompts x 16 completions, same LoRA, same prompt schedule; GRPO with the k3 KL at the same beta). Each
 measurement is a fresh subprocess (`stalebook.bolt.train_arm` with a `Meter`) with its own store root, so BOLT samples
 its reference dataset every time; repeats alternate the order (BOLT first, then GRPO first) so a drifting machine load
@@ -9,8 +9,8 @@ reference-sampling phase, and the training phase's peak RSS (Linux VmHWM, reset 
 allocation (peak minus the RSS at the phase start); on CUDA also torch's peak allocated bytes. The ratios are medians
 over repeats of BOLT / GRPO.
 
-    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--repeats 2] [--steps 100]
-                                                 [--out runs/bench_bolt] [--json benchmarks/results/bench_bolt.json]
+    PYTHONPATH=. python benchmarks/bench_bolt.py [--registry bolt-tiny] [--domain math] [--repeats 2] [--steps 100]
+                                                 [--out runs/bench_bolt] [--json results/records/bench_bolt.json]
 
 The paper reports BOLT at about 0.15-0.25x GRPO's training time and 0.69-0.82x its peak memory (7B models, GPU).
 """
@@ -34,25 +34,29 @@ CHILD = r"""
 import json, sys, dataclasses
 from stalebook.bolt import Meter, train_arm
 from stalebook.registry import load_registry
-reg, arm, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-base = load_registry(reg).spec.math
+reg, arm, steps, out, domain = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+r = load_registry(reg)
+base = getattr(r.spec, domain)
+snap = r.models[r.spec.model].folder()  # '' = the embedded tiny model
 at = base.eval.at if steps % base.eval.at == 0 else 1
 cfg = dataclasses.replace(base, arm=arm, rounds=1, stores=out + "/stores",
-                          train=dataclasses.replace(base.train, steps=steps),
+                          train=dataclasses.replace(base.train, steps=steps, snapshot=snap),
                           eval=dataclasses.replace(base.eval, at=at))
 m = Meter(cfg.train.device)
 tr = train_arm(cfg, out + "/arm", meter=m)
-print("RESULT " + json.dumps(dict(arm=arm, phases=m.phases, steps=len(tr.log.records),
-                                  t_step_sum=sum(r["t_step"] for r in tr.log.records))))
+recs = tr.log.records
+print("RESULT " + json.dumps(dict(arm=arm, phases=m.phases, steps=len(recs),
+                                  t_step_sum=sum(r["t_step"] for r in recs),
+                                  t_gen_sum=sum(r.get("t_gen", 0.0) for r in recs))))
 """
 
 
-def measure(cfgf, arm, steps, out):
+def measure(cfgf, arm, steps, out, domain="math"):
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, cfgf, arm, str(steps), str(out)],
+        [sys.executable, "-c", CHILD, cfgf, arm, str(steps), str(out), domain],
         capture_output=True,
         text=True,
         env=env,
@@ -70,22 +74,24 @@ def main():
     ap.add_argument(
         "--registry",
         default="bolt-tiny",
-        help="a bolt registry (name or YAML file); its study.math section is the budget",
+        help="a bolt registry (name or YAML file); its study section --domain is the budget",
     )
+    ap.add_argument("--domain", default="math", help="the study section measured (math, code, math_nl, code_nl)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "runs/bench_bolt"))
-    ap.add_argument("--json", default=str(HERE / "results/bench_bolt.json"))
+    ap.add_argument("--json", default=str(HERE.parent / "results/records/bench_bolt.json"))
     a = ap.parse_args()
     runs = []
     for rep in range(a.repeats):
         for arm in ("bolt", "grpo") if rep % 2 == 0 else ("grpo", "bolt"):
-            r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}")
+            r = measure(a.registry, arm, a.steps, Path(a.out) / f"{arm}-{rep}", a.domain)
             ph = r["phases"]
             print(
                 f"repeat {rep} {arm:5s}: train {ph['train']['seconds']:7.1f} s "
                 f"({ph['train']['cpu_seconds']:6.1f} CPU s)"
                 + (f"  reference {ph['reference']['seconds']:6.1f} s" if "reference" in ph else "")
+                + f"  (steps: generation {r['t_gen_sum']:6.1f} s, the rest {r['t_step_sum'] - r['t_gen_sum']:6.1f} s)"
                 + f"  peak RSS {ph['train']['peak_rss_mib']:6.0f} MiB "
                 f"(phase's own {ph['train']['peak_rss_mib'] - ph['train']['start_rss_mib']:5.0f} MiB)",
                 flush=True,
@@ -121,11 +127,15 @@ def main():
             total_cpu_seconds=pick(arm, cpu_total),
             peak_rss_mib=pick(arm, peak_train),
             own_alloc_mib=pick(arm, alloc),
+            reference_seconds=pick(arm, lambda p: p.get("reference", {}).get("seconds", 0.0)),
+            step_generation_seconds=[r["t_gen_sum"] for r in runs if r["arm"] == arm],
+            step_learn_seconds=[r["t_step_sum"] - r["t_gen_sum"] for r in runs if r["arm"] == arm],
         )
         for arm in ("bolt", "grpo")
     }
     out = dict(
         registry=a.registry,
+        domain=a.domain,
         steps=a.steps,
         repeats=a.repeats,
         runs=runs,

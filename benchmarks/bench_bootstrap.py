@@ -16,7 +16,7 @@ Two ratios are printed, both against the naive loop's 10,000 replicates: the Gra
 the whole `analyse_point` with the default bound (observed statistics, the bootstrap with the negative
 control's replicate sets, the model world, the delete-one-rollout jackknife and the Gaussian SDs — every
 bound method's inputs, no gradient recomputed). Exit status 1 if the latter is below 10x. Results go to
-benchmarks/results/bench_bootstrap.json.
+results/records/bench_bootstrap.json.
 
     python benchmarks/bench_bootstrap.py [--naive-reps 500]
 """
@@ -54,7 +54,9 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=32)
     p.add_argument("--reps", type=int, default=10_000)
     p.add_argument("--naive-reps", type=int, default=500)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench_bootstrap.json"))
+    p.add_argument(
+        "--out", default=str(Path(__file__).resolve().parents[1] / "results" / "records" / "bench_bootstrap.json")
+    )
     a = p.parse_args(argv)
     D = Domain(0, ("bench", "bootstrap"))
     pool = synthetic_pool(D, a.n, a.n_val, a.d, sigma_v=0.3)

@@ -1,12 +1,16 @@
 """Benchmark: where a `make demo` point's time goes, and the analysis stage before/after, side by side in one run.
 
 Reads a finished point of a demo run (default: the tiny registry's demo root, unit tiny-math-s0, checkpoint 25):
-its `timings.json` (wall seconds per stage as the demo ran it: rollouts, scoring, analysis). Then it re-runs the
-point's analysis (`analysis.analyse_point`: 10,000 replicates, every bound method's inputs) from the point's cached
-features, `--reps` times, alternating the code before this change (the Gram matrices by `det_matmul` over every
-row, resampled weights of every group) and after (`live_gram`: zero rows skipped; weights of the non-homogeneous
-groups only), and prints median CPU and wall seconds per stage (Gram matrices, bootstrap, the rest), their
-ratios, and whether the two results are byte-identical (every boot array and the summary's JSON).
+its `timings.json` (wall seconds per stage as the demo ran it: rollouts, scoring, analysis). Then, `--reps` times
+from the point's cached features, it re-runs the point's whole analysis (`PointRun.analysis`: 10,000 replicates,
+every bound method's inputs) and its Gram-space stage on its own (the two Gram halves and `bootstrap_gram`, called
+as `analyse_point` calls them; checked against the analysis's own replicates), that stage alternating the code
+before this change (kept here: the Gram matrices by `det_matmul` over every row, resampled weights of every group,
+passed to `bootstrap_gram` as its `weights`) and after (the package's: `live_gram` skips zero rows;
+`resampled_weights` weighs the non-homogeneous groups only). It prints median CPU and wall seconds per stage (Gram
+matrices, bootstrap, the rest of the analysis), their ratios, and whether the two arms' outputs are byte-identical
+(the Gram matrices and every bootstrap array). The whole analysis runs the package's code only, so the analysis
+before this change is derived: the rest of the analysis plus the old Gram-space stage.
 
     python benchmarks/bench_demo_time.py [--unit runs/tiny/units/tiny-math-s0] [--checkpoint 25] [--reps 3]
 """
@@ -22,20 +26,15 @@ from pathlib import Path
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
 import numpy as np  # isort: skip
 
-from stalebook import protocol
-from stalebook.core import group_advantages, hash_json
+from stalebook.core import Domain, group_advantages
 from stalebook.point import PointConfig, PointRun
+from stalebook.protocol import SPLITS, GramHalf, Rollouts, bootstrap_gram, det_matmul, resampled_weights
 
 
-def old_build(cls, cand, val):
+def old_build(cand, val) -> GramHalf:
     "GramHalf.build before: det_matmul over every row (zero rows included)."
     V, W = cand.vectors, val.vectors.reshape(-1, val.d)
-    return cls(
-        np.einsum("nkd,nld->nkl", V, V),
-        protocol.det_matmul(W, V.reshape(-1, cand.d).T),
-        protocol.det_matmul(W, W.T),
-        val.n,
-    )
+    return GramHalf(np.einsum("nkd,nld->nkl", V, V), det_matmul(W, V.reshape(-1, cand.d).T), det_matmul(W, W.T), val.n)
 
 
 def old_resampled_weights(rewards, idx, std=True, eps=1e-6):
@@ -46,49 +45,43 @@ def old_resampled_weights(rewards, idx, std=True, eps=1e-6):
     return np.bincount(flat, weights=a.ravel(), minlength=c * n * K).reshape(c, n, K)
 
 
-class Timed:
-    "Accumulate CPU and wall seconds of a wrapped function."
-
-    def __init__(self, fn):
-        self.fn, self.cpu, self.wall = fn, 0.0, 0.0
-
-    def __call__(self, *a, **kw):
-        c0, w0 = time.process_time(), time.perf_counter()
-        try:
-            return self.fn(*a, **kw)
-        finally:
-            self.cpu += time.process_time() - c0
-            self.wall += time.perf_counter() - w0
+ARMS = {"before": (old_build, old_resampled_weights), "after": (GramHalf.build, resampled_weights)}
 
 
-def run_analysis(p: PointRun, variant: str) -> tuple[dict, dict]:
-    "One analysis of the point with the `before` or `after` code: (stage seconds, digest of its outputs)."
-    new_build, new_rw = protocol.GramHalf.__dict__["build"], protocol.resampled_weights
-    if variant == "before":
-        protocol.GramHalf.build = classmethod(old_build)
-        protocol.resampled_weights = old_resampled_weights
-    build = Timed(protocol.GramHalf.build)
-    boot = Timed(protocol.bootstrap_gram)
-    protocol.GramHalf.build, protocol.bootstrap_gram = build, boot
-    try:
-        c0, w0 = time.process_time(), time.perf_counter()
-        summ = p.analysis()
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    finally:
-        protocol.GramHalf.build, protocol.resampled_weights = new_build, new_rw
-        protocol.bootstrap_gram = boot.fn
-    arrays = p.res.to_arrays()
+def timed(fn):
+    "(result of fn(), CPU seconds, wall seconds)."
+    c0, w0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return out, time.process_time() - c0, time.perf_counter() - w0
+
+
+def gram_stage_inputs(p: PointRun) -> tuple:
+    """(cand, val, the rest of `bootstrap_gram`'s arguments) of the point's analysis, as `PointRun.analysis` and
+    `analyse_point` make them (its observed sets and tie keys read from the analysis's result `p.res`)."""
+    cfg, ro = p.cfg, lambda role, h: Rollouts(p.fresh[role, h]["rewards"], p.fresh[role, h]["vectors"])
+    dom = Domain(cfg.seed, ("point", "analysis", cfg.checkpoint))
+    fixed = {nm: m for nm, m in p.res.selected.items() if nm not in ("control", "dilute")}
+    kw = dict(
+        chunk=None, std=cfg.std_normalize, eps=cfg.adv_eps, keep_scores=True, control=dom.child("control", "boot")
+    )
+    args = (fixed, p.res.keys["A"], p.res.keys["B"], cfg.k, dom, cfg.n_boot)
+    return {h: ro("candidates", h) for h in SPLITS}, {h: ro("validation", h) for h in SPLITS}, args, kw
+
+
+def run_gram_stage(p: PointRun, inputs, variant: str) -> tuple[dict, str, np.ndarray]:
+    "The Gram-space stage with the `before` or `after` code: (seconds, digest of its outputs, its Rel replicates)."
+    build, weights = ARMS[variant]
+    cand, val, args, kw = inputs
+    halves, g_cpu, g_wall = timed(lambda: {h: build(cand[h], val[h]) for h in "AB"})
+    bt, b_cpu, b_wall = timed(lambda: bootstrap_gram(cand, val, *args, **kw, halves=halves, weights=weights))
     digest = hashlib.sha256()
-    for k in sorted(arrays):
-        digest.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
-    t = {
-        "gram_cpu": build.cpu,
-        "bootstrap_cpu": boot.cpu,
-        "rest_cpu": cpu - build.cpu - boot.cpu,
-        "analysis_cpu": cpu,
-        "analysis_wall": wall,
-    }
-    return t, {"boot": digest.hexdigest(), "summary": hash_json(summ)}
+    for h in "AB":
+        for m in (halves[h].G, halves[h].CT, halves[h].GW):
+            digest.update(np.ascontiguousarray(m).tobytes())
+    for k in sorted(bt):
+        digest.update(k.encode() + np.ascontiguousarray(bt[k]).tobytes())
+    t = {"gram_cpu": g_cpu, "bootstrap_cpu": b_cpu, "gram_wall": g_wall, "bootstrap_wall": b_wall}
+    return t, digest.hexdigest(), bt["rel"]
 
 
 def main(argv=None):
@@ -96,7 +89,9 @@ def main(argv=None):
     ap.add_argument("--unit", default="runs/tiny/units/tiny-math-s0")
     ap.add_argument("--checkpoint", type=int, default=25)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench_demo_time.json"))
+    ap.add_argument(
+        "--out", default=str(Path(__file__).resolve().parents[1] / "results" / "records" / "bench_demo_time.json")
+    )
     a = ap.parse_args(argv)
     unit, c = Path(a.unit), a.checkpoint
     pdir = unit / "points" / f"c-{c:06d}"
@@ -110,12 +105,23 @@ def main(argv=None):
     print(f"{pdir}: the demo's own stage wall times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in demo.items()))
     runs = {"before": [], "after": []}
     digests = {}
+    inputs = None
     for r in range(a.reps):
+        _, a_cpu, a_wall = timed(p.analysis)  # the whole analysis, the package's code
+        inputs = inputs or gram_stage_inputs(p)
+        stage = {}
         for v in ("before", "after") if r % 2 == 0 else ("after", "before"):
-            t, d = run_analysis(p, v)
-            runs[v].append(t)
+            stage[v], d, rel = run_gram_stage(p, inputs, v)
+            assert np.array_equal(rel, p.res.boot["rel"]), f"{v}: not the analysis's own Gram-space stage"
             digests.setdefault(v, d)
-            assert digests[v] == d, f"{v}: analysis not reproducible"
+            assert digests[v] == d, f"{v}: Gram-space stage not reproducible"
+        for v in ("before", "after"):  # the rest of the analysis is the same code in both arms
+            t = dict(stage[v])
+            t["rest_cpu"] = a_cpu - stage["after"]["gram_cpu"] - stage["after"]["bootstrap_cpu"]
+            t["analysis_cpu"] = t["rest_cpu"] + t["gram_cpu"] + t["bootstrap_cpu"]
+            t["analysis_wall"] = a_wall - stage["after"]["gram_wall"] - stage["after"]["bootstrap_wall"]
+            t["analysis_wall"] += t["gram_wall"] + t["bootstrap_wall"]
+            runs[v].append(t)
             print(f"  rep {r} {v:6s} " + "  ".join(f"{k} {x:6.2f}" for k, x in t.items()), flush=True)
     med = {v: {k: statistics.median(t[k] for t in ts) for k in ts[0]} for v, ts in runs.items()}
     same = digests["before"] == digests["after"]
@@ -124,7 +130,7 @@ def main(argv=None):
     for k in med["before"]:
         b, f = med["before"][k], med["after"][k]
         print(f"  {k:16s} {b:8.2f} {f:8.2f} {b / f if f > 0 else float('nan'):6.2f}x")
-    print(f"  byte-identical outputs (every boot array, summary JSON): {'yes' if same else 'NO'}")
+    print(f"  byte-identical outputs (Gram matrices, every bootstrap array): {'yes' if same else 'NO'}")
     out = dict(
         point=str(pdir), demo_stage_wall_s=demo, reps=a.reps, median=med, runs=runs, identical=same, digests=digests
     )

@@ -6,10 +6,12 @@ Generation: `hf_sample` (HF `generate` + the domain-driven inverse-CDF sampler) 
 tokens/s (tokens up to and including EOS) and row-steps/s (B x generated length: what `generate`
 computes). For scale, the same batch with plain `generate(do_sample=True)` (torch's global RNG).
 
-Train step: the real `Trainer.train_step`, instrumented (not re-implemented) by wrapping the functions it
-calls: policy hash, sampling (`hf_sample`), rewards (`batch_rewards`), the teacher-forced behaviour
-forward (no grad), the differentiable forward, backward, optimizer step (hooks); the rest is "other"
-(decoding, advantages, loss, logging). Checkpoint writes are timed separately.
+Train step: the real `Trainer.train_step`, instrumented (not re-implemented) through its public seams: a data
+source (`OnlineData` subclass) that times its hooks, sampling (`generate`), rewards (`score`: `batch_rewards`, on
+the verifier thread) and the teacher-forced behaviour pass (`behaviour_logprobs`, no grad); torch's hooks for the
+differentiable forward (the model's forward passes with gradients on), backward and the optimizer step; the policy
+hash (once per step) timed on its own, apart from the steps. The rest is "other" (decoding, log-softmax, advantages,
+loss, logging). Checkpoint writes are timed separately.
 
     PYTHONPATH=. python benchmarks/bench_engine.py [--config configs/tiny/train-math.yaml] [--steps 10] [--json PATH]
 """
@@ -26,6 +28,10 @@ import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
 # isort: split
 import torch
+
+from stalebook.core import load_config
+from stalebook.model import policy_hash
+from stalebook.trainer import OnlineData, TrainConfig, Trainer
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,36 +90,40 @@ class Timers:
             self.t[k] = self.t.get(k, 0.0) + time.perf_counter() - t0
 
 
+class TimedData(OnlineData):
+    "The trainer's data (online RL), its hooks timed in `T`: sampling, rewards and the behaviour pass."
+
+    def __init__(self, T: Timers):
+        self.T = T
+
+    def generate(self, tr, batch, ph):
+        with self.T("sampling"):
+            return super().generate(tr, batch, ph)
+
+    def score(self, *a, **kw):  # the verifier, on the trainer's verifier thread (mostly hidden behind the passes)
+        with self.T("rewards"):
+            return super().score(*a, **kw)
+
+    def behaviour_logprobs(self, tr, gen):
+        with self.T("teacher-forced forward (no grad)"):
+            return super().behaviour_logprobs(tr, gen)
+
+
 def instrument(tr, T: Timers):
-    "Wrap what `Trainer.train_step` calls; returns an undo function."
-    import stalebook.objectives as OM
-    import stalebook.trainer as TM
+    """Time what the data source does not see: the model's forward passes with gradients on (torch forward hooks),
+    backward (torch.Tensor.backward wrapped) and the optimizer step (its hooks); returns an undo function."""
+    st = {}
 
-    saved = {k: getattr(TM, k) for k in ("batch_rewards", "completion_logprobs", "policy_hash")}
-    saved_om = OM.completion_logprobs  # the objectives' forward passes (with gradients, and the KL reference's)
+    def since(key, start):
+        T.t[key] = T.t.get(key, 0.0) + time.perf_counter() - st.pop(start)
 
-    def wrap(name, key):
-        f = saved[name]
-
-        def g(*a, **kw):
-            with T(key(*a, **kw) if callable(key) else key):
-                return f(*a, **kw)
-
-        return g
-
-    gen = tr.generate  # the trainer's public sampling hook (its Sampler: `hf`, today's sampler, by default)
-
-    def generate(*a, **kw):
-        with T("sampling"):
-            return gen(*a, **kw)
-
-    tr.generate = generate
-    TM.batch_rewards = wrap("batch_rewards", "rewards")
-    TM.completion_logprobs = OM.completion_logprobs = wrap(
-        "completion_logprobs",
-        lambda *a, **kw: "forward (grad)" if torch.is_grad_enabled() else "teacher-forced forward (no grad)",
-    )
-    TM.policy_hash = wrap("policy_hash", "policy hash")  # the module-level function train_step calls
+    grad_on = lambda f: lambda *a: f() if torch.is_grad_enabled() else None
+    hooks = [
+        tr.model.register_forward_pre_hook(grad_on(lambda: st.__setitem__("fwd", time.perf_counter()))),
+        tr.model.register_forward_hook(grad_on(lambda: since("forward (grad)", "fwd"))),
+        tr.opt.register_step_pre_hook(lambda *a: st.__setitem__("opt", time.perf_counter())),
+        tr.opt.register_step_post_hook(lambda *a: since("optimizer step", "opt")),
+    ]
     back = torch.Tensor.backward
 
     def bw(self, *a, **kw):
@@ -121,28 +131,26 @@ def instrument(tr, T: Timers):
             return back(self, *a, **kw)
 
     torch.Tensor.backward = bw
-    st = {}
-    h1 = tr.opt.register_step_pre_hook(lambda *a: st.__setitem__("t", time.perf_counter()))
-    h2 = tr.opt.register_step_post_hook(
-        lambda *a: T.t.__setitem__("optimizer step", T.t.get("optimizer step", 0) + time.perf_counter() - st["t"])
-    )
 
     def undo():
-        for k, v in saved.items():
-            setattr(TM, k, v)
-        OM.completion_logprobs = saved_om
         torch.Tensor.backward = back
-        del tr.generate
-        h1.remove()
-        h2.remove()
+        for h in hooks:
+            h.remove()
 
     return undo
 
 
-def bench_train(cfg_path, steps, snapshot, domain=None):
-    from stalebook.core import load_config
-    from stalebook.trainer import TrainConfig, Trainer
+def time_policy_hash(model, reps: int = 5) -> float:
+    "Median seconds of `policy_hash(model)` (train_step hashes the weights that sample once per step)."
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        policy_hash(model)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
+
+def bench_train(cfg_path, steps, snapshot, domain=None):
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     ov = dict(out=str(tmp / "run"), steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
     if snapshot is not None:
@@ -150,11 +158,12 @@ def bench_train(cfg_path, steps, snapshot, domain=None):
     if domain:
         ov["domain"] = domain
     cfg = load_config(TrainConfig, cfg_path, overrides=ov)
+    T = Timers()
     t0 = time.perf_counter()
-    tr = Trainer(cfg)
+    tr = Trainer(cfg, data=TimedData(T))
     t_init = time.perf_counter() - t0  # includes load + step-0 checkpoint
     tr.log.append(tr.train_step())  # warm-up
-    T = Timers()
+    T.t.clear()
     undo = instrument(tr, T)
     try:
         t0 = time.perf_counter()
@@ -170,6 +179,7 @@ def bench_train(cfg_path, steps, snapshot, domain=None):
         tr.checkpoint()
         ck.append(time.perf_counter() - t0)
     per = {k: v / steps for k, v in T.t.items()}
+    per["policy hash"] = time_policy_hash(tr.model)
     per["other"] = total / steps - sum(per.values())
     return dict(
         config=str(cfg_path),

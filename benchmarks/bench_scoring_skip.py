@@ -20,6 +20,14 @@ import numpy as np  # isort: skip
 import torch  # isort: skip
 
 
+def padded(rows, L, dtype=torch.float64):
+    "Rows of floats zero-padded on the right to width L: [len(rows), L] (the baseline's own copy of what scoring does)."
+    out = torch.zeros(len(rows), L, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
 def best(fn, reps):
     ts, out = [], None
     for _ in range(reps):
@@ -35,7 +43,6 @@ def main(argv=None) -> int:
     from stalebook.scoring import (
         ESTIMATORS,
         CountSketch,
-        _padded,
         estimator_coefs,
         fresh_features,
         lora_dim,
@@ -78,7 +85,7 @@ def main(argv=None) -> int:
         pids, comps, logb, r = store_rows(pr.stale_store.records)
         n, K = r.shape
         adv = torch.from_numpy(np.asarray(advantages(r, None, "group"), dtype=np.float64)).reshape(-1)
-        lb_all = _padded(logb, max(len(c) for c in comps))
+        lb_all = padded(logb, max(len(c) for c in comps))
 
         def coefs(lp, m, sl):
             lp = lp.double() * m

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_shared_prefix.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "bench_shared_prefix.json"
 SNAPSHOT = "runs/snapshots/smollm2-135m-instruct-math"
 
 

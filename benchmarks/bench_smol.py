@@ -15,7 +15,7 @@
   `--score-reps` times after a warm-up, interleaved; medians and the ratio scoring / train fwd+bwd, in wall time
   and in process CPU time (the machine may be shared: CPU time is what contention does not stretch).
 
-Numbers go to benchmarks/results/bench_smol.json (`--json ''`: none).
+Numbers go to results/records/bench_smol.json (`--json ''`: none).
 
     PYTHONPATH=. python benchmarks/bench_smol.py [--prompts 8] [--k 2] [--tokens 16] [--threads 2] [--reps 2]
         [--groups 8] [--score-k 4] [--score-tokens 32] [--sketch 1024] [--score-reps 3] [--json PATH]
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_smol.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "bench_smol.json"
 
 
 def _digit_match(task, text):

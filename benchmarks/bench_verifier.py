@@ -29,7 +29,7 @@
 
     PYTHONPATH=. python benchmarks/bench_verifier.py [--repeat 2] [--steps 3] [--criterion-steps 16]
                                                     [--snapshot $STALEBOOK_TINY]
-                                                    [--json benchmarks/results/bench_verifier.json] [--append]
+                                                    [--json results/records/bench_verifier.json] [--append]
 
 The machine is shared (2 cores, other jobs running): every ratio is measured side by side in one run.
 """
@@ -182,7 +182,7 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
                 {
                     (T.code_program(t, x), t.tests)
                     for t, x in zip(tasks, texts)
-                    if t.domain == "code" and T._code_precheck(t, x)[1] is None
+                    if t.domain == "code" and T.code_precheck(t, x)[1] is None
                 }
             )
 
@@ -332,7 +332,7 @@ def main(argv=None):
         "--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)"
     )
     p.add_argument("--no-step", action="store_true", help="skip the GRPO-step part")
-    p.add_argument("--json", default=str(HERE / "results" / "bench_verifier.json"))
+    p.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_verifier.json"))
     p.add_argument(
         "--append", action="store_true", help="add this invocation to the file's list instead of replacing it"
     )

@@ -22,7 +22,7 @@ original weights), greedy, on CPU, graded by stalebook's own code verifier.
     PYTHONPATH=. python benchmarks/humaneval_smol.py [--threads 1] [--batch 41] [--max-new-tokens 256] [--limit N]
 
 Prints pass@1 = solved/n with its binomial standard error, tokens generated, tokens/s, wall time; writes
-benchmarks/results/humaneval_smol.json (per-problem pass/fail, config, numbers) for a full run, or `--out`.
+results/records/humaneval_smol.json (per-problem pass/fail, config, numbers) for a full run, or `--out`.
 """
 
 import argparse
@@ -37,7 +37,7 @@ import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 from stalebook.core import StalebookError, environment
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
-RESULTS = Path(__file__).resolve().parent / "results" / "humaneval_smol.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "humaneval_smol.json"
 
 
 def truncate(text: str, stops=STOP_SEQUENCES) -> tuple[str, bool]:
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--limit", type=int, default=0, help="the first N problems only (a quick check; 0: all 164)")
     ap.add_argument(
-        "--out", default="", help="results JSON (default: benchmarks/results/humaneval_smol.json on a full run)"
+        "--out", default="", help="results JSON (default: results/records/humaneval_smol.json on a full run)"
     )
     a = ap.parse_args(argv)
     for name, v, lo in (

@@ -12,9 +12,9 @@
    difference (same prompts) with its SE.
 
     PYTHONPATH=. python benchmarks/learn_tiny.py [--domain math code] [--steps 100] [--out runs/learn]
-                                                 [--eval-n 128] [--eval-k 8] [--json benchmarks/results/learn_tiny.json]
+                                                 [--eval-n 128] [--eval-k 8] [--json results/records/learn_tiny.json]
 
-Measured (2-core shared CPU, 1 torch thread; benchmarks/results/learn_tiny_*.json; the tiny snapshot 8c3efed7,
+Measured (2-core shared CPU, 1 torch thread; results/records/learn_tiny_*.json; the tiny snapshot 8c3efed7,
 fused AdamW), math, P=16 x K=16, lr 3e-3, 256-task pool: training reward 0.218 ± 0.023 (first 10 steps) -> 0.364 ±
 0.032 (last 10), z = 3.7; train-pool pass rate 0.202 -> 0.357 (paired +0.155 ± 0.028) but held-out 0.182 -> 0.188
 (+0.007 ± 0.025): in 100 steps the tiny model mostly memorises its (repeated, ~6 epochs) pool. With a 4096-task pool

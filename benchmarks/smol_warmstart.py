@@ -10,10 +10,10 @@ warm-started snapshot measured by the RL sampler (`rollouts.sample_batch`, backe
 
     PYTHONPATH=. python benchmarks/smol_warmstart.py [--family math_nl]
         [--out runs/snapshots/smollm2-135m-instruct-math] [--steps N] [--batch B] [--lr LR] [--threads T]
-        [--rl-check] [--json benchmarks/results/smol_warmstart.json]
+        [--rl-check] [--json results/records/smol_warmstart.json]
 
 The code family's record: `--family code_nl --out runs/snapshots/smollm2-135m-instruct-code --rl-check
---json benchmarks/results/smol_warmstart_code.json`.
+--json results/records/smol_warmstart_code.json`.
 """
 
 import json
@@ -32,7 +32,7 @@ def _parser():
     ap = CommandParser(prog="smol_warmstart.py", description=__doc__.splitlines()[0])
     ap.add_argument("--snapshot", default="", help="the imported snapshot (default: the `make smol` one)")
     ap.add_argument("--out", default="runs/snapshots/smollm2-135m-instruct-math", help="warm-started snapshot folder")
-    ap.add_argument("--json", default="benchmarks/results/smol_warmstart.json", help="record to write")
+    ap.add_argument("--json", default="results/records/smol_warmstart.json", help="record to write")
     ap.add_argument("--no-before", action="store_true", help="skip the as-imported measurement")
     ap.add_argument("--rl-check", action="store_true", help="also measure with the RL sampler on a run's task pool")
     for f in fields(WarmStartSpec):

@@ -105,7 +105,7 @@ def bounds(self: PointResult, stat: str, method: str | None = None) -> tuple[flo
         stat in RANDOM_SETS,
     )
 
-
+# %% ../nbs/18a_analysis.ipynb #18380690
 @patch(as_prop=True)
 def rel_lb(self: PointResult) -> float:
     return self.bounds("rel")[0]
@@ -153,7 +153,7 @@ def to_arrays(self: PointResult) -> dict[str, np.ndarray]:
     out.update({f"keys/{h}": np.asarray(x) for h, x in self.keys.items()})
     return out
 
-
+# %% ../nbs/18a_analysis.ipynb #f7411f98
 @patch(cls_method=True)
 def from_saved(cls: PointResult, summary: dict, arrays: Mapping[str, np.ndarray]) -> PointResult:
     """Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an
@@ -193,7 +193,7 @@ def _stale_scores(stale, g_val_R, std=True, eps=1e-6):
         out[name] = x if x.ndim == 1 else cosine_scores(x, g_val_R)[0]
     return out
 
-
+# %% ../nbs/18a_analysis.ipynb #e0e4e4da
 def observed_sets(cand, val, k: int, domain: Domain, stale: Mapping, std=True, eps=1e-6):
     """Observed scores, tie keys and selected sets (fresh, each stale estimator, the negative control), and
     zero-gradient counts."""

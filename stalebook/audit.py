@@ -72,7 +72,7 @@ def _rows(ss, attr, dtype, W) -> torch.Tensor | None:
         out[i, :n] = torch.as_tensor(np.asarray(r[:n]), dtype=dtype)
     return out
 
-
+# %% ../nbs/40_audit.ipynb #1bdae4fe
 def step_tensors(ss: list[LoggedSample]) -> dict:
     """mask [B, W] (bool), trainer and learner log-probs [B, W] (the logged dtype), advantages [B] and the sampler's
     rows (lists, NaN-free) of a step; a field some sample lacks is None."""
@@ -108,7 +108,7 @@ def lag_stats(ss: list[LoggedSample]) -> dict:
         lag_hist_tokens={str(k): int(v) for k, v in sorted(tok.items())},
     )
 
-
+# %% ../nbs/40_audit.ipynb #d2276796
 def reward_stats(ss: list[LoggedSample]) -> dict:
     "Reward mean, groups whose rewards are all equal (zero advantage), share of samples with advantage exactly 0."
     out = {}
@@ -133,7 +133,7 @@ def qname(p: float) -> str:
     "The key suffix of quantile p: 0.5 -> '50', 0.99 -> '99', 0.999 -> '999'."
     return f"{p * 100:g}".replace(".", "")
 
-
+# %% ../nbs/40_audit.ipynb #94700086
 def logratio_terms(t: dict) -> torch.Tensor | None:
     "log w = log pi_train - log pi_sampler [N] (float64) over the step's loss tokens that have both, or None."
     if t["trainer"] is None or t["sampler"] is None or t["mask"] is None:
@@ -145,7 +145,7 @@ def logratio_terms(t: dict) -> torch.Tensor | None:
     m = t["mask"] & ~s.isnan()
     return (t["trainer"].double() - s)[m]
 
-
+# %% ../nbs/40_audit.ipynb #69c152f4
 def token_stats(ss: list[LoggedSample], threshold: float = 2.0, t: dict | None = None) -> dict:
     """The trainer's `mismatch_stats` of the step (and `offpolicy_stats` where the learner's log-probs are logged),
     k1 KL(sampler || train), quantiles of w, the share of completion tokens outside the loss mask (`t`: the step's
@@ -236,7 +236,7 @@ def prompt_occurrences(ss: list[LoggedSample], occ: dict) -> None:
         else:
             o[1] = e  # the latest; the first is kept
 
-
+# %% ../nbs/40_audit.ipynb #bce009d7
 def _score(mean, score: str):
     return mean if score == "pass" else mean * (1 - mean)
 
@@ -300,52 +300,7 @@ def trend(steps: list[dict], key: str) -> dict | None:
 def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
-# %% ../nbs/40_audit.ipynb #c725fada
-def audit(
-    path,
-    fmt: str = "auto",
-    keep_going: bool = False,
-    threshold: float = 2.0,
-    top_frac: float = 0.25,
-    score: str = "pass",
-    progress: bool = True,
-) -> dict:
-    "Every number of the audit of a logged run (format `fmt`, or detected), streamed step by step."
-    path, log = Path(path), ReadLog(keep_going=keep_going)
-    fmt = detect_format(path) if fmt == "auto" else fmt
-    steps, occ, sketch = [], defaultdict(list), RatioSketch(threshold=threshold)
-    lag_s, lag_t, bar, files = (
-        Counter(),
-        Counter(),
-        Progress(max(_size(path), 1), f"audit {path.name}", unit="B", enabled=progress),
-        set(),
-    )
-    for ss in steps_of(read_samples(path, fmt, log), log):
-        rec = dict(
-            step=ss[0].step,
-            version_min=_min(ss, "version"),
-            version_max=_min(ss, "version_tail", max),
-            n_samples=len(ss),
-            n_tokens=int(sum(s.n_tokens or 0 for s in ss)),
-        )
-        t = step_tensors(ss)
-        rec.update(lag_stats(ss), **reward_stats(ss), **token_stats(ss, threshold, t))
-        lag_s.update({int(k): v for k, v in rec.get("lag_hist", {}).items()})
-        lag_t.update({int(k): v for k, v in rec.get("lag_hist_tokens", {}).items()})
-        d = logratio_terms(t)
-        if d is not None:
-            sketch.add(d)
-        prompt_occurrences(ss, occ)
-        steps.append(rec)
-        done = {s.where.rsplit(":", 1)[0] for s in ss} - files
-        files |= done
-        bar.update(sum(Path(f).stat().st_size for f in done if Path(f).is_file()))
-    bar.close()
-    if not steps:
-        raise AuditInputError(f"{path}: no complete record ({log.skipped} skipped)")
-    return _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score)
-
-
+# %% ../nbs/40_audit.ipynb #bf0450bd
 def _min(ss, attr, f=min):
     v = [getattr(s, attr) for s in ss if getattr(s, attr) is not None]
     return f(v) if v else None
@@ -392,6 +347,51 @@ def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_
         steps=steps,
     )
 
+# %% ../nbs/40_audit.ipynb #c725fada
+def audit(
+    path,
+    fmt: str = "auto",
+    keep_going: bool = False,
+    threshold: float = 2.0,
+    top_frac: float = 0.25,
+    score: str = "pass",
+    progress: bool = True,
+) -> dict:
+    "Every number of the audit of a logged run (format `fmt`, or detected), streamed step by step."
+    path, log = Path(path), ReadLog(keep_going=keep_going)
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    steps, occ, sketch = [], defaultdict(list), RatioSketch(threshold=threshold)
+    lag_s, lag_t, bar, files = (
+        Counter(),
+        Counter(),
+        Progress(max(_size(path), 1), f"audit {path.name}", unit="B", enabled=progress),
+        set(),
+    )
+    for ss in steps_of(read_samples(path, fmt, log), log):
+        rec = dict(
+            step=ss[0].step,
+            version_min=_min(ss, "version"),
+            version_max=_min(ss, "version_tail", max),
+            n_samples=len(ss),
+            n_tokens=int(sum(s.n_tokens or 0 for s in ss)),
+        )
+        t = step_tensors(ss)
+        rec.update(lag_stats(ss), **reward_stats(ss), **token_stats(ss, threshold, t))
+        lag_s.update({int(k): v for k, v in rec.get("lag_hist", {}).items()})
+        lag_t.update({int(k): v for k, v in rec.get("lag_hist_tokens", {}).items()})
+        d = logratio_terms(t)
+        if d is not None:
+            sketch.add(d)
+        prompt_occurrences(ss, occ)
+        steps.append(rec)
+        done = {s.where.rsplit(":", 1)[0] for s in ss} - files
+        files |= done
+        bar.update(sum(Path(f).stat().st_size for f in done if Path(f).is_file()))
+    bar.close()
+    if not steps:
+        raise AuditInputError(f"{path}: no complete record ({log.skipped} skipped)")
+    return _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score)
+
 # %% ../nbs/40_audit.ipynb #46a5dbe1
 def _missing(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"not in this log:\n{what}", ha="center", va="center", transform=ax.transAxes, color="0.4")
@@ -402,7 +402,7 @@ def _series(res: dict, key: str):
     pts = [(r["step"], r[key]) for r in res["steps"] if r.get(key) is not None and r.get("step") is not None]
     return np.array(pts, dtype=np.float64).T if pts else None
 
-
+# %% ../nbs/40_audit.ipynb #09b2a278
 def plot_lags(ax, res: dict) -> None:
     "Realised lag histogram: the share of samples and of loss tokens at each lag."
     h, ht = res["run"]["lag_hist"], res["run"]["lag_hist_tokens"]
@@ -443,7 +443,7 @@ def plot_ratios(ax, res: dict) -> None:
     ax.set(xlabel="step", ylabel="w = pi_train / pi_sampler", yscale="log", title="token importance weights")
     ax.legend(fontsize=7)
 
-
+# %% ../nbs/40_audit.ipynb #489acd8b
 def plot_mismatch(ax, res: dict) -> None:
     "k1, k3, mean |delta log p| per step (and the lag's k3 where logged), with least-squares lines and Spearman rho."
     if _series(res, "mismatch/k3_kl") is None:

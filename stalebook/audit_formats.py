@@ -121,7 +121,7 @@ def register_format(name: str, detect: Callable[[Path], bool]):
 
     return deco
 
-
+# %% ../nbs/39_audit_formats.ipynb #25eae732
 def detect_format(path) -> str:
     "The one registered format whose `detect` recognises `path`; an error naming the path otherwise."
     path = Path(path)
@@ -163,7 +163,7 @@ def _step_files(path: Path, pattern: str) -> list[Path]:
 def _stalebook_dir(path: Path) -> Path:
     return path / "token_exports" if (path / "token_exports").is_dir() else path
 
-
+# %% ../nbs/39_audit_formats.ipynb #df6c8fdd
 @register_format("stalebook", lambda p: p.is_dir() and any(_stalebook_dir(p).glob("step_*.jsonl")))
 def read_stalebook(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
     "A stalebook run folder (or its token_exports/, or one step file)."

@@ -27,6 +27,7 @@ from filelock import FileLock
 from stalebook.core import (
     Domain,
     StalebookError,
+    added_field,
     atomic_write_json,
     config_dict,
     config_hash,
@@ -80,8 +81,8 @@ __all__ = ['ARM_SPECS', 'ARMS', 'ARM_STAGES', 'METRICS', 'reference_store', 'ope
            'eval_steps', 'arm_train_config', 'stores_root', 'Meter', 'heldout_tasks', 'eval_pools', 'eval_sampling',
            'sequence_logprobs', 'pool_metrics', 'retention_pairs', 'retention_nll', 'measure_policy', 'evaluate_arm',
            'arm_trainer', 'train_arm', 'prompt_schedule', 'arm_budget', 'arm_timings', 'content_config', 'arm_result',
-           'arm_stage', 'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_units', 'unit_label', 'paired',
-           'aggregate_study', 'arm_table', 'claim_rows', 'claim_table']
+           'arm_stage', 'run_arm', 'beta_sweep', 'run_sweep', 'BoltStudy', 'study_section', 'study_units', 'unit_label',
+           'paired', 'aggregate_study', 'arm_table']
 
 # %% ../nbs/30_bolt.ipynb #2c34e1f8
 @contextlib.contextmanager
@@ -963,6 +964,19 @@ class BoltStudy:
     sweep_domains: tuple[str, ...] = ("math",)
     math: BoltConfig = field(default_factory=BoltConfig)
     code: BoltConfig = field(default_factory=_code_arm)
+    # a pretrained chat model's domains (tasks `math_nl`, `code_nl`): no default budget, the registry gives the section
+    math_nl: BoltConfig | None = added_field(None)
+    code_nl: BoltConfig | None = added_field(None)
+
+
+def study_section(s: BoltStudy, d: str) -> BoltConfig:
+    "The study's section of domain `d` (its budget), checked: it exists and trains on `d`."
+    base = getattr(s, d, None) if d in ("math", "code", "math_nl", "code_nl") else None
+    if base is None:
+        raise StalebookError(f"study section '{d}': missing (the domains with a section: math, code, math_nl, code_nl)")
+    if base.train.domain != d:
+        raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
+    return base
 
 
 def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, str, BoltConfig]]:
@@ -971,9 +985,7 @@ def study_units(s: BoltStudy, stores: str = "../../stores") -> list[tuple[str, s
     <root>/units/<id> -> <root>/stores)."""
     units = []
     for d in s.domains:
-        base = getattr(s, d)
-        if base.train.domain != d:
-            raise StalebookError(f"study section '{d}': train.domain is '{base.train.domain}'")
+        base = study_section(s, d)
         for seed in s.seeds:
             mk = lambda base=base, seed=seed, **kw: dataclasses.replace(
                 base, train=dataclasses.replace(base.train, seed=seed), stores=stores, **kw
@@ -1090,106 +1102,3 @@ def arm_table(agg: dict, domain: str, metrics=None) -> str:
     ]
     base = next(iter(D.values()))["base"]
     return "\n".join(lines + ["| pi_ref (step 0) | | " + " | ".join(f(base[m]) for m in metrics) + " | |"])
-
-
-def _verdict(v, sign: int = +1) -> str:
-    """A paired difference [mean, SE, n] against a claimed direction: > 2 SE that way 'supported', > 2 SE the other
-    'contradicted'."""
-    m, se, n = v
-    if n < 2 or m != m:
-        return "not measured"
-    if sign * m > 2 * se:
-        return "supported"
-    return "contradicted" if -sign * m > 2 * se else "not resolved (within 2 SE)"
-
-# %% ../nbs/30_bolt.ipynb #c63701fe
-def claim_rows(agg: dict, bench: dict | None = None) -> list[tuple[str, str, str, str]]:
-    """(claim, paper, embedded model, verdict) rows for the BOLT paper's empirical claims, from a study aggregate
-    and the bench ratios."""
-    fm = lambda v: f"{v[0]:+.3f} ± {v[1]:.3f} (n={v[2]})"
-    rows = []
-    for d, D in agg.items():
-        for pool in ("heldout", "train"):
-            v = paired(D, "bolt", "refit", f"{pool} pass")
-            rows.append(
-                (
-                    f"{d}: BOLT beats Refit on the same data ({pool} pass, BOLT − Refit)",
-                    "+1.44 (GSM8K), +3.60 (MATH) test accuracy",
-                    fm(v),
-                    _verdict(v),
-                )
-            )
-        match = lambda v: {"supported": "supported (BOLT higher)", "contradicted": "contradicted"}.get(
-            _verdict(v), "supported (no significant gap)" if v[2] >= 2 else "not measured"
-        )
-        for m in ("heldout pass", "train pass"):
-            v = paired(D, "bolt", "grpo", m)
-            rows.append(
-                (
-                    f"{d}: BOLT matches online GRPO ({m}, BOLT − GRPO)",
-                    "equal or slightly better accuracy",
-                    fm(v),
-                    match(v),
-                )
-            )
-        v = paired(D, "bolt", "grpo", "train E[r]-bKL")
-        rows.append(
-            (
-                f"{d}: BOLT reaches GRPO's regularised objective (train E[r] − βKL, BOLT − GRPO)",
-                "same target π* (theory)",
-                fm(v),
-                match(v),
-            )
-        )
-        for k in sorted(m[5:] for m in D.get("bolt", {}).get("metrics", {}) if m.startswith("dNLL ")):
-            for a in ("bolt", "refit"):
-                v = paired(D, "positive", a, f"dNLL {k}")
-                rows.append(
-                    (
-                        f"{d}: {a} forgets less than positive-only SFT (rise of {k} warm-start NLL, positive − {a})",
-                        "less forgetting (PIQA, HellaSwag)",
-                        fm(v),
-                        _verdict(v),
-                    )
-                )
-        if "iterative" in D and "bolt" in D:
-            v = paired(D, "iterative", "bolt", "train pass")
-            rows.append(
-                (
-                    f"{d}: iterative BOLT beats one-shot at the same budget (train-pool pass, iterative − one-shot)",
-                    "one-shot saturates after a few epochs, iterative keeps improving",
-                    fm(v),
-                    _verdict(v),
-                )
-            )
-    if bench:
-        rows.append(
-            (
-                "training time BOLT / GRPO",
-                "≈ 0.15–0.25×",
-                f"{bench['time_ratio_train']:.2f}× training phase, "
-                f"{bench['time_ratio_total']:.2f}× with reference sampling",
-                "supported" if bench["time_ratio_train"] <= 0.25 else "not reproduced",
-            )
-        )
-        rows.append(
-            (
-                "peak memory BOLT / GRPO",
-                "≈ 0.69–0.82×",
-                f"{bench['peak_ratio']:.2f}× peak RSS, {bench['alloc_ratio']:.2f}× of the phase's own allocation",
-                "supported"
-                if bench["peak_ratio"] <= 0.82
-                else "peak RSS: not reproduced (the runtime dominates); own allocation: in range"
-                if bench["alloc_ratio"] <= 0.82
-                else "not reproduced",
-            )
-        )
-    return rows
-
-
-def claim_table(rows) -> str:
-    "The claim rows as a Markdown table."
-    return "\n".join(
-        ["| claim | paper | embedded model | verdict |", "|---|---|---|---|"]
-        + [f"| {a} | {b} | {c} | {v} |" for a, b, c, v in rows]
-    )

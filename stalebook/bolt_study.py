@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import numpy as np
 
 from stalebook.bolt import (
     ARM_SPECS,
@@ -25,24 +28,38 @@ from stalebook.bolt import (
     BoltStudy,
     aggregate_study,
     arm_stage,
+    arm_table,
     arm_train_config,
-    claim_rows,
     content_config,
     eval_steps,
+    paired,
     run_sweep,
     stores_root,
+    study_section,
     study_units,
     unit_label,
 )
-from .contracts import aggregator, contract, register_checks, unit_phase_problems
-from .core import ConfigError, config_hash, hash_file, load_config, read_jsonl
-from .registry import Registry, UnitKind, register_kind
+from .claims import NOT_RUN, Claim, read_record, results_dir
+from .contracts import aggregator, contract, register_checks, registry_status, unit_phase_problems
+from stalebook.core import (
+    ConfigError,
+    atomic_write_json,
+    config_dict,
+    config_hash,
+    hash_file,
+    load_config,
+    read_jsonl,
+    save_figure,
+)
+from .registry import Registry, UnitKind, load_registry, register_kind, registry_hash, registry_root
 from .trainer import TrainConfig, check_lineage, checkpoint_name, lineage_checkpoint
-from .units import Phase, Unit, record_path, unit_dir
+from .units import Phase, Unit, record_path, run_registry, unit_dir
 
 # %% auto #0
-__all__ = ['STORES', 'BOLT_COLUMNS', 'BoltUnit', 'bolt_units', 'static_arm', 'stage_outputs', 'bolt_phases', 'bolt_missing',
-           'bolt_objective', 'bolt_lineage', 'bolt_reference', 'bolt_budget', 'bolt_table']
+__all__ = ['STORES', 'BOLT_COLUMNS', 'ARM_COLOURS', 'BOLT_RECORDS', 'BoltUnit', 'bolt_units', 'static_arm', 'stage_outputs',
+           'bolt_phases', 'bolt_missing', 'bolt_objective', 'bolt_lineage', 'bolt_reference', 'bolt_budget',
+           'bench_rows', 'claim_rows', 'claim_table', 'bolt_table', 'collect_units', 'bolt_record', 'time_figure',
+           'rounds_figure', 'beta_figure', 'bolt_figures', 'run_bolt_study', 'claims']
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a006
 STORES = "../../stores"  # from a unit's folder <root>/units/<id> to the registry's shared store root <root>/stores
@@ -66,7 +83,7 @@ def bolt_units(reg: Registry) -> dict:
             f"{reg.source}: field 'study.model': unknown model '{s.model}' (models: {', '.join(reg.models) or 'none'})"
         )
     for d in s.domains:
-        if getattr(s, d).train.snapshot:
+        if study_section(s, d).train.snapshot:
             raise ConfigError(f"{reg.source}: field 'study.{d}.train.snapshot': set by the registry's model")
     return {
         uid: BoltUnit(kind, s.model, cfg, (*s.betas, cfg.beta) if kind == "sweep" else ())
@@ -265,6 +282,101 @@ def bolt_budget(u: Unit) -> list[str]:
         probs += [f"budget not matched with {uid}: {k} differs" for k in keys if o["budget"][k] != res["budget"][k]]
     return probs
 
+# %% ../nbs/37_bolt_study.ipynb #3c33bb47
+def _verdict(v, sign: int = +1) -> str:
+    """A paired difference [mean, SE, n] against a claimed direction: > 2 SE that way 'supported', > 2 SE the other
+    'contradicted'."""
+    m, se, n = v
+    if n < 2 or m != m:
+        return "not measured"
+    if sign * m > 2 * se:
+        return "supported"
+    return "contradicted" if -sign * m > 2 * se else "not resolved (within 2 SE)"
+
+
+def _match(v) -> str:
+    "An equality claim's verdict: within 2 SE supported (no significant gap); BOLT ahead or behind by more."
+    return {"supported": "supported (BOLT higher)", "contradicted": "contradicted"}.get(
+        _verdict(v), "supported (no significant gap)" if v[2] >= 2 else "not measured"
+    )
+
+
+def _fm(v) -> str:
+    return f"{v[0]:+.3f} ± {v[1]:.3f} (n={v[2]})"
+
+# %% ../nbs/37_bolt_study.ipynb #8506ee45
+def _pair_rows(d: str, D: dict) -> list[tuple[str, str, str, str]]:
+    "BOLT against Refit and against online GRPO in domain d."
+    rows = []
+    for pool in ("heldout", "train"):
+        v = paired(D, "bolt", "refit", f"{pool} pass")
+        claim = f"{d}: BOLT beats Refit on the same data ({pool} pass, BOLT − Refit)"
+        rows.append((claim, "+1.44 (GSM8K), +3.60 (MATH) test accuracy", _fm(v), _verdict(v)))
+    for m in ("heldout pass", "train pass"):
+        v = paired(D, "bolt", "grpo", m)
+        rows.append(
+            (
+                f"{d}: BOLT matches online GRPO ({m}, BOLT − GRPO)",
+                "equal or slightly better accuracy",
+                _fm(v),
+                _match(v),
+            )
+        )
+    v = paired(D, "bolt", "grpo", "train E[r]-bKL")
+    claim = f"{d}: BOLT reaches GRPO's regularised objective (train E[r] − βKL, BOLT − GRPO)"
+    return rows + [(claim, "same target π* (theory)", _fm(v), _match(v))]
+
+# %% ../nbs/37_bolt_study.ipynb #33338f1d
+def _retention_rows(d: str, D: dict) -> list[tuple[str, str, str, str]]:
+    "Forgetting against positive-only SFT, and iterative against one-shot BOLT, in domain d."
+    rows = []
+    for k in sorted(m[5:] for m in D.get("bolt", {}).get("metrics", {}) if m.startswith("dNLL ")):
+        for a in ("bolt", "refit"):
+            v = paired(D, "positive", a, f"dNLL {k}")
+            claim = f"{d}: {a} forgets less than positive-only SFT (rise of {k} warm-start NLL, positive − {a})"
+            rows.append((claim, "less forgetting (PIQA, HellaSwag)", _fm(v), _verdict(v)))
+    if "iterative" in D and "bolt" in D:
+        v = paired(D, "iterative", "bolt", "train pass")
+        claim = f"{d}: iterative BOLT beats one-shot at the same budget (train-pool pass, iterative − one-shot)"
+        rows.append((claim, "one-shot saturates after a few epochs, iterative keeps improving", _fm(v), _verdict(v)))
+    return rows
+
+# %% ../nbs/37_bolt_study.ipynb #a2573049
+def bench_rows(bench: dict) -> list[tuple[str, str, str, str]]:
+    "The time and memory rows from bench_bolt's ratios."
+    time_ = (
+        "training time BOLT / GRPO",
+        "≈ 0.15–0.25×",
+        f"{bench['time_ratio_train']:.2f}× training phase, {bench['time_ratio_total']:.2f}× with reference sampling",
+        "supported" if bench["time_ratio_train"] <= 0.25 else "not reproduced",
+    )
+    memory = (
+        "peak memory BOLT / GRPO",
+        "≈ 0.69–0.82×",
+        f"{bench['peak_ratio']:.2f}× peak RSS, {bench['alloc_ratio']:.2f}× of the phase's own allocation",
+        "supported"
+        if bench["peak_ratio"] <= 0.82
+        else "peak RSS: not reproduced (the runtime dominates); own allocation: in range"
+        if bench["alloc_ratio"] <= 0.82
+        else "not reproduced",
+    )
+    return [time_, memory]
+
+# %% ../nbs/37_bolt_study.ipynb #ee81bfc4
+def claim_rows(agg: dict, bench: dict | None = None) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, embedded model, verdict) rows for the BOLT paper's empirical claims, from a study aggregate
+    and the bench ratios."""
+    rows = [r for d, D in agg.items() for r in _pair_rows(d, D) + _retention_rows(d, D)]
+    return rows + (bench_rows(bench) if bench else [])
+
+
+def claim_table(rows) -> str:
+    "The claim rows as a Markdown table."
+    return "\n".join(
+        ["| claim | paper | embedded model | verdict |", "|---|---|---|---|"]
+        + [f"| {a} | {b} | {c} | {v} |" for a, b, c, v in rows]
+    )
+
 # %% ../nbs/37_bolt_study.ipynb #b0e1a013
 BOLT_COLUMNS = (
     "domain",
@@ -341,3 +453,252 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
         sweeps=sweeps,
         sources=dict(sorted(sources.items())),
     )
+
+# %% ../nbs/37_bolt_study.ipynb #8d284311
+def _unit_folder(root: Path, uid: str, legacy: bool) -> Path:
+    if not legacy:
+        return unit_dir(root, uid)
+    d, s, label = unit_label(uid)
+    return root / d / f"s{s}" / label
+
+
+def collect_units(reg: Registry, root: Path, legacy: bool = False) -> tuple[dict, dict, str]:
+    """(arm units' results and timings, sweep units' rows, state): the units that pass every contract (or, for a legacy
+    root, that are present)."""
+    if legacy:
+        ok, state = None, "legacy run (layout before the registry; contracts not checked)"
+    else:
+        st = registry_status(reg, root)
+        ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
+    arms, sweeps = {}, {}
+    for uid, u in reg.units().items():
+        folder = _unit_folder(root, uid, legacy)
+        if ok is not None and uid not in ok:
+            continue
+        if u.kind == "arm" and (folder / "result.json").exists():
+            tf = folder / "timings.json"
+            arms[uid] = dict(result=_json(folder / "result.json"), timings=_json(tf) if tf.exists() else None)
+        elif u.kind == "sweep" and (folder / "sweep.json").exists():
+            sweeps[uid] = _json(folder / "sweep.json")
+    return arms, sweeps, state
+
+# %% ../nbs/37_bolt_study.ipynb #067a1132
+def bolt_record(reg: Registry, root: Path, legacy: bool = False, bench: dict | None = None) -> dict:
+    "The study's record: aggregate, claim rows (with bench_bolt's ratios), tables, units, measured seconds."
+    arms, sweeps, state = collect_units(reg, root, legacy)
+    agg = aggregate_study(arms)
+    core = {d: {k: v for k, v in D.items() if not k.startswith("bolt-beta")} for d, D in agg.items()}
+    unit_s = {uid: u["timings"]["phases"] for uid, u in arms.items() if u["timings"]}
+    secs = {uid: round(sum(p["seconds"] for p in ph.values()), 1) for uid, ph in unit_s.items()}
+    out = dict(
+        registry=reg.name,
+        registry_hash=registry_hash(reg),
+        study=config_dict(reg.spec),
+        state=state,
+        n_units=len(reg.units()),
+        n_finished=len(arms) + len(sweeps),
+        unit_seconds=secs,
+        wall_seconds_arms=round(sum(secs.values()), 1),
+        aggregate=agg,
+        sweeps=sweeps,
+        claims=claim_rows(core, bench),
+        tables={d: arm_table(agg, d) for d in agg},
+        units=arms,
+        machine="2 CPU cores shared with other jobs (two unit workers), torch 1 thread per unit",
+    )
+    if (
+        legacy and (root / "unit-seconds.json").exists()
+    ):  # the earlier runner's wall seconds per unit (one process each)
+        out["unit_wall_seconds"] = w = _json(root / "unit-seconds.json")
+        out["wall_seconds_total"] = round(sum(w.values()), 1)
+    return out
+
+# %% ../nbs/37_bolt_study.ipynb #58252775
+ARM_COLOURS = dict(bolt="C0", refit="C1", positive="C2", grpo="C3", iterative="C4")
+
+
+def _mse(cv: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    "Mean and SE of a curve's [mean, SE, n] points."
+    return np.array([v[0] for v in cv[key]]), np.array([v[1] for v in cv[key]])
+
+
+def time_figure(agg: dict, study: BoltStudy, tag: str = ""):
+    "Held-out pass rate against cumulative training wall time, per arm and domain."
+    import matplotlib.pyplot as plt  # figures only
+
+    doms = [d for d in study.domains if d in agg]
+    fig, ax = plt.subplots(1, len(doms), figsize=(5.5 * len(doms), 3.6), squeeze=False)
+    for a_, d in zip(ax[0], doms):
+        for arm, c in ARM_COLOURS.items():
+            if arm in agg[d]:
+                cv = agg[d][arm]["curve"]
+                a_.errorbar(cv["seconds"], *_mse(cv, "heldout pass"), marker="o", ms=3, capsize=2, color=c, label=arm)
+        a_.set(
+            xlabel="training wall time, s (seed mean; static arms: + reference sampling)",
+            ylabel="held-out pass rate",
+            title=f"{tag}{d}: held-out pass rate vs training time",
+        )
+        a_.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/37_bolt_study.ipynb #fda5ae05
+def rounds_figure(agg: dict, study: BoltStudy, tag: str = ""):
+    "One-shot and iterative BOLT over the rounds, on the training and the held-out prompts."
+    import matplotlib.pyplot as plt  # figures only
+
+    doms = [d for d in study.domains if d in agg]
+    fig, ax = plt.subplots(1, len(doms), figsize=(5.5 * len(doms), 3.6), squeeze=False)
+    for a_, d in zip(ax[0], doms):
+        for arm, ls in (("bolt", "-"), ("iterative", "--")):
+            if arm not in agg[d]:
+                continue
+            cv, name = agg[d][arm]["curve"], "one-shot" if arm == "bolt" else "iterative"
+            for pool, mk in (("train pass", "o"), ("heldout pass", "s")):
+                label = f"{name} BOLT, {pool.split()[0]} prompts"
+                a_.errorbar(
+                    cv["steps"], *_mse(cv, pool), ls=ls, marker=mk, ms=3, capsize=2, color=ARM_COLOURS[arm], label=label
+                )
+        every = getattr(study, d).train.steps // study.rounds
+        a_.set(
+            xlabel=f"optimizer step (iterative: a new reference every {every} steps)",
+            ylabel="pass rate",
+            title=f"{tag}{d}: one-shot vs iterative BOLT",
+        )
+        a_.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/37_bolt_study.ipynb #88a5a84f
+def _beta_accuracy(ax, agg_d: dict, beta: float, d: str) -> None:
+    "BOLT's pass rates against beta, with the other arms' held-out pass rates and pi_ref's as lines."
+    acc = sorted(
+        (beta if lab == "bolt" else float(lab[9:]), *r["metrics"]["heldout pass"][:2], *r["metrics"]["train pass"][:2])
+        for lab, r in agg_d.items()
+        if lab == "bolt" or lab.startswith("bolt-beta")
+    )
+    A = np.array(acc)
+    ax.errorbar(A[:, 0], A[:, 1], A[:, 2], marker="o", capsize=2, label="BOLT, held-out prompts")
+    ax.errorbar(A[:, 0], A[:, 3], A[:, 4], marker="s", capsize=2, label="BOLT, training prompts")
+    for arm, c in (("grpo", "C3"), ("refit", "C1"), ("positive", "C2")):
+        if arm in agg_d:
+            ax.axhline(agg_d[arm]["metrics"]["heldout pass"][0], color=c, ls="--", lw=1, label=f"{arm} (held-out)")
+    ax.axhline(agg_d["bolt"]["base"]["heldout pass"][0], color="gray", ls=":", label="π_ref (held-out)")
+    ax.set(xscale="log", xlabel="β", ylabel="pass rate", title=f"{d}: BOLT accuracy vs β")
+
+# %% ../nbs/37_bolt_study.ipynb #746eab6c
+def beta_figure(agg: dict, sweeps: dict, study: BoltStudy, tag: str = ""):
+    "The beta frontier of the first swept domain (None without a sweep)."
+    import matplotlib.pyplot as plt  # figures only
+
+    sd = [d for d in study.sweep_domains if d in agg]
+    if not sd or not sweeps:
+        return None
+    d = sd[0]
+    S = [v for k, v in sweeps.items() if k.startswith(d + "-")]
+    o = np.argsort([r["beta"] for r in S[0]["rows"]])
+    b = np.array([r["beta"] for r in S[0]["rows"]])[o]
+    get = lambda key: np.array([[s["rows"][i][key] for i in o] for s in S])
+    fig, ax = plt.subplots(1, 3, figsize=(15, 3.8))
+    se = get("ess").std(0, ddof=1) / np.sqrt(len(S)) if len(S) > 1 else None
+    ax[0].errorbar(
+        b, get("ess").mean(0), se, fmt="o", color="k", label=f"measured (Kish, datasets A, B; {len(S)} seeds)"
+    )
+    ax[0].plot(b, get("ess_exact").mean(0), "-", label="binary closed form, exact N, at p̂ from C")
+    ax[0].plot(b, get("ess_pop").mean(0), ":", label="binary closed form, population limit")
+    ax[0].set(xscale="log", xlabel="β", ylabel="mean ESS / N", title=f"{tag}{d}: ESS fraction of the BOLT weights")
+    ax[1].plot(b, get("relvar").mean(0), "ko", label="measured Σ(Ẑ_A−Ẑ_B)²/2 / ΣẐ_AẐ_B")
+    ax[1].plot(b, get("relvar_closed").mean(0), "-", label="binary closed form at p̂ from C")
+    title = f"{d}: relative variance of Ẑ (N={S[0]['n']})"
+    ax[1].set(xscale="log", yscale="log", xlabel="β", ylabel="pooled Var(Ẑ)/Z²", title=title)
+    _beta_accuracy(ax[2], agg[d], getattr(study, d).beta, d)
+    for a_ in ax:
+        a_.set_xticks(b, [f"{x:g}" for x in b])
+        a_.xaxis.set_minor_locator(plt.NullLocator())
+        a_.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/37_bolt_study.ipynb #8657afe6
+def bolt_figures(rec: dict, study: BoltStudy, prefix: str = "") -> list[Path]:
+    """`figures/<prefix>bolt_{time,rounds,beta}.png` of a study record (an absolute prefix is a folder), PARTIAL in the
+    titles unless every unit is counted."""
+    import matplotlib.pyplot as plt  # figures only
+
+    done, n, state = rec["n_finished"], rec["n_units"], rec["state"]
+    legacy = state.startswith("legacy")
+    tag = "" if state in ("complete", "frozen") or (legacy and done == n) else f"PARTIAL ({done}/{n} units) - "
+    figs = dict(
+        bolt_time=time_figure(rec["aggregate"], study, tag),
+        bolt_rounds=rounds_figure(rec["aggregate"], study, tag),
+        bolt_beta=beta_figure(rec["aggregate"], rec["sweeps"], study, tag),
+    )
+    out = [save_figure(f, f"{prefix}{name}", dpi=80) for name, f in figs.items() if f is not None]
+    plt.close("all")
+    return out
+
+# %% ../nbs/37_bolt_study.ipynb #07e369c0
+def run_bolt_study(
+    registry: str = "bolt-tiny",
+    root=None,
+    legacy_root=None,
+    run: bool = False,
+    only: str | None = None,
+    json_path=None,
+    bench=None,
+    figures: str = "",
+    log=print,
+) -> int:
+    """`stalebook study bolt`: the record (default results/records/study_bolt.json), the figures and the printed
+    tables and claim rows of a bolt registry's passing units (`run`: first run or resume them)."""
+    reg, legacy = load_registry(registry), legacy_root is not None
+    root = Path(legacy_root) if legacy else registry_root(reg, root)
+    if run and not legacy:
+        run_registry(reg, root, only, progress=sys.stderr.isatty())
+    bench = Path(bench or results_dir() / "records" / "bench_bolt.json")
+    rec = bolt_record(reg, root, legacy, _json(bench)["ratios"] if bench.exists() else None)
+    json_path = Path(json_path or results_dir() / "records" / "study_bolt.json")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(json_path, rec)
+    bolt_figures(rec, reg.spec, figures)
+    for d, t in rec["tables"].items():
+        log(f"\n## {d}\n{t}")
+    log("\n" + claim_table(rec["claims"]))
+    log(
+        f"\n{reg.name}: {rec['n_finished']}/{rec['n_units']} units counted ({rec['state']}); "
+        f"arm units' measured phases {rec['wall_seconds_arms'] / 3600:.2f} h -> {json_path}"
+    )
+    return 0
+
+# %% ../nbs/37_bolt_study.ipynb #0ee7e116
+BOLT_RECORDS = {"tiny": "study_bolt.json"}  # model column -> its committed study record; a new model is a line
+
+
+def _readme_row(what: str) -> bool:
+    "The claim rows the README shows (the others are in this notebook's table)."
+    return "heldout" in what or ("forgets" in what and "bolt" in what) or "iterative" in what or "/ GRPO" in what
+
+
+def claims() -> list[Claim]:
+    "The BOLT paper's empirical rows: per claim, each model's verdicts by domain."
+    by: dict[str, dict[str, list[str]]] = {}
+    recs = {m: read_record(f) for m, f in BOLT_RECORDS.items()}
+    for m, rec in recs.items():
+        for claim, _paper, _measured, verdict in (rec or {}).get("claims", []):
+            dom, _, what = claim.partition(": ") if ": " in claim else ("", "", claim)
+            by.setdefault(what, {}).setdefault(m, []).append(f"{dom + ' ' if dom else ''}{verdict}")
+    where = "`30_bolt`, `37_bolt_study`"
+    if not any(recs.values()):
+        return [
+            Claim(
+                "BOLT",
+                "BOLT vs Refit, positive-only SFT and GRPO on a model",
+                {"tiny": "not yet run", "smol": NOT_RUN},
+                where,
+            )
+        ]
+    return [
+        Claim("BOLT", what, {m: "; ".join(v[m]) if m in v else NOT_RUN for m in ("tiny", "smol")}, where)
+        for what, v in by.items()
+        if _readme_row(what)
+    ]

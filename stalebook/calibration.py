@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -21,7 +23,7 @@ import numpy as np
 from fastcore.basics import patch
 
 from .analysis import analyse_point, positive_control, stat_name
-from .core import Domain, StalebookError, group_advantages, project_root
+from .core import Domain, StalebookError, atomic_write_json, group_advantages, project_root
 from stalebook.protocol import (
     BOUNDS,
     DEFAULT_BOUND,
@@ -43,11 +45,11 @@ from stalebook.protocol import (
 from .theory.reliability import rho_from_rel
 
 # %% auto #0
-__all__ = ['REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED', 'TWO_SIDED_STATS', 'COVERED_2S', 'CALIBRATION_RUNS',
+__all__ = ['REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED', 'PILOT_DESIGN', 'TWO_SIDED_STATS', 'COVERED_2S', 'CALIBRATION_RUNS',
            'DECISION_BOUNDS', 'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell',
-           'summarise_cell', 'coverage_table', 'choose_bound', 'shrinkage_diagnostics', 'calibration_point_2s',
-           'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s', 'calibration_cells', 'calibration_record',
-           'regime_of', 'bound_calibrated']
+           'summarise_cell', 'coverage_table', 'choose_bound', 'cell_label', 'pilot_gate', 'calibration_study',
+           'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s',
+           'calibration_study_2s', 'calibration_cells', 'calibration_record', 'regime_of', 'bound_calibrated']
 
 # %% ../nbs/18b_calibration.ipynb #f7a8b9c0
 @dataclass(frozen=True)
@@ -220,6 +222,74 @@ def choose_bound(table: dict, band: tuple[float, float] = (0.93, 0.97)) -> dict:
     pick = min(cons, key=lambda m: (max(cov[m]), -power[m])) if cons else None
     return dict(bound=pick, qualified=[], conservative_fallback=True, power=power)
 
+# %% ../nbs/18b_calibration.ipynb #f367f2c6
+PILOT_DESIGN = dict(bound="model", pools=20, draws=40, cells=10)  # the design function's settings for a pilot
+
+
+def cell_label(cell: CalibrationCell) -> str:
+    return f"{cell.regime} n={cell.n} K={cell.K}"
+
+
+def pilot_gate(rows: Sequence[dict], cell: CalibrationCell, dom: Domain, design_power) -> float:
+    "The gate power `design_power` predicts from each point alone (a one-point pilot), averaged over the cell's points."
+    rhos = [rho_from_rel(r["est"]["rel"], cell.k / cell.n) for r in rows]
+    pilot = lambda i, rho: design_power(rho, cell.n, cell.k, 1, **PILOT_DESIGN, domain=dom.child("pilot", i))["p_gate"]
+    return float(np.mean([pilot(i, rho) for i, rho in enumerate(rhos)]))
+
+
+def _write_timings(out: Path, t0: float, per_cell: dict, **extra) -> None:
+    "The study's wall times, beside its record (`<record>_timings.json`)."
+    timings = dict(wall_s=round(time.perf_counter() - t0, 1), cells=per_cell, cpus=len(os.sched_getaffinity(0)))
+    atomic_write_json(Path(out).with_name(Path(out).stem + "_timings.json"), timings | extra)
+
+# %% ../nbs/18b_calibration.ipynb #a51e8623
+def calibration_study(
+    design_power, pools=5, seeds=15, n_boot=1000, truth_draws=2000, root=0, out=None, only=None, log=print
+) -> int:
+    """`stalebook study calibration`: every cell of the grid (or those whose label contains `only`), its summary and
+    pilot prediction, written to `out` (default results/records/calibrate_bounds.json) with the wall times beside it."""
+    D, t0, cells, per_cell = Domain(root, ("calibration", "bounds")), time.perf_counter(), [], {}
+    grid = [c for c in calibration_grid() if only is None or only in cell_label(c)]
+    for j, cell in enumerate(grid):
+        t1, dom = time.perf_counter(), D.child(cell.regime, cell.n, cell.K)
+        rows = calibrate_cell(cell, dom, pools, seeds, n_boot, truth_draws)
+        s = summarise_cell(cell, rows)
+        s["pilot"] = dict(p_gate=pilot_gate(rows, cell, dom, design_power))
+        cells.append(s)
+        per_cell[cell_label(cell)] = round(time.perf_counter() - t1, 1)
+        m, n = s["methods"][DEFAULT_BOUND], s["points"]
+        log(
+            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f}, "
+            f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / n:.2f} fresh {m['lb_cover']['gain_fresh'] / n:.2f}, "
+            f"gate {m['gate'] / n:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f}) "
+            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)"
+        )
+    cfg = dict(pools=pools, seeds=seeds, n_boot=n_boot, truth_draws=truth_draws, root=root)
+    out = Path(out or (project_root() or Path.cwd()) / "results" / "records" / "calibrate_bounds.json")
+    atomic_write_json(out, dict(config=cfg | dict(points=sum(c["points"] for c in cells)), cells=cells))
+    wall = time.perf_counter() - t0
+    _write_timings(out, t0, per_cell, openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS"))
+    if not only:
+        log("\n".join(_coverage_lines(coverage_table(cells), wall)))
+    return 0
+
+# %% ../nbs/18b_calibration.ipynb #8244cac8
+def _coverage_lines(tab: dict, wall: float) -> list[str]:
+    "The coverage table, one line per method, and the rule's choice."
+    lines = [
+        m.ljust(10)
+        + " "
+        + "  ".join(
+            f"{r}: Rel {v['rel']:.3f} fresh {v['gain_fresh']:.3f} stale {v['gain_stale']:.3f} "
+            f"ctrlFP {v['control_fp']:.3f} power {v['power']:.3f}"
+            for r, v in t.items()
+        )
+        for m, t in tab.items()
+    ]
+    ch = choose_bound(tab)
+    fallback = " (closest conservative: none in band)" if ch["conservative_fallback"] else ""
+    return lines + [f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}{fallback}; wall {wall:.0f} s"]
+
 # %% ../nbs/18b_calibration.ipynb #504fb2a444614c0babb325280ed9130a
 @patch
 def parts(self: GramHalf, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -385,8 +455,41 @@ def choose_bound_2s(table: dict, nominal: float = 0.95, half_width: float = 0.02
     pick = min(table, key=rank)
     return dict(bound=pick, qualified=[], fails=fails, power=power)
 
+# %% ../nbs/18b_calibration.ipynb #48b6e4b6
+def calibration_study_2s(
+    pools=4, seeds=10, n_boot=400, truth_draws=1000, root=0, out=None, only=None, log=print
+) -> int:
+    """`stalebook study calibration --two-sided`: every method's LB and UB on the same points, both controls, the
+    shrinkage diagnostics; written to `out` (default results/records/calibrate_bounds_two_sided.json)."""
+    D, t0, cells, per_cell = Domain(root, ("calibration", "two-sided")), time.perf_counter(), [], {}
+    grid = [c for c in calibration_grid(regimes=REGIMES_2S) if only is None or only in cell_label(c)]
+    for j, cell in enumerate(grid):
+        t1, dom, rows = time.perf_counter(), D.child(cell.regime, cell.n, cell.K), []
+        for p in range(pools):
+            pool = cell_pool(cell, dom.child("pool", p))
+            tr = truth_mc(pool, dom.child("truth", p), cell.k, cell.K, cell.K, truth_draws)
+            rows += [calibration_point_2s(pool, tr, cell, dom.child("point", p, s), n_boot) for s in range(seeds)]
+        s = summarise_cell_2s(cell, rows)
+        cells.append(s)
+        per_cell[cell_label(cell)] = round(time.perf_counter() - t1, 1)
+        m, sh = s["methods"][DEFAULT_BOUND], s["shift"]
+        log(
+            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f} "
+            f"shift of replicates (SDs) Rel {sh['rel']:+.2f} fresh {sh['gain_fresh']:+.2f}; "
+            f"{DEFAULT_BOUND} UB cover fresh {m['ub_cover']['gain_fresh'] / s['points']:.2f} "
+            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)"
+        )
+    cfg = dict(pools=pools, seeds=seeds, n_boot=n_boot, truth_draws=truth_draws, root=root)
+    out = Path(out or (project_root() or Path.cwd()) / "results" / "records" / "calibrate_bounds_two_sided.json")
+    atomic_write_json(out, dict(config=cfg | dict(points=sum(c["points"] for c in cells)), cells=cells))
+    _write_timings(out, t0, per_cell)
+    if not only:
+        ch = choose_bound_2s(coverage_table_2s(cells))
+        log(f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}; failures {ch['fails']}")
+    return 0
+
 # %% ../nbs/18b_calibration.ipynb #9b3d7141
-CALIBRATION_RUNS = (  # in benchmarks/results/: the two-sided grid (root 0), then the fifth regime at roots 1 and 2
+CALIBRATION_RUNS = (  # in results/records/: the two-sided grid (root 0), then the fifth regime at roots 1 and 2
     "calibrate_bounds_two_sided.json",
     "calibrate_bounds_two_sided_mid_root1.json",
     "calibrate_bounds_two_sided_mid_root2.json",
@@ -395,15 +498,13 @@ DECISION_BOUNDS = ("lb/rel", "lb/gain_fresh", "lb/gain_stale", "ub/gain_stale", 
 
 
 def calibration_cells() -> list[dict]:
-    """Every cell of the committed two-sided calibration (`CALIBRATION_RUNS`), read from the `benchmarks/results/` of
+    """Every cell of the committed two-sided calibration (`CALIBRATION_RUNS`), read from the `results/records/` of
     the checkout this package is installed from, else of the working folder's project."""
     roots = (project_root(Path(str(importlib.resources.files("stalebook")))), project_root())
-    for d in (r / "benchmarks" / "results" for r in roots if r is not None):
+    for d in (r / "results" / "records" for r in roots if r is not None):
         if all((d / f).is_file() for f in CALIBRATION_RUNS):
             return [c for f in CALIBRATION_RUNS for c in json.loads((d / f).read_text())["cells"]]
-    raise StalebookError(
-        f"benchmarks/results/{CALIBRATION_RUNS[0]}: the committed calibration is not here (no checkout)"
-    )
+    raise StalebookError(f"results/records/{CALIBRATION_RUNS[0]}: the committed calibration is not here (no checkout)")
 
 
 @functools.cache

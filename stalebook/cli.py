@@ -97,6 +97,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cmd_numerics",
         "hash every stage a run computes, to compare CPUs (trace [--compare FILE])",
     ),
+    "study": (
+        "cmd_study",
+        "run a study and write its record into results/records/ (staleness | bolt | staleness-sim | calibration)",
+    ),
 }
 
 

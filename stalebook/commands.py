@@ -9,6 +9,7 @@ Docs: https://stalebook.github.io/stalebook/commands.html.md"""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -19,9 +20,11 @@ import numpy as np
 
 from .audit import audit, write_audit
 from .audit_formats import FORMATS
+from .bolt_study import run_bolt_study
+from .calibration import calibration_study, calibration_study_2s
 from .contracts import FreezeRefused, format_status, freeze, registry_status
 from .core import CommandParser, StalebookError, atomic_write, load_config
-from .design import pilot_models, predict_design, smallest_design
+from .design import design_power, pilot_models, predict_design, smallest_design
 from .executors import CLAIM_MODES, DEFAULT_TTL, EXECUTORS, run_ray, shared_executor
 from .model import TinySpec, build_tiny_snapshot, compute_setup, policy_hash
 from .numerics import compare_report, load_trace, numerics_trace
@@ -42,6 +45,8 @@ from stalebook.rollouts import (
     task_pool,
 )
 from .snapshot import write_lock
+from .staleness_study import run_study
+from .theory.async_sim import run_staleness_sweep
 from .trainer import TrainConfig, Trainer, check_lineage, lag_histogram
 from .units import run_local
 from .warmstart import WARMSTART_ANSWER, WarmStartSpec, warmstart_snapshot
@@ -49,7 +54,7 @@ from .warmstart import WARMSTART_ANSWER, WarmStartSpec, warmstart_snapshot
 # %% auto #0
 __all__ = ['WARMSTART_OPTIONS', 'cmd_snapshot', 'cmd_rollouts', 'cmd_train', 'cmd_pipeline', 'cmd_point', 'work_parser',
            'cmd_work', 'cmd_run', 'cmd_status', 'cmd_freeze', 'cmd_audit', 'cmd_report', 'cmd_design', 'cmd_demo',
-           'cmd_numerics']
+           'cmd_numerics', 'cmd_study']
 
 # %% ../nbs/50_commands.ipynb #927a1ef6
 def _import_parser(sub) -> None:
@@ -665,3 +670,97 @@ def cmd_numerics(argv) -> int:
     lines, rc = compare_report(ref, got, args.compare)
     print(*lines, sep="\n")
     return rc
+
+# %% ../nbs/50_commands.ipynb #2a60862e
+def _study_staleness_args(sub) -> None:
+    sp = sub.add_parser(
+        "staleness",
+        help="the staleness x learning-rate study through its registry: run, freeze, record, figures",
+        description="The staleness x learning-rate study on the embedded tiny model, through the registry "
+        "(configs/registries/staleness-tiny.yaml): run the missing cells, then freeze, record and figures.",
+    )
+    sp.add_argument(
+        "--registry", default="staleness-tiny", help="registry name, NAME:SLICE, or a YAML file (FILE:SLICE)"
+    )
+    sp.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
+    sp.add_argument("--jobs", type=int, default=1)
+    sp.add_argument("--max-cells", type=int, default=None, help="run at most this many missing cells, then stop")
+    sp.add_argument("--only-analyse", action="store_true")
+    sp.add_argument("--json", default=None, help="record to write (default: results/records/study_staleness.json)")
+    sp.add_argument("--figures", default="study_staleness", help="figure name prefix under figures/")
+
+# %% ../nbs/50_commands.ipynb #fc917d27
+def _study_bolt_args(sub) -> None:
+    sp = sub.add_parser(
+        "bolt",
+        help="the BOLT comparison's record, figures and claim table, read through its registry",
+        description="The BOLT comparison's figures and claim table, read through the registry "
+        "(configs/registries/bolt-tiny.yaml, kind `bolt`): the results of the units that pass every contract.",
+    )
+    sp.add_argument("--registry", default="bolt-tiny", help="a bolt registry: NAME, NAME:SLICE or a YAML file")
+    sp.add_argument("--root", default=None, help="the registry's results folder (default: its `out`)")
+    sp.add_argument(
+        "--legacy-root", default=None, help="read a results folder of the layout before the registry instead"
+    )
+    sp.add_argument("--run", action="store_true", help="first run (or resume) the units, as `stalebook run` does")
+    sp.add_argument("--only", default=None, help="with --run: unit ids or patterns")
+    sp.add_argument("--json", default=None, help="record to write (default: results/records/study_bolt.json)")
+    sp.add_argument(
+        "--bench", default=None, help="bench_bolt.py's JSON for the time/memory claims (default: its record)"
+    )
+
+# %% ../nbs/50_commands.ipynb #5f5b9c89
+def _study_sim_args(sub) -> None:
+    sp = sub.add_parser(
+        "staleness-sim",
+        help="the full staleness x learning-rate sweep of the controlled async GRPO simulator",
+        description="Full staleness x learning-rate sweep of the controlled async GRPO simulator: both settings over "
+        "S in {1,2,4,8,16,32} x 12 learning rates x 6 replicates (300 learner steps), its record and figures.",
+    )
+    sp.add_argument("--reps", type=int, default=6)
+    sp.add_argument("--steps", type=int, default=300)
+    sp.add_argument("--quick", action="store_true", help="S in {1,4,16}, 6 etas, 2 reps, 200 steps; no files")
+
+# %% ../nbs/50_commands.ipynb #18344ad8
+def _study_calibration_args(sub) -> None:
+    sp = sub.add_parser(
+        "calibration",
+        help="calibration of the protocol's one-sided (or --two-sided) 95%% bounds on synthetic pools",
+        description="Calibration study of the protocol's one-sided 95% bounds on synthetic pools (18b_calibration).",
+    )
+    sp.add_argument("--two-sided", action="store_true", help="the two-sided study (defaults below change)")
+    sp.add_argument("--pools", type=int, default=None, help="pools per cell (default 5; two-sided 4)")
+    sp.add_argument("--seeds", type=int, default=None, help="points per pool (default 15; two-sided 10)")
+    sp.add_argument("--n-boot", type=int, default=None, help="replicates per point (default 1000; two-sided 400)")
+    sp.add_argument(
+        "--truth-draws", type=int, default=None, help="truth Monte Carlo draws (default 2000; two-sided 1000)"
+    )
+    sp.add_argument("--root", type=int, default=0)
+    sp.add_argument(
+        "--out", default=None, help="record to write (default: results/records/calibrate_bounds[_two_sided].json)"
+    )
+    sp.add_argument(
+        "--only",
+        default=None,
+        help="run only the cells whose 'regime n=.. K=..' label contains this (a check of reproducibility)",
+    )
+
+# %% ../nbs/50_commands.ipynb #96672b2d
+def cmd_study(argv) -> int:
+    "`stalebook study staleness|bolt|staleness-sim|calibration [options]`: a study end to end, its record written."
+    p = CommandParser(prog="stalebook study", description="Run a study and write its record into results/records/.")
+    sub = p.add_subparsers(
+        dest="what", metavar="{staleness,bolt,staleness-sim,calibration}", parser_class=CommandParser, required=True
+    )
+    for add in (_study_staleness_args, _study_bolt_args, _study_sim_args, _study_calibration_args):
+        add(sub)
+    a, say = p.parse_args(argv), functools.partial(print, flush=True)
+    if a.what == "staleness":
+        return run_study(a.registry, a.root, a.jobs, a.max_cells, a.only_analyse, a.json, a.figures, log=say)
+    if a.what == "bolt":
+        return run_bolt_study(a.registry, a.root, a.legacy_root, a.run, a.only, a.json, a.bench, log=say)
+    if a.what == "staleness-sim":
+        return run_staleness_sweep(a.reps, a.steps, a.quick, log=say)
+    kw = {k: getattr(a, k) for k in ("pools", "seeds", "n_boot", "truth_draws") if getattr(a, k) is not None}
+    kw |= dict(root=a.root, out=a.out, only=a.only, log=say)
+    return calibration_study_2s(**kw) if a.two_sided else calibration_study(design_power, **kw)

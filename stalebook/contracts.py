@@ -38,7 +38,7 @@ from stalebook.core import (
     load_config,
     read_jsonl,
 )
-from .point import load_point, point_tasks
+from .point import PointConfig, load_point, point_tasks, screen_select
 from .registry import Registry, load_registry, registry_hash, registry_root
 from .rollouts import rollout_domain
 from .theory.estimators import ESTIMATORS
@@ -66,9 +66,9 @@ from .verdict import pool_cell
 __all__ = ['CHECKS', 'BOUND_METHODS', 'TITLES', 'DEMO_PRETRAINED', 'COLUMNS', 'KindChecks', 'register_checks', 'contract',
            'aggregator', 'unit_phase_problems', 'default_checks', 'checks_of', 'elapsed', 'item_row', 'unit_progress',
            'registry_status', 'PointCheck', 'point_missing', 'objective_contract', 'lineage_contract',
-           'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract', 'manifest_contract',
-           'table_title', 'registry_cells', 'ranking_table', 'table_markdown', 'table_csv', 'FreezeRefused',
-           'problem_lines', 'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status']
+           'registered_pools', 'expected_stores', 'store_problems', 'generation_contract', 'analysis_contract',
+           'manifest_contract', 'table_title', 'registry_cells', 'ranking_table', 'table_markdown', 'table_csv',
+           'FreezeRefused', 'problem_lines', 'frozen_content', 'freeze', 'watermark', 'progress_lines', 'format_status']
 
 # %% ../nbs/33_contracts.ipynb #55406f5c
 @dataclass
@@ -90,7 +90,7 @@ def register_checks(kind: str, context: Callable, missing: Callable, phases: Cal
     CHECKS[kind] = KindChecks(context, missing, phases)
     return CHECKS[kind]
 
-
+# %% ../nbs/33_contracts.ipynb #64cf3f82
 def contract(kind: str, name: str):
     "Decorator: `fn(context) -> [problems]` becomes contract `name` of every item of `kind` (in registration order)."
 
@@ -122,7 +122,7 @@ def unit_phase_problems(u: Unit) -> list[str]:
         digests[ph.name] = record_digest(u.dir, ph.name)
     return probs
 
-
+# %% ../nbs/33_contracts.ipynb #03d57794
 def default_checks() -> KindChecks:
     ck = KindChecks(
         context=lambda u, item: u,
@@ -144,7 +144,7 @@ def elapsed(udir: Path, phases) -> float:
     recs = read_jsonl(Path(udir) / "attempts.jsonl", warn=False).records
     return float(sum(r.get("wall_s", 0.0) for r in recs if r["event"] == "done" and r["phase"] in set(phases)))
 
-
+# %% ../nbs/33_contracts.ipynb #ac5c712c
 def item_row(reg: Registry, ck: KindChecks, u: Unit, item: str) -> dict:
     "One status row: state, each contract's problems (None when missing), what is missing, elapsed seconds."
     ctx = ck.context(u, item)
@@ -231,6 +231,13 @@ def registry_status(registry, root=None) -> dict:
         progress=prog,
     )
 
+# %% ../nbs/33_contracts.ipynb #5d6a4d3d
+def _json(f: Path):
+    try:
+        return json.loads(Path(f).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
 # %% ../nbs/33_contracts.ipynb #7b982c28
 @dataclass
 class PointCheck:
@@ -273,13 +280,6 @@ class PointCheck:
 
     def rel(self, s: str) -> str:
         return s.replace(f"{self.unit.dir}/", "")
-
-
-def _json(f: Path):
-    try:
-        return json.loads(Path(f).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
 
 # %% ../nbs/33_contracts.ipynb #665148d9
 def point_missing(p: PointCheck) -> str | None:
@@ -358,26 +358,43 @@ def lineage_contract(p: PointCheck) -> list[str]:
     return probs
 
 # %% ../nbs/33_contracts.ipynb #c79d8c49
+def registered_pools(p: PointCheck, pc: PointConfig) -> dict:
+    """{role: task ids} of point `p`'s pools: drawn as registered, or — screened — the prompts the screen store named
+    in the result kept (`point.screen_select` on its rewards), with the screened prompts under `screen`."""
+    if not pc.screen_rollouts:
+        return {
+            role: [t.id for t in point_tasks(pc, p.fam.domain, role, n)]
+            for role, n in (("candidates", pc.n_candidates), ("validation", pc.n_validation))
+        }
+    raw = point_tasks(pc, p.fam.domain, "screen", pc.screen_pool)
+    f = p.train / "rollouts" / str((p.result or {}).get("manifest", {}).get("screen_store", "")) / "groups.jsonl"
+    got = {r.get("task_id"): r.get("rewards") for r in read_jsonl(f, warn=False).records} if f.is_file() else {}
+    try:
+        cand, val, _ = screen_select(pc, raw, [got[t.id] for t in raw])
+    except (KeyError, TypeError, ValueError, StalebookError):  # an incomplete or foreign screen: no pool to check
+        cand, val = [], []
+    return {"candidates": [t.id for t in cand], "validation": [t.id for t in val], "screen": [t.id for t in raw]}
+
+
 def expected_stores(p: PointCheck) -> dict:
-    "{store key: (policy hash, RNG purpose, registered task ids)} of point `p`."
+    "{store key: (policy hash, RNG purpose, registered task ids)} of point `p` (with the screen's, when screened)."
     pc = dataclasses.replace(p.fam.point, checkpoint=p.c)
-    ids = {
-        role: [t.id for t in point_tasks(pc, p.fam.domain, role, n)]
-        for role, n in (("candidates", pc.n_candidates), ("validation", pc.n_validation))
-    }
+    ids = registered_pools(p, pc)
     pi, beta = (p.meta(p.c) or {}).get("policy_hash"), (p.meta(p.fam.behaviour) or {}).get("policy_hash")
     out = {"stale": (beta, "stale/candidates", ids["candidates"])}
     out |= {f"{role}/{h}": (pi, f"{h}/{role}", ids[role]) for role in ("candidates", "validation") for h in "RAB"}
+    if pc.screen_rollouts:
+        out["screen"] = (beta, "screen/pool", ids["screen"])
     return out
 
-
+# %% ../nbs/33_contracts.ipynb #9b5090a2
 def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str, ids: list) -> list[str]:
-    "The generation contract for one store."
-    sd, pc, who = p.train / "rollouts" / name, p.fam.point, "β" if key == "stale" else "π"
+    "The generation contract for one store (the screen's holds `screen_rollouts` rollouts per prompt)."
+    sd, pc, who = p.train / "rollouts" / name, p.fam.point, "β" if key in ("stale", "screen") else "π"
     man = _json(sd / "manifest.json")
     if man is None:
         return [f"store {key} ({name[:16]}): no manifest.json"]
-    probs, K = [], pc.group_size
+    probs, K = [], pc.screen_rollouts if key == "screen" else pc.group_size
     if man.get("policy_hash") != policy:
         probs.append(
             f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, "
@@ -391,7 +408,7 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
             f"(seed {pc.seed}, rollout, {str(policy)[:12]}, {purpose})"
         )
     # the prompts' format is the lineage's (a chat snapshot's system turn), as the point samples them
-    sc = dataclasses.replace(pc.sampling, system_prompt=p.fam.train.sampling.system_prompt)
+    sc = dataclasses.replace(pc.sampling, group_size=K, system_prompt=p.fam.train.sampling.system_prompt)
     if man.get("sampling_hash") != config_hash(sc):
         probs.append(f"store {key} was sampled under another sampling config")
     if bool(man.get("shared_prefix")) != pc.shared_prefix:
@@ -413,12 +430,13 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
         probs.append(f"store {key}: groups.jsonl is not the file complete.json sealed")
     return probs
 
-
+# %% ../nbs/33_contracts.ipynb #51f477e1
 @contract("ranking", "generation")
 def generation_contract(p: PointCheck) -> list[str]:
     if p.result is None:
         return ["result.json missing"]
-    names, probs = p.result["manifest"].get("rollout_stores", {}), []
+    man, probs = p.result["manifest"], []
+    names = man.get("rollout_stores", {}) | ({"screen": man["screen_store"]} if "screen_store" in man else {})
     for key, (policy, purpose, ids) in expected_stores(p).items():
         if key not in names:
             probs.append(f"store {key}: not in the result")
@@ -503,7 +521,7 @@ def table_title(reg: Registry) -> str:
         return DEMO_PRETRAINED
     return TITLES[reg.spec.table]
 
-
+# %% ../nbs/33_contracts.ipynb #1b5f578d
 COLUMNS = (
     "model",
     "domain",
@@ -529,7 +547,7 @@ COLUMNS = (
 def _mean(xs):
     return float(np.mean(xs)) if xs else None
 
-
+# %% ../nbs/33_contracts.ipynb #a4f00c6d
 def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
     """{(model, domain, arm, checkpoint): [(PointResult, result summary, item) per registered seed]} of a ranking
     registry; point and summary are None where the point does not pass every contract."""
@@ -543,7 +561,7 @@ def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
             )
     return cells
 
-
+# %% ../nbs/33_contracts.ipynb #4c16fb95
 @aggregator("ranking")
 def ranking_table(reg: Registry, root: Path, status: dict) -> dict:
     "Regime cells pooled over seeds, from the points that pass every contract."
@@ -624,7 +642,7 @@ def table_markdown(t: dict, content_hash: str, partial: bool = False) -> str:
     lines += ["| " + " | ".join(_fmt(r[c], c) for c in cols) + " |" for r in t["rows"]]
     return "\n".join(lines) + "\n"
 
-
+# %% ../nbs/33_contracts.ipynb #e6e7b9f1
 def table_csv(t: dict) -> str:
     "The aggregate table as CSV (a header line, then one line per cell; empty = no value)."
     buf = io.StringIO()
@@ -653,7 +671,7 @@ def problem_lines(status: dict) -> list[str]:
             out += [f"{r['item']} {name}: {x}" for x in (probs or [])]
     return out
 
-
+# %% ../nbs/33_contracts.ipynb #98a06d48
 def frozen_content(reg: Registry, root: Path, status: dict) -> dict:
     agg = checks_of(reg.kind).aggregate
     if agg is None:
@@ -716,7 +734,7 @@ def watermark(st: dict) -> str:
         f"`stalebook freeze {st['registry']}` freezes the table"
     )
 
-
+# %% ../nbs/33_contracts.ipynb #9ddbb6f0
 def _dur(s) -> str:
     return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
@@ -740,7 +758,7 @@ def progress_lines(st: dict) -> list[str]:
     ]
     return [head, *body]
 
-
+# %% ../nbs/33_contracts.ipynb #bcc0468f
 def format_status(st: dict) -> str:
     "Watermark, the units' progress, one line per item, then the problems."
     hdr = ("point", *st["contracts"], "missing", "elapsed")

@@ -88,7 +88,7 @@ def _unpinnable() -> str | None:
             return f"{lib} was loaded before stalebook"
     return None
 
-
+# %% ../nbs/00_core.ipynb #f196158c
 def pin_numerics(threads: int | None = None) -> dict:
     """Pin this process's CPU numerics (and, through the environment, its children's) before torch and numpy load; with
     `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned'."""
@@ -109,7 +109,7 @@ def pin_numerics(threads: int | None = None) -> dict:
         torch.set_num_threads(threads)
     return dict(_NUMERICS, env={k: os.environ.get(k) for k in PINNED_NUMERICS})
 
-
+# %% ../nbs/00_core.ipynb #6a075986
 def mark_unpinned(why: str) -> None:
     "Record that this process, though asked to pin, computes unpinned (`why`: what was read back), once, in one line."
     if _NUMERICS.get("mode") == "pinned":
@@ -158,7 +158,7 @@ def _exact_sqrt_fn():
 
     return ExactSqrt
 
-
+# %% ../nbs/00_core.ipynb #df38590f
 def exact_sqrt(x):
     """The correctly rounded square root of a float, numpy array or torch tensor (same shape and dtype; autograd
     flows through a CPU tensor that requires grad). Never MKL's vendor-dependent vector math."""
@@ -168,7 +168,7 @@ def exact_sqrt(x):
         return x.sqrt()  # numerics: ieee (CUDA's sqrt is correctly rounded; torch builds without fast-math)
     return _exact_sqrt_fn().apply(x) if x.requires_grad else _np_sqrt(x)
 
-
+# %% ../nbs/00_core.ipynb #ab7e4ce3
 @functools.cache
 def torch_sqrt_check(n: int = 4099) -> bool:
     """Whether this process's `torch.sqrt` on CPU float32 returns the correctly rounded root on `n` fixed inputs
@@ -255,7 +255,7 @@ class Domain:
     def __str__(self):
         return "/".join([str(self.root), *map(str, self.path)])
 
-
+# %% ../nbs/00_core.ipynb #23bc9f41
 def rng(root: int, *path) -> np.random.Generator:
     "Shorthand: `Domain(root, path).numpy()`."
     return Domain(root, tuple(path)).numpy()
@@ -528,7 +528,7 @@ class Progress:
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
-
+# %% ../nbs/00_core.ipynb #be524855
 def _coerce(tp, v, where: str, src: str):
     "Check/convert value `v` against annotation `tp`; raise ConfigError naming `where` in `src`."
 
@@ -618,7 +618,7 @@ def _on_default(f, v):
         return _merge(dflt, v)
     return v
 
-
+# %% ../nbs/00_core.ipynb #3f2dbdc7
 def from_dict(cls, d: dict, src: str = "<dict>", prefix: str = ""):
     "Build dataclass `cls` from a dict; unknown/missing/mistyped fields raise ConfigError."
     if not isinstance(d, dict):
@@ -683,7 +683,7 @@ def load_config(cls, path, overrides: dict | None = None):
         d = {**d, **overrides}
     return from_dict(cls, d, src=str(path))
 
-
+# %% ../nbs/00_core.ipynb #d9d86da0
 def config_dict(cfg) -> dict:
     "Plain JSON-able dict of a config dataclass (tuples become lists; `added_field`s at their default left out)."
     return json.loads(canonical_json(config_tree(cfg)))
@@ -751,7 +751,7 @@ def project_root(start=None) -> Path | None:
             return d
     return None
 
-
+# %% ../nbs/00_core.ipynb #bd63b36f
 def figures_dir() -> Path:
     """`$STALEBOOK_FIGURES`, else `<project root of the working folder>/figures`, else `./figures` (outputs: a kernel's
     own folder decides)."""
@@ -845,7 +845,7 @@ def run_checks(fns) -> list[Check]:
             rows.append(Check(name, f"raised {type(e).__name__}: {e}", float("nan"), 0.0))
     return rows
 
-
+# %% ../nbs/00_core.ipynb #1d8402c1
 def assert_checks(rows) -> CheckRows:
     """Assert every check row passed (the notebooks' inline tests; rows, or lists of rows); they come back as a table to
     show."""
@@ -899,7 +899,7 @@ def experiment_notebook(name: str) -> Path:
             return c
     raise StalebookError(f"experiment notebook '{name}.ipynb' not found (looked in {', '.join(map(str, cands))})")
 
-
+# %% ../nbs/00_core.ipynb #c0aac15b
 def split_notebook_timings(nb: dict) -> dict:
     """Remove papermill's wall-clock stamps and paths from an executed notebook (in place); return them. The injected
     cell's random id is fixed."""
@@ -914,7 +914,7 @@ def split_notebook_timings(nb: dict) -> dict:
         out["cells"].append({k: cm.pop(k, None) for k in ("start_time", "end_time", "duration")})
     return out
 
-
+# %% ../nbs/00_core.ipynb #82bf4bfb
 @contextlib.contextmanager
 def environ(env: dict | None):
     """`os.environ` with `env`'s variables set, restored afterwards (papermill starts its kernel with this process's
@@ -930,7 +930,7 @@ def environ(env: dict | None):
             else:
                 os.environ[k] = v
 
-
+# %% ../nbs/00_core.ipynb #6317e4dd
 def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) -> Path:
     """Execute notebook `src` with papermill `parameters` (kernel in `cwd`, with `env`'s variables set, and this
     process's project folder as `$STALEBOOK_PROJECT`); the content-only executed notebook is written atomically to

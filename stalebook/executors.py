@@ -72,7 +72,7 @@ def pid_alive(pid: int, start: int | None = None) -> bool:
         except PermissionError:
             return True
 
-
+# %% ../nbs/35_executors.ipynb #10eb5a6d
 @dataclass
 class Owner:
     "Who holds a lease: host, pid (and its start), a label such as `w2` or `ray task …`. Nothing else."
@@ -127,6 +127,26 @@ def create_exclusive(path: Path, content: dict, mode: str = "excl") -> bool:
     finally:
         tmp.unlink(missing_ok=True)
 
+# %% ../nbs/35_executors.ipynb #446b4f80
+def _lease_record(ls: Lease, now: float | None = None) -> dict:
+    "What lease `ls`'s file holds: its unit and generation, its owner (host, pid and its start, label), its times."
+    o = ls.owner
+    return dict(
+        kind="stalebook.lease",
+        version=1,
+        unit=ls.unit,
+        gen=ls.gen,
+        owner=o.text(),
+        host=o.host,
+        pid=o.pid,
+        pid_start=o.pid_start,
+        label=o.label,
+        started=ls.started,
+        heartbeat=round(now or time.time(), 3),
+        ttl_s=ls.ttl_s,
+        takeover_of=ls.takeover_of,
+    )
+
 # %% ../nbs/35_executors.ipynb #fe22c96f
 @dataclass
 class Lease:
@@ -145,22 +165,7 @@ class Lease:
         return lease_path(self.root, self.unit, self.gen)
 
     def record(self, now: float | None = None) -> dict:
-        o = self.owner
-        return dict(
-            kind="stalebook.lease",
-            version=1,
-            unit=self.unit,
-            gen=self.gen,
-            owner=o.text(),
-            host=o.host,
-            pid=o.pid,
-            pid_start=o.pid_start,
-            label=o.label,
-            started=self.started,
-            heartbeat=round(now or time.time(), 3),
-            ttl_s=self.ttl_s,
-            takeover_of=self.takeover_of,
-        )
+        return _lease_record(self, now)
 
     def beat(self) -> None:
         atomic_write_json(self.path, self.record(), indent=1)
@@ -175,9 +180,8 @@ class Lease:
                 dict(unit=self.unit, gen=self.gen, owner=self.owner.text(), finished=round(time.time(), 3), **kw),
                 indent=1,
             )
-        for g in reversed(
-            lease_gens(self.root, self.unit)
-        ):  # newest first: a reader never sees an older one as current
+        # newest first: a reader never sees an older one as current
+        for g in reversed(lease_gens(self.root, self.unit)):
             if g <= self.gen:
                 lease_path(self.root, self.unit, g).unlink(missing_ok=True)
 
@@ -197,7 +201,7 @@ def is_stale(ls: dict, now: float | None = None) -> bool:
         return False  # (a lease not yet written has no TTL: the default)
     return not (ls.get("host") == socket.gethostname() and ls.get("pid") and pid_alive(ls["pid"], ls.get("pid_start")))
 
-
+# %% ../nbs/35_executors.ipynb #9e89d9ac
 def try_claim(
     root, unit_id: str, owner: Owner, ttl_s: float, mode: str = "excl", same_label: bool = False
 ) -> Lease | None:
@@ -278,7 +282,7 @@ def check_can_start(reg: Registry, root=None) -> Path:
         raise StalebookError(f"--root {root}: not writable ({e.strerror or e}); nothing was claimed") from None
     return root
 
-
+# %% ../nbs/35_executors.ipynb #0c82f2b3
 def worker_log(root, owner: Owner) -> JsonlLog:
     "The worker's own event log (one writer per file)."
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{owner.host}-{owner.pid}" + (f"-{owner.label}" if owner.label else ""))
@@ -381,7 +385,7 @@ def node_gpus() -> list[str]:
         return []
     return [str(i) for i, l in enumerate(x for x in out.splitlines() if x.startswith("GPU "))]
 
-
+# %% ../nbs/35_executors.ipynb #258ac45f
 def worker_devices(gpus: list[str], per_unit: int, workers: int | None = None) -> list[str | None]:
     """CUDA_VISIBLE_DEVICES of each worker: one worker per `per_unit` GPUs (None: a CPU worker; the variable is left
     as is)."""
@@ -444,7 +448,7 @@ def _worker_argv(args, root) -> list[str]:
             out += [flag, str(v)]
     return out + (["--quiet"] if args.quiet else [])
 
-
+# %% ../nbs/35_executors.ipynb #f2518838
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -575,7 +579,7 @@ def ray_tasks(
         log(f"[ray] {len(refs) - len(pending)}/{len(refs)} {u}: {queue_state(root, u)['state']}{why}")
     return {u: queue_state(root, u) for u in ids}
 
-
+# %% ../nbs/35_executors.ipynb #1b54a4d1
 def run_ray(
     registry,
     root=None,

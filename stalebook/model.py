@@ -53,12 +53,12 @@ from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 __all__ = ['SPECIAL_TOKENS', 'BUILD_FILE', 'MKL_BRANCHES', 'SHIPPED_TINY', 'ATTENTION_PROJ', 'MLP_PROJ', 'LORA_TARGETS',
            'SUPPORTED_ARCHITECTURES', 'ADAPTER_FILE', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'END_OF_TURN_TOKENS',
            'build_char_tokenizer', 'tiny_llama_config', 'init_model', 'n_params', 'left_pad', 'sample_completions',
-           'pass_rate', 'TinySpec', 'training_pools', 'adamw', 'mkl_branch', 'numerics_state', 'build_tiny_snapshot',
-           'library_versions', 'ensure_tiny_snapshot', 'shipped_snapshot', 'default_snapshot_dir', 'default_snapshot',
-           'lora_targets', 'resolve_lora_targets', 'LoraSpec', 'peft_quiet', 'attach_lora', 'load_policy',
-           'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter', 'load_adapter_state', 'keep_freed_memory',
-           'compute_setup', 'default_dtype', 'chat_template', 'render_prompt', 'stop_token_ids', 'pad_token_id',
-           'split_at_stop']
+           'pass_rate', 'TinySpec', 'training_pools', 'adamw', 'mkl_branch', 'numerics_state', 'library_versions',
+           'build_tiny_snapshot', 'ensure_tiny_snapshot', 'shipped_snapshot', 'default_snapshot_dir',
+           'default_snapshot', 'lora_targets', 'resolve_lora_targets', 'LoraSpec', 'peft_quiet', 'attach_lora',
+           'load_policy', 'adapter_state', 'policy_hash', 'save_adapter', 'load_adapter', 'load_adapter_state',
+           'keep_freed_memory', 'compute_setup', 'default_dtype', 'chat_template', 'render_prompt', 'stop_token_ids',
+           'pad_token_id', 'split_at_stop']
 
 # %% ../nbs/23_model.ipynb #61816548
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -110,7 +110,7 @@ def tiny_llama_config(
         rms_norm_eps=1e-6,
     )
 
-
+# %% ../nbs/23_model.ipynb #a0dcb202
 def init_model(cfg, domain: Domain):
     "A freshly initialised `LlamaForCausalLM(cfg)`, weights drawn from `domain` (global RNG state restored)."
     with torch.random.fork_rng(devices=[]):
@@ -175,7 +175,7 @@ def sample_completions(model, tok, prompts, generator, temperature: float = 1.0,
     model.train(was_training)
     return [tok.decode(o, skip_special_tokens=True) for o in out]
 
-
+# %% ../nbs/23_model.ipynb #5024927f
 def pass_rate(model, tok, tasks, domain: Domain, cache: dict | None = None, max_new_tokens: int = 12) -> float:
     "Fraction of `tasks` whose temperature-1 completion gets verifier reward 1 (memoised per task/completion)."
     cache = {} if cache is None else cache
@@ -232,7 +232,7 @@ def _batch_counts(rates: dict, spec) -> dict:
         c[d] += 1
     return c
 
-
+# %% ../nbs/23_model.ipynb #a8092be0
 def _sft_step(model, opt, tok, pools, counts: dict, spec, step: int) -> float:
     "One AdamW step on a batch drawn from domain `(seed, 'tiny', 'batch', step)`; one forward per domain."
     g = Domain(spec.seed, ("tiny", "batch", step)).numpy()
@@ -318,6 +318,11 @@ def numerics_state() -> dict:
         torch_sqrt_ieee=torch_sqrt_check(),  # measured; no stalebook computation calls torch's CPU sqrt
     )
 
+# %% ../nbs/23_model.ipynb #095140b0
+def library_versions() -> dict:
+    "The versions of torch, transformers and tokenizers (what a build record names)."
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
 # %% ../nbs/23_model.ipynb #9406f0b5
 def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite: bool = False) -> dict:
     "SFT-warm-start the tiny model and write it as a Hugging Face snapshot to `out`; returns the build record."
@@ -362,11 +367,6 @@ def build_tiny_snapshot(out, spec: TinySpec | None = None, log=print, overwrite:
     log(f"tiny snapshot: {rec['n_params']:,} parameters, {step} SFT steps, {rates}; {time.time() - t0:.1f} s -> {out}")
     return rec
 
-
-def library_versions() -> dict:
-    "The versions of torch, transformers and tokenizers (what a build record names)."
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
-
 # %% ../nbs/23_model.ipynb #1731bce1
 def ensure_tiny_snapshot(d, spec=None, log=print) -> dict:
     "Build (and lock) the tiny snapshot at `d` unless a verified one is already there; return its lock."
@@ -379,7 +379,7 @@ def ensure_tiny_snapshot(d, spec=None, log=print) -> dict:
     build_tiny_snapshot(d, spec, log=log, overwrite=True)
     return write_lock(d)
 
-
+# %% ../nbs/23_model.ipynb #d514feea
 SHIPPED_TINY = ("stalebook", "data/tiny")  # package, folder: the tiny snapshot shipped as package data
 
 
@@ -397,7 +397,7 @@ def default_snapshot_dir() -> Path:
         return Path(os.environ["STALEBOOK_TINY"])
     return shipped_snapshot() or (project_root() or Path.cwd()) / "runs" / "snapshots" / "tiny"
 
-
+# %% ../nbs/23_model.ipynb #1b8efde1
 def default_snapshot(log=print) -> Path:
     """The embedded tiny snapshot: the shipped one as it is (read only), else built and locked on first use
     (a file lock serialises concurrent builders)."""
@@ -434,7 +434,7 @@ def lora_targets(config, which: str = "attention") -> tuple:
         raise StalebookError(f"LoRA targets: {which!r} is not a group (attention, mlp, all)")
     return LORA_TARGETS[mt][which]
 
-
+# %% ../nbs/23_model.ipynb #6d43067f
 def resolve_lora_targets(model, targets) -> tuple:
     "`targets` as module names: a group name resolved by `lora_targets`, names checked against `model`'s linears."
     if isinstance(targets, str):
@@ -467,7 +467,7 @@ def peft_quiet():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield
 
-
+# %% ../nbs/23_model.ipynb #60cf2d2c
 def attach_lora(model, lora: LoraSpec, init_domain: Domain):
     "Wrap `model` with a fresh LoRA adapter (peft); `lora_A` init drawn from `init_domain`."
     targets = resolve_lora_targets(model, lora.target_modules)
@@ -503,7 +503,7 @@ def _dtype(dtype):
         pass
     raise StalebookError(f"unknown dtype {dtype!r} (use float32, bfloat16, float16)")
 
-
+# %% ../nbs/23_model.ipynb #57b9908d
 def load_policy(
     snapshot_dir,
     device: str = "cpu",
@@ -569,7 +569,7 @@ def _canonical_adapter_config(f: Path) -> None:
     cfg["base_model_name_or_path"] = None
     atomic_write_json(f, cfg)
 
-
+# %% ../nbs/23_model.ipynb #78ad57ce
 def save_adapter(model, path) -> str:
     """Save the adapter in peft's standard format (atomically) plus `stalebook_adapter.json`; returns the policy hash.
     The bytes depend on the adapter only: peft's model card (README.md, a template naming the base model's folder)
@@ -584,7 +584,7 @@ def save_adapter(model, path) -> str:
         atomic_write_json(Path(tmp) / ADAPTER_FILE, {"policy_hash": h, "base_revision": model.stalebook_base_revision})
     return h
 
-
+# %% ../nbs/23_model.ipynb #40964ab6
 def load_adapter(model, path, trainable: bool = False, base_revision: str | None = None):
     "`PeftModel.from_pretrained(model, path)`; refuses an adapter recorded for another base revision."
     path = Path(path)
@@ -599,7 +599,7 @@ def load_adapter(model, path, trainable: bool = False, base_revision: str | None
         raise StalebookError(f"adapter {path}: tensors do not match the recorded policy hash")
     return pm
 
-
+# %% ../nbs/23_model.ipynb #0ca9c331
 def load_adapter_state(model, path) -> str:
     """Load the adapter tensors saved in `path` (or `path/adapter`) into peft `model` in place;
     returns the verified policy hash."""
@@ -655,7 +655,7 @@ def chat_template(tok) -> str | None:
         t = t.get("default")
     return t if isinstance(t, str) and t.strip() else None
 
-
+# %% ../nbs/23_model.ipynb #8b3ae858
 def render_prompt(tok, prompt: str, system: str | None = None) -> list[int]:
     """Token ids of `prompt` as the policy sees it: `[system, user]` through the chat template with
     `add_generation_prompt=True` when the tokenizer has one (`system` required), else `tok(prompt).input_ids`."""
@@ -692,7 +692,7 @@ def pad_token_id(tok, generation_config=None) -> int:
     "The id used for padding: the tokenizer's pad token, else the first stop token (padding is always masked)."
     return tok.pad_token_id if tok.pad_token_id is not None else stop_token_ids(tok, generation_config)[0]
 
-
+# %% ../nbs/23_model.ipynb #d4e641a9
 def split_at_stop(ids, stop_ids) -> tuple[list[int], bool]:
     "Generated ids up to (not including) the first stop id, and whether a stop id was reached."
     ids, stop = list(ids), set(stop_ids)

@@ -219,7 +219,7 @@ def digit_mean(task, text):
     "A graded reward in [0, 1] that two different completions rarely share: the mean digit value / 9 (others 0)."
     return (sum(int(c) for c in text if c.isdigit()) / (9 * len(text)) if text else 0.0), {}
 
-
+# %% ../nbs/38_numerics.ipynb #25e36ebc
 def trace_config(out, snapshot, threads: int, **kw) -> TrainConfig:
     "A run of 2 steps of 2 prompts x 4 completions of up to 6 tokens on 8 math tasks."
     base = dict(
@@ -235,7 +235,7 @@ def trace_config(out, snapshot, threads: int, **kw) -> TrainConfig:
     )
     return TrainConfig(**(base | kw))
 
-
+# %% ../nbs/38_numerics.ipynb #664a001d
 TIMING = ("t_gen", "t_step")  # a step record's wall-clock fields
 
 

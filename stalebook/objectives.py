@@ -112,7 +112,7 @@ def grpo_loss(
         stats["kl"] = float(kl.detach())
     return loss, stats
 
-
+# %% ../nbs/25b_objectives.ipynb #a9a3f859
 def sft_loss(logp, rewards, mask, agg="token-mean"):
     "Positive-only response cross-entropy: -agg(log-probs of reward-1 responses); logp, mask [B, L], rewards [B]."
     pos = (rewards > 0.5)[:, None] & mask
@@ -172,7 +172,7 @@ def register_correction(name: str):
 
     return deco
 
-
+# %% ../nbs/25b_objectives.ipynb #cf9f0bdc
 @register_correction("none")
 def ppo_clip_loss(logp, behaviour_logp, adv, mask, level: str = "token", threshold: float = 2.0, **kw):
     """No correction: PPO-clip with the ratio pi_theta/pi_phi at `level`. logp, behaviour_logp, mask [B, L],
@@ -195,7 +195,7 @@ def masked_is_loss(logp, behaviour_logp, adv, mask, level: str = "token", thresh
     w = is_weights(logp - behaviour_logp, mask, "mask", level, threshold)
     return grpo_loss(logp, logp.detach(), adv, mask, is_weights=w, **kw)
 
-
+# %% ../nbs/25b_objectives.ipynb #c8e8d509
 def offpolicy_grpo_loss(
     logp, behaviour_logp, adv, mask, correction: str = "none", level: str = "token", threshold: float = 2.0, **kw
 ):
@@ -212,7 +212,7 @@ def finite_or_none(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
 
-
+# %% ../nbs/25b_objectives.ipynb #df473131
 @torch.no_grad()
 def offpolicy_stats(
     logp,
@@ -335,7 +335,7 @@ def grpo_settings(cfg) -> dict:
         kl_beta=cfg.kl_beta,
     )
 
-
+# %% ../nbs/25b_objectives.ipynb #cbdee190
 def reference_logprobs(tr, gen) -> torch.Tensor:
     "Log-probs [B, L] of the batch's completions under the frozen base (the adapter off), without gradients."
     cfg = tr.cfg
@@ -384,7 +384,7 @@ def grpo_backward(tr, gen, R, old, mask, ref) -> torch.Tensor:
         parts[rows.start] = lp.detach()
     return torch.cat([parts[s] for s in sorted(parts)])
 
-
+# %% ../nbs/25b_objectives.ipynb #62f881b6
 @register_objective("grpo")
 def grpo_objective(tr, gen, R, old, mask, lag: int = 0):
     """GRPO against behaviour log-probs `old` [B, L] (mask [B, L]) with rewards R [P, K] (B = P K), the correction

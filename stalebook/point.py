@@ -55,9 +55,10 @@ from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
 
 # %% auto #0
-__all__ = ['PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'run_stale', 'npz_bytes',
-           'cached_npz', 'negative_control', 'point_positive_control', 'point_markdown', 'save_boot', 'load_point',
-           'run_point', 'execute_point', 'resolve_point']
+__all__ = ['PointConfig', 'point_identity', 'point_dir', 'lineage_policy', 'point_tasks', 'PointRun', 'screen_keep',
+           'screen_store', 'screen_select', 'screened_pools', 'run_stale', 'npz_bytes', 'cached_npz',
+           'negative_control', 'point_positive_control', 'point_markdown', 'save_boot', 'load_point', 'run_point',
+           'execute_point', 'resolve_point']
 
 # %% ../nbs/28_point.ipynb #1eabcc05
 @dataclass
@@ -90,6 +91,8 @@ class PointConfig:
     threads: int = 1  # torch CPU threads (0 = torch's default)
     shared_prefix: bool = added_field(False)  # stores generate with each prompt's forward once per group: the same
     # tokens up to float order (bound into the stores' identity); their log-probs and the scoring run whole rows
+    screen_rollouts: int = added_field(0)  # rollouts of beta per screened prompt (0: no screen; see "screened pool")
+    screen_pool: int = added_field(0)  # prompts drawn for the screen (>= n_candidates + n_validation)
 
     def __post_init__(self):
         if not 0 < self.k < self.n_candidates:
@@ -100,6 +103,10 @@ class PointConfig:
             raise ValueError("n_boot must be >= 1")
         if self.bound not in BOUNDS:
             raise ValueError(f"bound: unknown method {self.bound!r}; choose one of {', '.join(BOUNDS)}")
+        if self.screen_rollouts and (
+            self.screen_rollouts < 2 or self.screen_pool < self.n_candidates + self.n_validation
+        ):
+            raise ValueError("screen: need screen_rollouts >= 2 and screen_pool >= n_candidates + n_validation")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -156,17 +163,73 @@ class PointRun:
         self.run, self.out = Path(cfg.run), point_dir(cfg)
         self.model, self.tok, self.tcfg, self.snap = lineage_policy(self.run, cfg.behaviour, cfg.device, cfg.dtype)
         self.beta_hash, self.domain = policy_hash(self.model), self.tcfg.domain
-        self.cand = point_tasks(cfg, self.domain, "candidates", cfg.n_candidates)
-        self.val = point_tasks(cfg, self.domain, "validation", cfg.n_validation)
         self.stores_root, self.feat_root = self.run / "rollouts", self.run / "features"
         self.numerics, self.rows = numerics_of(self.model), cfg.groups_per_batch * cfg.group_size
         # the prompts' format is the lineage's: a chat snapshot's system turn comes from the run's sampling
         self.sampling = dataclasses.replace(cfg.sampling, system_prompt=self.tcfg.sampling.system_prompt)
+        self.screen = None  # the screen's record (below), when the pools are screened
+        if cfg.screen_rollouts:
+            self.cand, self.val, self.screen = screened_pools(self)
+            self.lap("screen")
+        else:
+            self.cand = point_tasks(cfg, self.domain, "candidates", cfg.n_candidates)
+            self.val = point_tasks(cfg, self.domain, "validation", cfg.n_validation)
 
     def lap(self, name: str) -> None:
         "Record the wall time since the previous lap (sidecar `timings.json`, never in the result)."
         now = time.perf_counter()
         self.timings[name] = now - self.t0 - sum(self.timings.values())
+
+# %% ../nbs/28_point.ipynb #76c7b32b
+def screen_keep(rewards) -> np.ndarray:
+    "[P, M] screening rewards -> [P] bool: the prompts whose M rewards are not all equal (0 < p_hat < 1 for 0/1)."
+    r = np.asarray(rewards, dtype=float)
+    return r.min(axis=1) < r.max(axis=1)
+
+# %% ../nbs/28_point.ipynb #15d7a39b
+def screen_store(p: PointRun, raw: list) -> RolloutStore:
+    "The screen's store: `screen_rollouts` rollouts of beta per prompt of `raw`, in the RNG domain `screen/pool`."
+    return RolloutStore(
+        p.stores_root,
+        p.beta_hash,
+        rollout_domain(p.cfg.seed, p.beta_hash, "screen/pool"),
+        dataclasses.replace(p.sampling, group_size=p.cfg.screen_rollouts),
+        [t.id for t in raw],
+        numerics=p.numerics,
+        shared_prefix=p.cfg.shared_prefix,
+    )
+
+
+def screen_select(cfg: PointConfig, raw: list, rewards) -> tuple[list, list, int]:
+    """(candidates, validation, kept): of the screened prompts `raw` with their screening rewards [P, M], those kept
+    (mixed rewards; one copy of a repeated prompt) in draw order, the first `n_candidates` and the next
+    `n_validation`; raises when too few are kept."""
+    seen, kept = set(), []
+    for t, keep in zip(raw, screen_keep(rewards)):
+        if keep and t.prompt not in seen:
+            seen.add(t.prompt)
+            kept.append(t)
+    need = cfg.n_candidates + cfg.n_validation
+    if len(kept) < need:
+        raise StalebookError(
+            f"screen: {len(kept)} of {len(raw)} prompts kept, need n_candidates + n_validation = {need}: "
+            "raise screen_pool"
+        )
+    return kept[: cfg.n_candidates], kept[cfg.n_candidates : need], len(kept)
+
+# %% ../nbs/28_point.ipynb #b71a0518
+def screened_pools(p: PointRun) -> tuple[list, list, dict]:
+    """(candidates, validation, record): the pools drawn from the screened stream of `p`'s config, screened by beta
+    (the model `p` holds when it is made) in a store of its own RNG domain."""
+    cfg = p.cfg
+    raw = point_tasks(cfg, p.domain, "screen", cfg.screen_pool)
+    p.model.eval()
+    st = generate_store(p.model, p.tok, raw, screen_store(p, raw), progress=p.progress)
+    rewards = np.array([rec["rewards"] for rec in st.records], dtype=float)
+    cand, val, kept = screen_select(cfg, raw, rewards)
+    record = dict(pool=len(raw), rollouts=cfg.screen_rollouts, kept=kept, pass_rate=float(rewards.mean()))
+    record |= dict(store=st.path.name, store_hash=hash_file(st.path / "groups.jsonl"))
+    return cand, val, record
 
 # %% ../nbs/28_point.ipynb #88acdef2
 @patch
@@ -342,6 +405,8 @@ def analysis(self: PointRun) -> dict:
     )
     summ["reward_mean"] = {f"{role}/{h}": float(fresh[role, h]["rewards"].mean()) for role, h in fresh}
     summ["reward_mean"]["stale"] = float(stale["rewards"].mean())
+    if self.screen is not None:
+        summ["screen"] = {k: v for k, v in self.screen.items() if k not in ("store", "store_hash")}
     self.summary = summ
     self.lap("analysis")
     return summ
@@ -373,7 +438,7 @@ def manifest(self: PointRun) -> dict:
         estimators=list(ESTIMATORS),
         caps=dict(c=cfg.cap_c, C=cfg.cap_C),
         certified=cfg.cap_c is None and cfg.cap_C is None,
-    )
+    ) | ({"screen_store": self.screen["store"], "screen_store_hash": self.screen["store_hash"]} if self.screen else {})
 
 
 @patch

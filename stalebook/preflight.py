@@ -34,7 +34,7 @@ _NET_EVENTS = {
     "socket.gethostbyaddr",
 }
 
-
+# %% ../nbs/24_preflight.ipynb #a82503c2
 def _loopback_host(h) -> bool:
     if h is None:
         return True
@@ -56,7 +56,7 @@ def _loopback_addr(addr) -> bool:
         return _loopback_host(addr[0])
     return False
 
-
+# %% ../nbs/24_preflight.ipynb #72e925c7
 def _audit(event, args):
     if not _STATE["on"]:
         return
@@ -94,7 +94,7 @@ def _token_paths() -> set:
         ps |= {getattr(hub, "HF_TOKEN_PATH", ""), getattr(hub, "HF_STORED_TOKENS_PATH", "")} - {""}
     return {os.path.abspath(p) for p in ps}
 
-
+# %% ../nbs/24_preflight.ipynb #e0363e21
 MISSING_TOKEN_PATH = "/nonexistent/stalebook-compute-mode/hf-token"
 
 

@@ -194,7 +194,7 @@ def _check_loaded(source: dict, tok, model, require_chat_template: bool) -> None
     if bad:
         raise StalebookError(f"{p}: {len(bad)} tensors hold NaN or inf after loading (first {bad[0]}): corrupted")
 
-
+# %% ../nbs/23a_pretrained.ipynb #d189fc28
 def import_versions() -> dict:
     "The converters an import ran through (part of what fixes its revision)."
     v = {**library_versions(), "safetensors": importlib.metadata.version("safetensors")}
@@ -215,7 +215,7 @@ def tokenizer_record(tok, model) -> dict:
         "padding_side": "left",
     }
 
-
+# %% ../nbs/23a_pretrained.ipynb #37a588e5
 def _import_record(source: dict, tok, model) -> dict:
     "The build record of an imported snapshot: source, weights, tokenizer and stop tokens, converter versions."
     f = source["facts"]
@@ -231,7 +231,7 @@ def _import_record(source: dict, tok, model) -> dict:
         "task_schema_version": SCHEMA_VERSION,
     }
 
-
+# %% ../nbs/23a_pretrained.ipynb #7b38f1f6
 def write_snapshot_files(tmp: Path, tok, model, rec: dict) -> None:
     "Model, generation config (stop tokens as eos), left-padding tokenizer and build record into folder `tmp`."
     stops = rec["tokenizer"]["stop_token_ids"]

@@ -248,9 +248,11 @@ def bootstrap_gram(
     keep_scores: bool = False,
     control: Domain | None = None,
     halves: Mapping[str, GramHalf] | None = None,
+    weights=resampled_weights,
 ) -> dict[str, np.ndarray]:
     """Gram-space replicates {'rel', 'gain/<set>' per fixed mask; with `control`: 'gain/control'; with `keep_scores`:
-    'sA', 'sB', 'u' [B, n] (and 'mask/control')}."""
+    'sA', 'sB', 'u' [B, n] (and 'mask/control')}. `weights`: the function of (rewards, idx, std, eps) giving
+    the resampled weights, `resampled_weights`; a benchmark passes an older one as its baseline."""
     halves = halves or {h: GramHalf.build(cand[h], val[h]) for h in "AB"}
     shapes = {f"{h}/{r}": (ro[h].n, ro[h].K) for h in "AB" for r, ro in (("cand", cand), ("val", val))}
     n, gc = cand["A"].n, (control.numpy() if control is not None else None)
@@ -261,8 +263,8 @@ def bootstrap_gram(
     for ch in resample_streams(domain, n_boot, shapes, chunk):
         s = {
             h: halves[h].scores(
-                resampled_weights(cand[h].rewards, ch[f"{h}/cand"], std, eps),
-                resampled_weights(val[h].rewards, ch[f"{h}/val"], std, eps),
+                weights(cand[h].rewards, ch[f"{h}/cand"], std, eps),
+                weights(val[h].rewards, ch[f"{h}/val"], std, eps),
             )[0]
             for h in "AB"
         }

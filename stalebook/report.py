@@ -26,6 +26,7 @@ import numpy as np
 
 from . import sandbox
 from .analysis import dilute_control
+from .claims import Claim, results_dir
 from stalebook.contracts import (
     frozen_content,
     registry_cells,
@@ -41,7 +42,6 @@ from stalebook.core import (
     atomic_write_json,
     experiment_notebook,
     hash_json,
-    project_root,
     run_notebook,
 )
 from .design import pilot_model, pilot_models, predict_design
@@ -52,10 +52,10 @@ from .units import point_name, select_units, unit_dir
 from .verdict import pool_cell
 
 # %% auto #0
-__all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'point_rows', 'study_view', 'report_name', 'report_title',
+__all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'PUBLISHED', 'point_rows', 'study_view', 'report_name', 'report_title',
            'save_report_figure', 'plot_reliability', 'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report',
-           'results_dir', 'frozen_root', 'publish_sources', 'publish_report', 'control_summary', 'gate_forecast',
-           'decision_lines', 'registry_decisions', 'demo_workers']
+           'frozen_root', 'publish_sources', 'publish_report', 'verdict_counts', 'claims', 'control_summary',
+           'gate_forecast', 'decision_lines', 'registry_decisions', 'demo_workers']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -239,11 +239,6 @@ def _spec(reg: Registry) -> str:
 PUBLISHED_FIGURES = ("rel", "gain-ratio", "verdicts")
 
 
-def results_dir() -> Path:
-    "Where published results go: `<project root>/results` (committed: the README reads them)."
-    return (project_root() or Path.cwd()) / "results"
-
-
 def frozen_root(registry, root=None) -> Path:
     "The results folder of a frozen registry; a registry that is not frozen is refused with its watermark."
     reg = load_registry(registry)
@@ -287,6 +282,42 @@ def publish_report(registry, root=None, dest=None) -> Path:
         for name, p in src.items():
             shutil.copyfile(p, d / name)
     return out
+
+# %% ../nbs/34_report.ipynb #304bed44
+PUBLISHED = {  # model column -> (folder under results/, what it holds, what to say while it is not there)
+    "tiny": ("tiny-demo", "tiny demo", "tiny demo not yet published (`make demo`, then `make publish`)"),
+    "smol": (
+        "smol-demo",
+        "smol demo",
+        "not yet published (`make smol-warm`, `stalebook demo smol:demo`, `stalebook report smol:demo --publish`)",
+    ),
+    "7b": ("main", "main study", "main study not yet run"),
+}
+
+
+def verdict_counts(t: dict) -> str:
+    "Per checkpoint: the cell verdicts of a frozen ranking table, counted."
+    by = {}
+    for r in t["rows"]:
+        by.setdefault(r["checkpoint"], []).append(r["verdict"])
+    return "; ".join(
+        f"c={c}: " + ", ".join(f"{v} {vs.count(v)}/{len(vs)}" for v in sorted(set(vs))) for c, vs in sorted(by.items())
+    )
+
+# %% ../nbs/34_report.ipynb #bbd1036c
+def claims() -> list[Claim]:
+    "The ranking study's row: per model, the published demo's or study's verdicts."
+    status = {}
+    for m, (folder, what, missing) in PUBLISHED.items():
+        f = results_dir() / folder / "table.json"
+        t = json.loads(f.read_text()) if f.is_file() else None
+        status[m] = (
+            f"{what} (frozen table `{t['content_hash'][:16]}`, {len(t['sources'])} points): {verdict_counts(t)}"
+            if t
+            else missing
+        )
+    claim = "stale top-k selection on a model: Effective / Ineffective verdicts per regime cell"
+    return [Claim("ranking", claim, status, "`28_point`, `34_report`")]
 
 # %% ../nbs/34_report.ipynb #d4f2e8b3
 def control_summary(pts: list) -> dict:

@@ -433,13 +433,20 @@ def _cut(ids: list, eos: set) -> list:
 
 @torch.no_grad()
 def hf_sample(
-    model, tokenizer, prompts: Sequence[str], uniforms: torch.Tensor, cfg: SamplingConfig, shared_prefix: bool = False
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    uniforms: torch.Tensor,
+    cfg: SamplingConfig,
+    shared_prefix: bool = False,
+    reserve_room: bool = True,
 ):
     """Sample one completion per row (prompts [B], uniforms [B, L]) with HF generate. Returns (prompt_ids, completions,
     sampler_logp): prompts rendered by `prompt_token_ids` and left-padded, each row cut after its first stop token
     (`completion_stops`), its log-probs those of exactly its tokens. `shared_prefix`: each distinct prompt is
     prefilled once, its KV cache shared by its rows. The cache reserves the completions' room (`room_cache`) unless
-    the snapshot's generation config names a cache of its own."""
+    the snapshot's generation config names a cache of its own, or `reserve_room` is False (HF's own `DynamicCache`:
+    the reference a test checks the room cache against, bit for bit)."""
     dev, stops, pad = next(model.parameters()).device, completion_stops(model, tokenizer), _pad_id(model, tokenizer)
     ids, att, _ = left_pad(prompt_token_ids(tokenizer, prompts, cfg), pad, dev)  # generate counts positions itself
     enc = {"input_ids": ids, "attention_mask": att}
@@ -451,7 +458,7 @@ def hf_sample(
         if shared_prefix and enc["input_ids"].shape[1] > 1
         else None
     )
-    if (
+    if reserve_room and (
         getattr(model.generation_config, "cache_implementation", None) is None
     ):  # else the snapshot's own cache (HF's choice)
         cache = room_cache(model, cfg.max_new_tokens, cache)

@@ -24,13 +24,15 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 
 from .core import StalebookError
 
 # %% auto #0
-__all__ = ['Limits', 'cores', 'Check', 'compile_test', 'judge', 'SandboxResult', 'isolation', 'Pool', 'pool_for', 'run_tests']
+__all__ = ['FORK_SERVER', 'GRACE_S', 'Limits', 'cores', 'Check', 'compile_test', 'judge', 'SandboxResult', 'isolation', 'Pool',
+           'pool_for', 'run_tests']
 
 # %% ../nbs/20_sandbox.ipynb #f1715255
 @dataclass(frozen=True)
@@ -505,13 +507,13 @@ def _launch(mode: str, lim: Limits, uid: int, fd: int):
         raise
 
 # %% ../nbs/20_sandbox.ipynb #5f1a9c47
-def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str) -> SandboxResult:
-    "Verify one program in a fresh sandbox (the per-program path)."
+def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str, uid: int | None = None) -> SandboxResult:
+    "Verify one program in a fresh sandbox (the per-program path), under throwaway `uid` (default: a new one)."
     nonce, payload = _payload(code, calls, raw, mode)
     r, w = os.pipe()
     t0 = time.monotonic()
     try:
-        p, tmp = _launch(mode, lim, _uid(), w)
+        p, tmp = _launch(mode, lim, _uid() if uid is None else uid, w)
     except BaseException:
         os.close(r)
         os.close(w)
@@ -757,7 +759,8 @@ def _sweep(pid):
     except Exception: ok = False
     return rc, ok
 """
-_SERVER = _HARNESS + _GUARD + _SERVE + _CHILD + _CLEAN + _SWEEP + "_serve()\n"
+# The template's program. Public so that a test can give `Pool(server=...)` a changed copy (a positive control).
+FORK_SERVER = _HARNESS + _GUARD + _SERVE + _CHILD + _CLEAN + _SWEEP + "_serve()\n"
 
 # %% ../nbs/20_sandbox.ipynb #e8c1f5a3
 class _StartFailed(Exception):
@@ -768,7 +771,7 @@ class _Lost(Exception):
     pass
 
 
-_GRACE_S = 2.0
+GRACE_S = 2.0  # seconds a template may answer after a program's wall-clock limit before it counts as wedged
 
 
 def _reap_uid(uid: int):
@@ -799,11 +802,13 @@ def _reap_uid(uid: int):
 class _Template:
     "One fork server (a template interpreter inside the isolation) and the parent's end of its control socket."
 
-    def __init__(self, mode: str, lim: Limits, start_timeout: float = 30.0):
-        self.mode, self.lim, self.uid, self.work = mode, lim, _uid(), None
+    def __init__(
+        self, mode: str, lim: Limits, start_timeout: float = 30.0, server: str = FORK_SERVER, uid: int | None = None
+    ):
+        self.mode, self.lim, self.uid, self.work = mode, lim, _uid() if uid is None else uid, None
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cfg = json.dumps({"uid": self.uid, "mode": mode, "lim": asdict(lim), "sock": b.fileno()})
-        cmd, cwd = _command(mode, lim, self.uid, cfg, _SERVER, template=True)
+        cmd, cwd = _command(mode, lim, self.uid, cfg, server, template=True)
         if cwd == "tmp":
             self.work = cwd = tempfile.mkdtemp(prefix="stalebook-fsrv-")
             os.chown(cwd, self.uid, self.uid)
@@ -883,7 +888,7 @@ def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
     os.set_blocking(sin_w, False)
     res, err, todo, status, overflow = bytearray(), bytearray(), memoryview(payload), None, False
     live, cap_r, cap_e = {res_r, err_r}, lim.result_kb * 1024, lim.stderr_kb * 1024
-    deadline = time.monotonic() + lim.wall_s + _GRACE_S
+    deadline = time.monotonic() + lim.wall_s + GRACE_S
     try:
         while status is None:
             left = deadline - time.monotonic()
@@ -969,7 +974,10 @@ def _judged(res: SandboxResult, checks: list[Check], raw: list[str]) -> SandboxR
 
 # %% ../nbs/20_sandbox.ipynb #e5c0a4b8
 class Pool:
-    "Verifiers for one (isolation mode, limits): fork servers, one per worker, or fresh sandboxes as the fallback."
+    """Verifiers for one (isolation mode, limits): fork servers, one per worker, or fresh sandboxes as the fallback.
+    `server` (the templates' program, default `FORK_SERVER`) and `uid_source` (gives the throwaway uid of each template
+    and fresh sandbox, default a random one) are the seams a test uses: a weakened template as a positive control, and
+    every uid the pool ran under, to check that nothing of them survives."""
 
     def __init__(
         self,
@@ -977,8 +985,11 @@ class Pool:
         limits: Limits | None = None,
         mode: str | None = None,
         fork_server: bool | None = None,
+        server: str = FORK_SERVER,
+        uid_source: Callable[[], int] = _uid,
     ):
         self.limits, self.mode = limits or Limits(), mode or isolation()
+        self.server, self.uid_source = server, uid_source
         self.workers = workers or cores()
         if fork_server is None:
             fork_server = os.environ.get("STALEBOOK_SANDBOX_FORKSERVER", "1") != "0"
@@ -1006,7 +1017,7 @@ class Pool:
                 return self._idle.pop()
             self._n += 1
         try:
-            t = _Template(self.mode, self.limits)
+            t = _Template(self.mode, self.limits, server=self.server, uid=self.uid_source())
         except (_StartFailed, OSError) as e:
             with self._cv:
                 self._n -= 1
@@ -1039,7 +1050,7 @@ def _pool_run(self, code: str, tests) -> SandboxResult:
     with self._cv:
         self.stats["fork" if t else "per_program"] += 1
     if t is None:
-        return _judged(_run(code, calls, raw, self.limits, self.mode), checks, raw)
+        return _judged(_run(code, calls, raw, self.limits, self.mode, self.uid_source()), checks, raw)
     nonce, payload = _payload(code, calls, raw, self.mode)
     t0, healthy = time.monotonic(), False
     try:

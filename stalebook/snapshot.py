@@ -141,13 +141,13 @@ def _identity_failures(d: Path, lock: dict, revision: str | None) -> list[str]:
     return bad
 
 # %% ../nbs/22_snapshot.ipynb #ffd0a5cf
-def _self_test_failures(lock: dict) -> list[str]:
-    "Step 4: replay every locked verifier case."
+def _self_test_failures(lock: dict, reward_fn=reward) -> list[str]:
+    "Step 4: replay every locked verifier case through `reward_fn`."
     bad = []
     for dom, cases in sorted(lock["self_test"].items()):
         for i, c in enumerate(cases):
             try:
-                got = reward(Task.from_dict(c["task"]), c["completion"])[0]
+                got = reward_fn(Task.from_dict(c["task"]), c["completion"])[0]
             except Exception:
                 got = None
             if got != c["expected"]:
@@ -159,9 +159,11 @@ def _self_test_failures(lock: dict) -> list[str]:
 
 
 def verify_snapshot(
-    d, revision: str | None = None, expect_schema: dict | None = None, self_test: bool = True
+    d, revision: str | None = None, expect_schema: dict | None = None, self_test: bool = True, reward_fn=reward
 ) -> list[str]:
-    "Failures (one line each) of snapshot `d` against its lockfile; empty list = verified."
+    """Failures (one line each) of snapshot `d` against its lockfile; empty list = verified. The self-test replays the
+    locked cases through `reward_fn` (`tasks.reward`'s signature; default the package verifier: a test hands it a
+    broken one to see it refused)."""
     d = Path(d)
     if not d.is_dir():
         return [f"snapshot: {d} is not a directory"]
@@ -182,4 +184,4 @@ def verify_snapshot(
     for k, v in sorted((expect_schema or {}).items()):
         if now.get(k) != v:
             bad.append(f"schema: {k} is {now.get(k)!r}, run expects {v!r}")
-    return bad + (_self_test_failures(lock) if self_test and not bad else [])
+    return bad + (_self_test_failures(lock, reward_fn) if self_test and not bad else [])

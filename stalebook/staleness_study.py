@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import multiprocessing as mp
+import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +27,27 @@ from typing import Literal
 
 import numpy as np
 
-from .contracts import aggregator, contract, register_checks, unit_phase_problems
+from .claims import NOT_RUN, Claim, checked, judged, read_record, results_dir
+from stalebook.contracts import (
+    aggregator,
+    contract,
+    format_status,
+    freeze,
+    register_checks,
+    registry_status,
+    unit_phase_problems,
+)
 from stalebook.core import (
     Check,
     ConfigError,
     StalebookError,
+    atomic_write_json,
     from_dict,
     hash_file,
     load_config,
     project_root,
     read_jsonl,
+    save_figure,
     verify_check,
 )
 from stalebook.pipeline import (
@@ -46,18 +60,28 @@ from stalebook.pipeline import (
     study_report,
     study_sweep,
 )
-from .registry import Registry, UnitKind, deep_merge, partial_config, partial_dict, register_kind
-from .theory.async_sim import behaviour_source
+from stalebook.registry import (
+    Registry,
+    UnitKind,
+    deep_merge,
+    load_registry,
+    partial_config,
+    partial_dict,
+    register_kind,
+    registry_root,
+)
+from .theory.async_sim import behaviour_source, plot_cosine, plot_phase, plot_tcollapse
 from .theory.staleness import stability_bound
 from .trainer import TrainConfig, check_lineage, run_identity
-from .units import Phase, Unit, record_path, unit_dir
+from .units import Phase, Unit, record_path, run_unit, select_units, unit_dir
 
 # %% auto #0
-__all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config',
-           'cell_id', 'staleness_units', 'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck',
-           'cell_missing', 'identity_contract', 'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable',
-           'sweep_summary', 'cell_results', 'optimizer_analyses', 'staleness_table', 'rule_rows',
-           'check_rule_against_boundary']
+__all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'STALENESS_RULES', 'SIM_SETTINGS', 'STUDY_RECORDS',
+           'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id', 'staleness_units',
+           'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck', 'cell_missing', 'identity_contract',
+           'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable', 'sweep_summary', 'cell_results',
+           'optimizer_analyses', 'staleness_table', 'rule_rows', 'check_rule_against_boundary', 'run_cells',
+           'study_record', 'summary_line', 'study_figures', 'run_study', 'claims']
 
 # %% ../nbs/36_staleness_study.ipynb #36a00006
 @dataclass
@@ -475,8 +499,192 @@ def rule_rows(summary: dict) -> list[Check]:
 
 @verify_check
 def check_rule_against_boundary() -> list[Check]:
-    "The two-constraint rule against the committed study's measured boundary (benchmarks/results/study_staleness.json)."
-    f = (project_root() or Path.cwd()) / "benchmarks" / "results" / "study_staleness.json"
-    if not f.is_file():
-        raise StalebookError(f"{f}: the committed study results are not here (run benchmarks/study_staleness.py)")
-    return rule_rows(json.loads(f.read_text())["optimizers"])
+    "The two-constraint rule against the committed study's measured boundary (results/records/study_staleness.json)."
+    rec = read_record("study_staleness.json")
+    if rec is None:
+        raise StalebookError(
+            "results/records/study_staleness.json: the committed study results are not here "
+            "(`stalebook study staleness` writes them)"
+        )
+    return rule_rows(rec["optimizers"])
+
+# %% ../nbs/36_staleness_study.ipynb #c39ea465
+def _run_cell_unit(args) -> tuple:
+    "One unit, in this or a worker process: (id, how its phase ended, t_collapse, steps done, seconds)."
+    spec, uid, root = args
+    t0 = time.time()
+    got = run_unit(spec, uid, root, progress=False, log=lambda *a: None)
+    r = json.loads((Path(root) / "units" / uid / "cell" / "results.json").read_text())
+    return uid, got["cell"], r["t_collapse"], r["steps_done"], time.time() - t0
+
+
+def run_cells(spec: str, root: Path, jobs: int = 1, max_cells: int | None = None, log=print) -> list[str]:
+    "Run (or resume) the registry's units that have no phase record yet, `jobs` processes at a time; their ids."
+    reg = load_registry(spec)
+    allu = select_units(reg)
+    todo = [(str(spec), u, str(root)) for u in allu if not record_path(unit_dir(root, u), "cell").is_file()]
+    log(
+        f"registry {reg.name}: {len(allu)} cells, {len(allu) - len(todo)} done, {len(todo)} to run"
+        f"{f' (this call: {max_cells})' if max_cells is not None else ''}, {jobs} job(s), root {root}"
+    )
+    todo = todo if max_cells is None else todo[:max_cells]
+    t0 = time.time()
+    if jobs > 1:  # separate processes, each unit under its own lock
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            return list(_report_cells(pool.imap_unordered(_run_cell_unit, todo), len(todo), t0, log))
+    return list(_report_cells(map(_run_cell_unit, todo), len(todo), t0, log))
+
+
+def _report_cells(got, n: int, t0: float, log):
+    for i, (uid, how, tc, steps, dt) in enumerate(got):
+        log(
+            f"[{i + 1}/{n}] {uid}: {how}, t_collapse {tc}, {steps} steps, {dt:.0f} s (elapsed {time.time() - t0:.0f} s)"
+        )
+        yield uid
+
+# %% ../nbs/36_staleness_study.ipynb #ab2811b5
+def study_record(reg: Registry, root: Path, frozen: dict) -> dict:
+    "The study's record: the frozen table's per-optimizer summaries plus the cells' wall times (from their sidecars)."
+    units = reg.units()
+    tim = {u: unit_dir(root, u) / "cell" / "timings.json" for u in units}
+    wall = {u: json.loads(f.read_text())["wall_s"] for u, f in tim.items()}
+    ends = {u: f.stat().st_mtime for u, f in tim.items()}
+    src, proj = Path(reg.source).resolve(), project_root() or Path.cwd()
+    return dict(
+        study=reg.name,
+        config=str(src.relative_to(proj)) if src.is_relative_to(proj) else str(src),
+        frozen_content_hash=frozen["content_hash"],
+        cells=len(units),
+        cpu_seconds_cells=round(sum(wall.values()), 1),
+        wall_clock_h=round(
+            (max(ends.values()) - min(ends[u] - wall[u] for u in units)) / 3600, 3
+        ),  # first start to last end
+        machine=f"{os.cpu_count()} CPUs shared with other workers; cells niced",
+        optimizers={
+            opt: dict(o, cpu_seconds=round(sum(wall[u] for u, c in units.items() if c.optimizer == opt), 1))
+            for opt, o in frozen["table"]["summary"].items()
+        },
+    )
+
+
+def summary_line(opt: str, o: dict) -> str:
+    "One optimizer's numbers of a study record, on one line."
+    r = o["rule"]
+    return (
+        f"[{opt}] eta_max(S)={o['eta_max_median']} slope CI={o['slope_boot_ci']} CV(S eta_max)={o['cv_S_eta_max']} "
+        f"t_c coef={o['tc_coef_a_b_logeta_c_logS']} M S eta={o['MSeta_mean']} (CV {o['MSeta_cv']}) "
+        f"cos coll/stable={o['grad_cos_collapsed']}/{o['grad_cos_stable']} "
+        f"rule G={r['G_upd']} Rb={r['R_batch']} Rc={r['R_crit']} pred={r['eta']}"
+    )
+
+# %% ../nbs/36_staleness_study.ipynb #8acd1b11
+def study_figures(reg: Registry, root: Path, prefix: str = "study_staleness") -> list[Path]:
+    """`<prefix>_{phase,tcollapse,cosine}.png` (under figures/; an absolute prefix is a path): one panel per optimizer,
+    drawn from the cells as `29_pipeline` draws them."""
+    import matplotlib.pyplot as plt  # figures only
+
+    an = optimizer_analyses(reg, root)
+    figs = {
+        k: plt.subplots(1, len(an), figsize=(5.2 * len(an), 4.2), squeeze=False)
+        for k in ("phase", "tcollapse", "cosine")
+    }
+    for j, (opt, (sw, rep, _)) in enumerate(an.items()):
+        title = f"{opt} ({'plain SGD' if opt == 'sgd' else 'AdamW'}), embedded model"
+        plot_phase(figs["phase"][1][0, j], sw, rep["analysis"], rep["rule"], title)
+        plot_tcollapse(figs["tcollapse"][1][0, j], sw, title)
+        plot_cosine(figs["cosine"][1][0, j], sw, title)
+    out = []
+    for k, (fig, _) in figs.items():
+        fig.tight_layout()
+        out.append(save_figure(fig, f"{prefix}_{k}"))
+        plt.close(fig)
+    return out
+
+# %% ../nbs/36_staleness_study.ipynb #4286ca91
+def run_study(
+    registry: str = "staleness-tiny",
+    root=None,
+    jobs: int = 1,
+    max_cells: int | None = None,
+    only_analyse: bool = False,
+    json_path=None,
+    figures: str = "study_staleness",
+    log=print,
+) -> int:
+    """`stalebook study staleness`: run the missing cells, then, once every cell passes, freeze the table and write the
+    record (default results/records/study_staleness.json) and figures. Exit status 1 if a cell fails a contract."""
+    root, t0 = registry_root(load_registry(registry), root), time.time()
+    if not only_analyse:
+        run_cells(registry, root, jobs, max_cells, log)
+    st = registry_status(registry, root)
+    log(format_status(st).splitlines()[0])
+    if st["state"] != "partial":
+        fr = freeze(registry, root)
+        log(
+            f"[freeze] {'frozen' if fr['written'] else 'already frozen, identical'}: {fr['dir']} "
+            f"(content hash {fr['content_hash'][:16]})"
+        )
+        reg = load_registry(registry)
+        rec = study_record(reg, root, fr)
+        for opt, o in rec["optimizers"].items():
+            log(summary_line(opt, o))
+        study_figures(reg, root, figures)
+        atomic_write_json(json_path or results_dir() / "records" / "study_staleness.json", rec)
+    log(f"wall {time.time() - t0:.0f} s")
+    return 1 if st["totals"]["fail"] else 0
+
+# %% ../nbs/36_staleness_study.ipynb #189a4378
+def _inside(lo, x, hi) -> bool:
+    return lo <= x <= hi
+
+
+STALENESS_RULES = {  # claim -> what 'reproduced' means on one sweep's analysis (a simulator setting or an optimizer)
+    "η_max ∝ 1/S": lambda o: _inside(o["slope_boot_ci"][0], -1, o["slope_boot_ci"][2]),
+    "t_collapse independent of S": lambda o: _inside(o["tc_coef_ci"][0][2], 0, o["tc_coef_ci"][1][2]),
+    "M_collapse·S·η ≈ const": lambda o: o["MSeta_cv"] <= 0.25,
+    "collapsing runs ballistic, stable runs diffusive": lambda o: (
+        o.get("cos_collapsed_mean", o.get("grad_cos_collapsed")) >= 0.5
+        and abs(o.get("cos_stable_mean", o.get("grad_cos_stable"))) <= 0.2
+    ),
+}
+SIM_SETTINGS = ("grpo", "unclipped")
+STUDY_RECORDS = {"tiny": "study_staleness.json"}  # model column -> its committed study record; a new model is a line
+
+# %% ../nbs/36_staleness_study.ipynb #dbf2719d
+def _per_model(status) -> dict[str, str]:
+    "`status(record)` on each model's committed study record; 'not run' where a model has none."
+    out = {}
+    for m in ("tiny", "smol"):
+        out[m] = status(read_record(STUDY_RECORDS[m])) if m in STUDY_RECORDS else NOT_RUN
+    return out
+
+
+def _fitted(rule):
+    "A fitted claim on one study record: the rule's verdict per optimizer."
+    return lambda rec: (
+        "; ".join(f"{k}: {judged(o, rule)}" for k, o in (rec or {}).get("optimizers", {}).items()) or ("not yet run")
+    )
+
+
+def _two_constraint(rec) -> str:
+    "The rule-vs-boundary check on one study record (as `stalebook verify` runs it), and its worst ratio."
+    rows = rule_rows(rec["optimizers"]) if rec else []
+    bound = max((r.value for r in rows), default=float("nan"))
+    return checked(rows, "staleness_study") + f"; rule bound / measured η_max ≤ {bound:.2f}"
+
+# %% ../nbs/36_staleness_study.ipynb #4943e249
+def claims() -> list[Claim]:
+    "The staleness paper's empirical rows: the four fitted claims, then the two-constraint rule, on each model."
+    sim, where = read_record("sweep_staleness.json"), "`16_async_sim`, `29_pipeline`"
+    out = [
+        Claim(
+            "staleness",
+            claim,
+            {"exact": "; ".join(f"{k}: {judged(sim and sim[k], rule)}" for k in SIM_SETTINGS)}
+            | _per_model(_fitted(rule)),
+            where,
+        )
+        for claim, rule in STALENESS_RULES.items()
+    ]
+    rule = "two-constraint rule: η ≪ min{R_batch/(S·G_upd), R_crit/(T·G_upd)} is stable"
+    return out + [Claim("staleness", rule, _per_model(_two_constraint), "`36_staleness_study`")]

@@ -34,8 +34,8 @@ from .core import Domain, StalebookError
 __all__ = ['SCHEMA_VERSION', 'DOMAINS', 'FAMILIES', 'ALPHABET', 'MATH_LEVELS', 'CODE_LEVELS', 'MATH_NL_LEVELS', 'MATH_NL_FORMAT',
            'CODE_NL_LEVELS', 'CODE_NL_FORMAT', 'MATH_VERIFY_DOMAINS', 'Task', 'synthetic_tasks', 'parse_number',
            'extract_answer', 'call_with_timeout', 'math_reward', 'extract_final_answer', 'code_program',
-           'uses_answer_format', 'code_reward', 'reward', 'rewards', 'VerifierProcess', 'self_test_cases',
-           'run_self_test', 'load_tasks_jsonl']
+           'uses_answer_format', 'code_precheck', 'code_reward', 'reward', 'rewards', 'VerifierProcess',
+           'self_test_cases', 'run_self_test', 'load_tasks_jsonl']
 
 # %% ../nbs/21_tasks.ipynb #2d457e5c
 SCHEMA_VERSION = "tasks/1"
@@ -373,8 +373,9 @@ def uses_answer_format(task: Task, completion: str) -> bool:
     return _EXTRACT.get(task.domain, extract_final_answer)(completion)[1] == "answer"
 
 
-def _code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
-    "(program, None) if it must run in the sandbox, else (None, detail) of a 0 decided without spawning."
+def code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
+    """(program, None) if it must run in the sandbox, else (None, detail) of a 0 decided without spawning (public: a
+    benchmark counts the programs a batch sends to the sandbox)."""
     prog = code_program(task, completion)
     if not completion.strip():
         return None, {"reason": "empty completion"}
@@ -399,7 +400,7 @@ def code_reward(
     pool: sandbox.Pool | None = None,
     timing: dict | None = None,
 ) -> tuple[float, dict]:
-    prog, early = _code_precheck(task, completion)
+    prog, early = code_precheck(task, completion)
     if early is not None:
         if timing is not None:
             timing.update(_NO_RUN)
@@ -452,7 +453,7 @@ def rewards(
             side[t, c] = {}
             out[t, c] = reward(t, c, timing=side[t, c])
             continue
-        prog, early = _code_precheck(t, c)
+        prog, early = code_precheck(t, c)
         if early is None:
             progs.setdefault((prog, t.tests), []).append((t, c))
         else:

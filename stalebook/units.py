@@ -57,7 +57,7 @@ from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 # %% auto #0
 __all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'MACHINE_FACTS',
            'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind',
-           'bind_root', 'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_unit', 'run_phases',
+           'bind_root', 'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_phases', 'run_unit',
            'SyntheticStudy', 'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry',
            'run_local', 'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
            'FamilyConfig', 'family_config', 'ranking_units', 'point_name', 'point_phase', 'train_family', 'stale_phase',
@@ -134,7 +134,7 @@ def bind(path: Path, content: dict, what: str) -> None:
     else:
         atomic_write_json(path, content)
 
-
+# %% ../nbs/32_units.ipynb #43e95e54
 def bind_root(reg: Registry, root: Path) -> None:
     "root/registry.json: the registry this root belongs to."
     bind(
@@ -175,7 +175,29 @@ def unit_dir(root: Path, unit_id: str) -> Path:
 class UnitBusy(StalebookError):
     "Another process holds the unit's lock."
 
+# %% ../nbs/32_units.ipynb #d945d7d6
+def run_phases(u: Unit) -> dict:
+    "The phases of unit `u` in order: skipped when done, else run and recorded (see above)."
+    done, udir, unit_id, log = {}, u.dir, u.id, u.log
+    for ph in u.registry.unit_kind.phases(u):
+        deps = {n: record_digest(udir, n) for n in (ph.after if ph.after is not None else done)}
+        probs = phase_problems(udir, ph, deps)
+        if not probs:
+            done[ph.name] = "skipped"
+            continue
+        if probs != ["not run"]:
+            log(f"[{unit_id}] {ph.name}: {probs[0]}; running it again")
+        t0 = time.perf_counter()
+        attempt(udir, ph.name, "start")
+        extra = ph.run()
+        fault_point("phase", f"{unit_id}/{ph.name}")
+        write_record(udir, unit_id, ph, deps, extra)
+        attempt(udir, ph.name, "done", wall_s=round(time.perf_counter() - t0, 3))
+        done[ph.name] = "ran"
+        log(f"[{unit_id}] {ph.name}: done ({time.perf_counter() - t0:.0f} s)")
+    return done
 
+# %% ../nbs/32_units.ipynb #e4793f5c
 def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
     """Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any
     process sharing the root."""
@@ -198,29 +220,7 @@ def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print
         bind_unit(udir, reg, unit_id, units[unit_id])
         return run_phases(Unit(reg, unit_id, units[unit_id], udir, progress, log))
 
-
-def run_phases(u: Unit) -> dict:
-    "The phases of unit `u` in order: skipped when done, else run and recorded (see above)."
-    done, udir, unit_id, log = {}, u.dir, u.id, u.log
-    for ph in u.registry.unit_kind.phases(u):
-        deps = {n: record_digest(udir, n) for n in (ph.after if ph.after is not None else done)}
-        probs = phase_problems(udir, ph, deps)
-        if not probs:
-            done[ph.name] = "skipped"
-            continue
-        if probs != ["not run"]:
-            log(f"[{unit_id}] {ph.name}: {probs[0]}; running it again")
-        t0 = time.perf_counter()
-        attempt(udir, ph.name, "start")
-        extra = ph.run()
-        fault_point("phase", f"{unit_id}/{ph.name}")
-        write_record(udir, unit_id, ph, deps, extra)
-        attempt(udir, ph.name, "done", wall_s=round(time.perf_counter() - t0, 3))
-        done[ph.name] = "ran"
-        log(f"[{unit_id}] {ph.name}: done ({time.perf_counter() - t0:.0f} s)")
-    return done
-
-# %% ../nbs/32_units.ipynb #903a3ec6
+# %% ../nbs/32_units.ipynb #1d5b7fde
 @dataclass
 class SyntheticStudy:
     "Study section of a `synthetic` registry: how many units and phases, how long each phase works."
@@ -245,7 +245,7 @@ def synthetic_units(reg: Registry) -> dict:
     s = reg.spec
     return {f"u{i:03d}": SyntheticUnit(i, s.phases, s.work_s, s.seed) for i in range(s.units)}
 
-
+# %% ../nbs/32_units.ipynb #903a3ec6
 def _synthetic_phase(udir: Path, u: SyntheticUnit, j: int) -> None:
     prev = (udir / "out" / f"{j - 1}.txt").read_text() if j else hash_json([u.seed, u.index])
     time.sleep(u.work_s)
@@ -282,7 +282,7 @@ def select_units(reg: Registry, only: str | None = None) -> list[str]:
         raise StalebookError(f"registry {reg.name}: --only {only} matches no unit (units: {', '.join(ids)})")
     return got
 
-
+# %% ../nbs/32_units.ipynb #eed5b9bb
 def run_registry(registry, root=None, only: str | None = None, progress: bool = True, log=print) -> dict:
     "Run (or resume) the units of a registry one after another on this machine: {unit id: phase states}."
     reg = load_registry(registry)
@@ -326,7 +326,7 @@ def lease_gens(root, unit_id: str) -> list[int]:
     d = queue_dir(root, unit_id)
     return sorted(int(f.name[6:12]) for f in d.glob("lease-[0-9][0-9][0-9][0-9][0-9][0-9].json")) if d.is_dir() else []
 
-
+# %% ../nbs/32_units.ipynb #7a637c29
 def read_lease(root, unit_id: str, now: float | None = None) -> dict | None:
     "The unit's current lease (its highest generation) with `age_s`, seconds since its heartbeat; None if it has none."
     gens = lease_gens(root, unit_id)
@@ -344,7 +344,7 @@ def read_lease(root, unit_id: str, now: float | None = None) -> dict | None:
     beat = rec.get("heartbeat", mtime)
     return rec | dict(gen=gens[-1], age_s=round((time.time() if now is None else now) - beat, 1))
 
-
+# %% ../nbs/32_units.ipynb #4f0739ce
 def queue_state(root, unit_id: str, now: float | None = None) -> dict:
     "Where a unit stands in the queue: state (done, failed, running, queued), owner and heartbeat age of a running one."
     d = queue_dir(root, unit_id)
@@ -379,7 +379,7 @@ SET_BY_STUDY = dict(
 )
 REPLICATES = 10_000
 
-
+# %% ../nbs/32_units.ipynb #181ec699
 @dataclass
 class RankingStudy:
     """The `study:` section of a ranking registry: the table it fills, the objective, the lineage checkpoints, the
@@ -466,7 +466,7 @@ def family_config(reg: Registry, b: Block, i: int, model: str, domain: str, seed
         )
     return FamilyConfig(model, domain, seed, s.table, s.objective, tuple(s.checkpoints), s.behaviour, tc, pc, b.tag)
 
-
+# %% ../nbs/32_units.ipynb #49c426e7
 def ranking_units(reg: Registry) -> dict:
     "{`<model>-<domain>-s<seed>[-<tag>]`: FamilyConfig} of every block, in registry order."
     out = {}
@@ -493,7 +493,7 @@ def point_name(c: int) -> str:
 def point_phase(c: int) -> str:
     return f"point-{point_name(c)}"
 
-
+# %% ../nbs/32_units.ipynb #ef588f2d
 def train_family(tcfg: TrainConfig, progress: bool) -> None:
     "Phase train: run (or resume) the family's lineage; a lineage of the other objective is refused."
     lf = Path(tcfg.out) / "lineage.json"
@@ -538,7 +538,7 @@ def point_manifest(udir: Path, unit_id: str, fam: FamilyConfig, c: int) -> dict:
         files={f: output_hash(Path(udir) / f) for f in files},
     )
 
-
+# %% ../nbs/32_units.ipynb #c48e647c
 def point_run(unit_id: str, fam: FamilyConfig, c: int, udir: Path, log) -> None:
     "Phase point-c: the point notebook in the unit's folder, then the point's manifest."
     pcfg = dataclasses.replace(fam.point, out=f"points/{point_name(c)}", checkpoint=c)
@@ -563,7 +563,7 @@ def point_source_hash(manifest: dict) -> str:
     files = {f: h for f, h in manifest["files"].items() if not f.endswith(".ipynb")}
     return hash_json(manifest | dict(environment=env, files=files))
 
-# %% ../nbs/32_units.ipynb #45775b54
+# %% ../nbs/32_units.ipynb #dab91720
 def family_phases(u: Unit) -> list[Phase]:
     "train -> stale -> one point phase per checkpoint (each after train and stale only)."
     reg, unit_id, fam, udir, progress, log = u.registry, u.id, u.config, Path(u.dir), u.progress, u.log
@@ -589,7 +589,7 @@ def family_phases(u: Unit) -> list[Phase]:
         )
     return ph
 
-
+# %% ../nbs/32_units.ipynb #45775b54
 def family_points(reg: Registry, unit_id: str, fam: FamilyConfig) -> list[str]:
     "The items a family contributes to its registry's status: one per checkpoint, `<unit>/c<checkpoint>`."
     return [f"{unit_id}/c{c}" for c in fam.checkpoints]

@@ -38,7 +38,7 @@ def pooled_bounds(points: Sequence[PointResult], stat: str, method: str, level: 
     est = float(np.mean([p.estimate(stat) for p in points]))
     return stat_bounds(method, est, mean(stat), level, mean(f"model/{stat}"), jack, sd, None, stat in RANDOM_SETS)
 
-
+# %% ../nbs/18c_verdict.ipynb #d1cef212
 def pool_cell(
     points: Sequence[PointResult | None],
     estimator: str,

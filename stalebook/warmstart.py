@@ -49,7 +49,7 @@ WARMSTART_ANSWER = {  # per family: the assistant turn the warm start trains on
     "code_nl": "Answer: {answer}",  # the answer is the reference lambda
 }
 
-
+# %% ../nbs/23b_warmstart.ipynb #94fb657f
 @dataclass
 class WarmStartSpec:
     "A format warm start of an imported chat snapshot on one task family (all of it recorded in the build record)."
@@ -181,7 +181,7 @@ def _format_sft(model, pairs, pad_id: int, spec: WarmStartSpec, log, t0) -> list
             log(f"warmstart step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  ({time.time() - t0:.0f} s)")
     return losses
 
-
+# %% ../nbs/23b_warmstart.ipynb #ba467d9d
 def _loss_points(losses: list[float]) -> list[dict]:
     "A few points of the loss curve: the first step, every eighth of the run, the last step."
     every = max(1, len(losses) // 8)

@@ -59,6 +59,7 @@ def cli(capsys):
 # Helpers the test files share (import them: `from conftest import write_yaml, train_cfg, run_code, CLI`).
 ROOT = Path(__file__).resolve().parents[1]
 CLI = "import sys; from stalebook.cli import main; sys.exit(main(sys.argv[1:]))"
+EXE = str(Path(sys.executable).parent / "stalebook")  # the console script of this venv
 
 
 def write_yaml(path, obj):
@@ -86,17 +87,92 @@ def train_cfg(root, snap, **kw):
     return write_yaml(root / "train.yaml", cfg)
 
 
-def run_code(code, *args, env_extra=None, timeout=300):
-    "Run Python `code` (dedented) with `args` in a fresh interpreter, no HF_* variables, the repo on PYTHONPATH."
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+def run_code(code, *args, env_extra=None, drop=(), cwd=None, timeout=300):
+    """Run Python `code` (dedented) with `args` in a fresh interpreter, in folder `cwd`, no HF_* variables nor those
+    named in `drop`, the repo on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k not in drop}
     env.update({"PYTHONPATH": str(ROOT), **(env_extra or {})})
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         timeout=timeout,
     )
+
+
+def run(args, env=None, timeout=900):
+    "`stalebook ARGS` in a process of its own (the console script), `env` added to this process's environment."
+    return subprocess.run(
+        [EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+    )
+
+
+def small_run(out, snap, **kw):
+    """A finished 2-step training run (lineage 0 and 2; 4 prompts x 4 samples of 6 tokens, lr 0.05) on snapshot `snap`
+    in folder `out`, `kw` overriding TrainConfig fields; its Trainer."""
+    from stalebook.rollouts import SamplingConfig
+    from stalebook.trainer import TrainConfig, Trainer
+
+    base = dict(
+        steps=2,
+        lineage_steps=(0, 2),
+        prompts_per_step=4,
+        lr=0.05,
+        sampling=SamplingConfig(group_size=4, max_new_tokens=6),
+    )
+    return Trainer(TrainConfig(out=str(out), snapshot=str(snap), **(base | kw))).run(progress=False)
+
+
+# Files that describe a run rather than its content (wall-clock, host, pid, absolute paths): never hashed, excluded from
+# byte comparisons. train/steps.jsonl carries per-step t_gen/t_step, train/config.yaml the run's `out`.
+SIDECARS = {
+    "attempts.jsonl",
+    "timings.json",
+    "point.timings.json",
+    "timings.jsonl",
+    ".lock",
+    "steps.jsonl",
+    "config.yaml",
+}
+
+
+def content_files(root: Path) -> dict:
+    "{relpath: bytes} of every file under root that is content: no sidecar, nothing of the executors' queue/."
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in SIDECARS and p.relative_to(root).parts[0] != "queue"
+    }
+
+
+def synthetic_registry(tmp: Path, units=3, phases=3, work_s=0.0, name="syn") -> Path:
+    "A registry of the synthetic kind (`units` units of `phases` phases, each working `work_s` s), written to tmp."
+    f = tmp / f"{name}.yaml"
+    f.write_text(f"name: {name}\nkind: synthetic\nstudy: {{units: {units}, phases: {phases}, work_s: {work_s}}}\n")
+    return f
+
+
+def ranking_registry(
+    tmp: Path, snap, name="kill", checkpoints=(2,), seeds=(0,), objective="grpo", table="demo", train_extra=""
+) -> Path:
+    "A reduced ranking registry on snapshot `snap` (one math block of the tiny model, small train and point settings)."
+    f = tmp / f"{name}.yaml"
+    f.write_text(f"""name: {name}
+kind: ranking
+models: {{tiny: {{snapshot: {snap}}}}}
+study:
+  table: {table}
+  objective: {objective}
+  checkpoints: {list(checkpoints)}
+  train: {{prompts_per_step: 8, lr: 0.05, checkpoint_every: 1, \
+sampling: {{group_size: 8, max_new_tokens: 6}}{train_extra}}}
+  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, \
+groups_per_batch: 4, k_sketch: 256}}
+  blocks: [{{models: [tiny], domains: [math], seeds: {list(seeds)}}}]
+""")
+    return f
 
 
 @pytest.fixture

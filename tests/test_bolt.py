@@ -19,7 +19,6 @@ from stalebook.bolt import (
     ARMS,
     BoltConfig,
     EvalConfig,
-    _bolt_train,
     arm_train_config,
     open_reference,
     reference_store,
@@ -45,7 +44,7 @@ def digit_share(task, text):
 
 def small_arm(snap, stores, arm, **kw):
     t = dataclasses.replace(
-        _bolt_train(),
+        BoltConfig().train,  # the BOLT study's training setting
         snapshot=str(snap),
         n_tasks=8,
         steps=4,

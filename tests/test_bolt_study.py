@@ -1,7 +1,8 @@
 """The BOLT comparison as a registry (kind `bolt`): the registry file types and expands into its 45 units; a reduced
 slice of it (the `smoke` slice of configs/registries/bolt-tiny.yaml plus one swept beta and the sweep unit, on the
 session's reduced snapshot) runs through `run_unit`, is skipped when run again, passes every contract, freezes, and
-refuses tampered inputs by unit and contract with nothing frozen (~1.5 min on the shared 2-core machine)."""
+refuses tampered inputs by unit and contract with nothing frozen, and `stalebook study bolt` writes its record, figures
+and claim rows from it (~1.5 min on the shared 2-core machine)."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from stalebook.bolt_study import STORES
-from stalebook.commands import cmd_status
+from stalebook.commands import cmd_status, cmd_study
 from stalebook.contracts import FreezeRefused, freeze, problem_lines, registry_status
 from stalebook.core import ConfigError
 from stalebook.registry import load_registry
@@ -51,7 +52,7 @@ def test_bad_registry_fields_are_named(tmp_path):
         load_registry(tmp_path / "b.yaml")
 
 
-def test_a_reduced_slice_runs_checks_and_freezes(tmp_path, tiny_snapshot, capsys):
+def test_a_reduced_slice_runs_checks_and_freezes(tmp_path, tiny_snapshot, capsys, monkeypatch):
     r = yaml.safe_load(REG.read_text())
     r["models"] = {"tiny": {"snapshot": str(tiny_snapshot)}}
     r["slices"]["smoke"].update(sweep_domains=["math"], betas=[2.0])
@@ -113,3 +114,13 @@ def test_a_reduced_slice_runs_checks_and_freezes(tmp_path, tiny_snapshot, capsys
     assert list(t["sweeps"]) == ["math-s0-sweep"] and [x["beta"] for x in t["sweeps"]["math-s0-sweep"]] == [2.0, 0.5]
     assert freeze(reg, root)["written"] is False
     assert cmd_status([f"{f}:smoke", "--root", str(root)]) == 0 and capsys.readouterr().out.startswith("FROZEN")
+    # the study's record, figures and claim rows from the frozen slice (`stalebook study bolt`; figures in tmp)
+    monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "fig"))
+    assert (
+        cmd_study(["bolt", "--registry", f"{f}:smoke", "--root", str(root), "--json", str(tmp_path / "sb.json")]) == 0
+    )
+    rec = json.loads((tmp_path / "sb.json").read_text())
+    assert (rec["state"], rec["n_finished"], list(rec["sweeps"])) == ("frozen", 5, ["math-s0-sweep"])
+    assert [c[0] for c in rec["claims"][-2:]] == ["training time BOLT / GRPO", "peak memory BOLT / GRPO"]
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == ["bolt_beta.png", "bolt_rounds.png", "bolt_time.png"]
+    assert "| claim | paper | embedded model | verdict |" in capsys.readouterr().out

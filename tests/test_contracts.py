@@ -5,20 +5,16 @@
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import EXE, ranking_registry, small_run
 
 from stalebook.commands import cmd_freeze, cmd_status
 from stalebook.contracts import FreezeRefused, freeze, problem_lines, registry_status
 from stalebook.registry import load_registry
 from stalebook.units import output_hash, run_registry
-
-EXE = str(Path(sys.executable).parent / "stalebook")
-sys.path.insert(0, str(Path(__file__).parent))
-from test_units import ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
 
 U, C = "tiny-math-s0", "c-000002"
 
@@ -103,22 +99,8 @@ def test_status_partial_watermark_and_json(finished, tmp_path, capsys):
 
 def test_fault_sft_checkpoint_spliced_into_grpo_lineage(finished, tmp_path, tiny_snapshot):
     "An SFT run's step-2 checkpoint in place of the GRPO lineage's: objective and lineage contracts refuse it."
-    from stalebook.rollouts import SamplingConfig
-    from stalebook.trainer import TrainConfig, Trainer
-
     reg, root = finished[0], copy(finished, tmp_path)
-    sft = Trainer(
-        TrainConfig(
-            out=str(tmp_path / "sft"),
-            snapshot=str(tiny_snapshot),
-            objective="sft",
-            steps=2,
-            lineage_steps=(0, 2),
-            prompts_per_step=4,
-            lr=0.05,
-            sampling=SamplingConfig(group_size=4, max_new_tokens=6),
-        )
-    ).run(progress=False)
+    sft = small_run(tmp_path / "sft", tiny_snapshot, objective="sft")
     dst = root / "units" / U / "train/lineage/step-000002"
     shutil.rmtree(dst)
     shutil.copytree(sft.dir / "lineage/step-000002", dst)

@@ -259,7 +259,7 @@ def test_every_stage_agrees_on_emulated_cpus_of_both_vendors(tmp_path):
     optimizer steps, sampling, GRPO sync and fixed-lag, BOLT, a rollout store, scoring, a point analysis) on this CPU
     and under each of `EMULATED_CPUS`, run at once: every stage's hash must be this CPU's. An emulated CPU is evidence
     about dispatch by CPUID (vendor, ISA), not about what real silicon computes; 38_numerics compares the CPU it runs
-    on with the committed trace (benchmarks/results/numerics_trace.json), so its check on a real AMD machine is the
+    on with the committed trace (results/records/numerics_trace.json), so its check on a real AMD machine is the
     real-silicon comparison. A few minutes under emulation."""
     from stalebook.core import NUMERICS_VAR, PINNED_NUMERICS
 

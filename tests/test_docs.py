@@ -255,3 +255,20 @@ def test_committed_outputs_render(driver, tmp_path):
     assert not check_site(tmp_path / "_docs", pages)
     thm = pages[(tmp_path / "_docs" / "10_thm.html").resolve()]
     assert sorted(w for _, _, w in thm["imgs"]) == [8, 20]
+
+
+def test_readme_starts_with_what_it_is():
+    """README.md (generated from nbs/index.ipynb) opens with the title, one paragraph saying what stalebook is and for
+    whom (it links the glossary, which is there), then `make demo` and `make test` as its first code block, and one
+    figure before the claims table, which has one column per model."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = text.split("\n\n")
+    assert blocks[0] == "# stalebook"
+    assert "```" not in blocks[1] and "](#glossary)" in blocks[1] and "\n## Glossary\n" in text
+    assert blocks[2].startswith("```sh\n") and text.index("```") == text.index(blocks[2])
+    assert [ln.split("#")[0].strip() for ln in blocks[2].splitlines()[1:-1]] == ["make demo", "make test"]
+    lines = text.splitlines()
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("| paper | claim |"))
+    assert sum(ln.startswith("![") for ln in lines[:table]) == 1
+    head = [c.strip() for c in lines[table].strip("|").split("|")]
+    assert head[:3] == ["paper", "claim", "exact / simulated"] and {"tiny", "SmolLM2-135M"} <= set(head)

@@ -11,37 +11,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import EXE, content_files, ranking_registry, run, synthetic_registry
 
 # Ray's single-machine mode: this host resolves to 127.0.0.1 for the Ray heads these tests start (read when Ray is
 # imported).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-EXE = str(Path(sys.executable).parent / "stalebook")
-ROOT = Path(__file__).resolve().parents[1]
-# Files that describe a run rather than its content (see tests/test_units.py), and the executors' queue folder.
-SIDECARS = {
-    "attempts.jsonl",
-    "timings.json",
-    "point.timings.json",
-    "timings.jsonl",
-    ".lock",
-    "steps.jsonl",
-    "config.yaml",
-}
-
-
-def content_files(root: Path) -> dict:
-    "{relpath: bytes} of every content file under root (no sidecar, nothing of queue/)."
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in SIDECARS and p.relative_to(root).parts[0] != "queue"
-    }
 
 
 def differing(a: dict, b: dict) -> list[str]:
@@ -49,16 +27,9 @@ def differing(a: dict, b: dict) -> list[str]:
     return sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
 
 
-def run(args, env=None, timeout=900):
-    return subprocess.run(
-        [EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
-    )
-
-
-def synthetic_registry(tmp: Path, units=12, phases=3, work_s=0.4, name="race") -> Path:
-    f = tmp / f"{name}.yaml"
-    f.write_text(f"name: {name}\nkind: synthetic\nstudy: {{units: {units}, phases: {phases}, work_s: {work_s}}}\n")
-    return f
+def race_registry(tmp: Path, units=12, phases=3, work_s=0.4) -> Path:
+    "The synthetic registry the workers race over (12 units of 0.4 s phases unless told)."
+    return synthetic_registry(tmp, units=units, phases=phases, work_s=work_s, name="race")
 
 
 def attempts(root: Path) -> list[dict]:
@@ -94,7 +65,7 @@ def work(reg, root, *extra, env=None, **kw):
 def test_six_workers_run_every_unit_exactly_once(tmp_path):
     """6 worker processes over 12 units: all exit 0, each unit claimed once, each phase started and finished once, bytes
     as the local executor's."""
-    reg = synthetic_registry(tmp_path)
+    reg = race_registry(tmp_path)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
     procs = [work(reg, tmp_path / "r", "--ttl", 30) for _ in range(6)]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -137,7 +108,7 @@ def test_killed_workers_are_taken_over_after_ttl_to_identical_bytes(tmp_path):
     record, right after a claim, and mid-phase by the test — each unit taken over by the next worker only after the TTL,
     and the final files byte-identical to an undisturbed run."""
     TTL = 1.5
-    reg = synthetic_registry(tmp_path, units=7, phases=3, work_s=0.4)
+    reg = race_registry(tmp_path, units=7, phases=3, work_s=0.4)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
     root = tmp_path / "k"
 
@@ -203,7 +174,7 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
     passed."""
     from stalebook.contracts import format_status, registry_status
 
-    reg = synthetic_registry(tmp_path, units=2, phases=2, work_s=6.0)
+    reg = race_registry(tmp_path, units=2, phases=2, work_s=6.0)
     p = work(reg, tmp_path / "r", "--ttl", 2)
     _wait(lambda: list((tmp_path / "r").glob("queue/u000/lease-*.json")), what="a lease")
     time.sleep(1.0)
@@ -228,7 +199,7 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
 def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, cli, monkeypatch):
     """4 GPUs at 2 per unit: two workers, one with CUDA_VISIBLE_DEVICES=0,1 and one with 2,3 (read back from the units'
     attempts)."""
-    reg = synthetic_registry(tmp_path, units=4, phases=1, work_s=0.3)
+    reg = race_registry(tmp_path, units=4, phases=1, work_s=0.3)
     r = run(["work", reg, "--root", tmp_path / "r", "--gpus-per-unit", 2], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "CUDA_VISIBLE_DEVICES=0,1" in r.stdout and "CUDA_VISIBLE_DEVICES=2,3" in r.stdout
@@ -247,20 +218,9 @@ def test_gpus_per_unit_sets_cuda_visible_devices_per_worker(tmp_path, cli, monke
 # ---------------------------------------------------------------- the ranking study's families on two workers
 
 
-def ranking_registry(tmp: Path, snap, name="fam") -> Path:
-    f = tmp / f"{name}.yaml"
-    f.write_text(f"""name: {name}
-kind: ranking
-models: {{tiny: {{snapshot: {snap}}}}}
-study:
-  table: demo
-  checkpoints: [2]
-  train: {{prompts_per_step: 8, lr: 0.05, sampling: {{group_size: 8, max_new_tokens: 6}}}}
-  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, \
-groups_per_batch: 4, k_sketch: 256}}
-  blocks: [{{models: [tiny], domains: [math], seeds: [0, 1]}}]
-""")
-    return f
+def family_registry(tmp: Path, snap) -> Path:
+    "Two ranking families (seeds 0 and 1) of the reduced registry."
+    return ranking_registry(tmp, snap, name="fam", seeds=(0, 1))
 
 
 # slow (35 s here); the default run has each stage: test_contracts, test_report::test_partial_then_frozen_report
@@ -268,7 +228,7 @@ groups_per_batch: 4, k_sketch: 256}}
 def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
     """`stalebook demo REG --workers 2`: status, two shared workers for the run stage, freeze, report and the decisions;
     exit 0."""
-    reg = ranking_registry(tmp_path, tiny_snapshot)
+    reg = family_registry(tmp_path, tiny_snapshot)
     r = run(
         ["demo", reg, "--root", tmp_path / "r", "--workers", 2],
         env={"STALEBOOK_FIGURES": str(tmp_path / "figs")},
@@ -291,7 +251,7 @@ def test_demo_runs_its_units_side_by_side_and_reports(tmp_path, tiny_snapshot):
 def test_two_workers_on_ranking_families_match_local_executor(tmp_path, tiny_snapshot):
     """Two families (train, stale, point) on 2 `stalebook work` workers: the same content files and frozen table as
     `stalebook run`."""
-    reg = ranking_registry(tmp_path, tiny_snapshot)
+    reg = family_registry(tmp_path, tiny_snapshot)
     assert run(["run", reg, "--root", tmp_path / "local", "--quiet"]).returncode == 0
     procs = [work(reg, tmp_path / "shared", "--ttl", 60) for _ in range(2)]
     assert [p.wait(timeout=1800) for p in procs] == [0, 0]
@@ -356,7 +316,7 @@ def test_tiny_demo_on_six_workers_runs_each_unit_once_and_matches_local(tmp_path
     ],
 )
 def test_unwritable_root_is_one_line_and_claims_nothing(tmp_path, cmd, cli):
-    reg = synthetic_registry(tmp_path, units=2)
+    reg = race_registry(tmp_path, units=2)
     (tmp_path / "file").write_text("a regular file")
     root = tmp_path / "file" / "root"  # below a regular file: not creatable, for root users too
     r = cli(*[c.format(reg=reg, root=root) for c in cmd])
@@ -390,7 +350,7 @@ def test_unreachable_ray_address_is_one_line_and_claims_nothing(tmp_path, cli):
     pytest.importorskip("ray")
     import socket
 
-    reg = synthetic_registry(tmp_path, units=2)
+    reg = race_registry(tmp_path, units=2)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -451,7 +411,7 @@ def test_ray_private_head_is_loopback_only_without_dashboard_and_runs_units(tmp_
     from stalebook.executors import check_can_start, connect_ray, ray_tasks
     from stalebook.registry import load_registry
 
-    reg = synthetic_registry(tmp_path, units=4, phases=2, work_s=0.1)
+    reg = race_registry(tmp_path, units=4, phases=2, work_s=0.1)
     assert run(["run", reg, "--root", tmp_path / "ref", "--quiet"]).returncode == 0
     assert connect_ray(None, num_cpus=2) is True
     try:
@@ -536,7 +496,7 @@ def test_ray_cluster_of_two_nodes_gives_local_frozen_table(tmp_path, tiny_snapsh
     """Two ranking families as Ray tasks on a 2-node cluster: the same files and frozen table as the local executor; a
     node removed while its unit runs: the task is retried, resumes from the volume, and the frozen table is still the
     same."""
-    reg = ranking_registry(tmp_path, tiny_snapshot)
+    reg = family_registry(tmp_path, tiny_snapshot)
     assert run(["run", reg, "--root", tmp_path / "local", "--quiet"]).returncode == 0
     res, root = _ray_cluster_run(tmp_path, reg, remove_node)
     assert {s["state"] for s in res.values()} == {"done"}, res

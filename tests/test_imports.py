@@ -18,6 +18,7 @@ PKG = ROOT / "stalebook"
 LAYERS = [
     ["core"],
     [
+        "claims",
         "theory.tree",
         "theory.estimators",
         "theory.margin",

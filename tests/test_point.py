@@ -9,36 +9,18 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import EXE, ROOT, run_code, small_run
 
 from stalebook.core import Domain
 from stalebook.snapshot import read_lock
 
-EXE = str(Path(sys.executable).parent / "stalebook")
-
 
 def _point_setup(tmp_path, snap):
-    from stalebook.rollouts import SamplingConfig
-    from stalebook.trainer import TrainConfig, Trainer
-
-    run = tmp_path / "run"
-    Trainer(
-        TrainConfig(
-            out=str(run),
-            snapshot=str(snap),
-            steps=2,
-            lineage_steps=(0, 2),
-            prompts_per_step=4,
-            lr=0.05,
-            sampling=SamplingConfig(group_size=4, max_new_tokens=6),
-        )
-    ).run(progress=False)
-    return run
+    return small_run(tmp_path / "run", snap).dir
 
 
 # slow (45 s here: 11 processes); in the default run test_rollouts kills store generation (the point's stores)
@@ -113,9 +95,6 @@ def test_point_bad_config_one_line_error(tmp_path, cli):
     )
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def _annotation(t: str) -> str:
     """One spelling for optional types: the notebook writes `Optional[X]` (papermill parses it), the dataclass `X |
     None`."""
@@ -175,8 +154,7 @@ r = execute_point(PointConfig(run="train", checkpoint=2, n_candidates=12, n_vali
                               max_new_tokens=6, groups_per_batch=4, k_sketch=256, n_boot=200), cwd={str(unit)!r})
 print("RESULT", r["point"]["checkpoint"])
 """
-    env = {k: v for k, v in os.environ.items() if k != "STALEBOOK_TINY"}
-    r = subprocess.run([sys.executable, "-c", script], cwd=proj, env=env, capture_output=True, text=True, timeout=600)
+    r = run_code(script, drop=("STALEBOOK_TINY",), cwd=proj, timeout=600)
     assert r.returncode == 0 and "RESULT 2" in r.stdout, r.stderr[-3000:]
     assert (unit / "runs").is_file() and (
         unit / "train" / "points" / "c-000002" / "point.ipynb"

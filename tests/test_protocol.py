@@ -9,11 +9,10 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run_code
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -640,16 +639,14 @@ def test_default_bound_coverage_larger_grid():
 
 
 # The analysis in a fresh interpreter (stalebook imported first, as every entry point does); prints a hash of every
-# number a point writes. `BLAS_SUBST` (empty here) lets a manual run put a BLAS product back to see the test fail.
+# number a point writes.
 _XM_SCRIPT = """
-import hashlib, json, os, sys
+import hashlib, json
 import stalebook
 import numpy as np
 import stalebook.analysis as A
 import stalebook.protocol as P
 from stalebook.core import Domain
-if os.environ.get("BLAS_SUBST"):
-    P.det_matmul = np.matmul
 g = np.random.default_rng(3)
 mu = g.standard_normal(512)
 ro = lambda m: P.Rollouts((g.random((m, 8)) < 0.4) * 1.0, g.standard_normal((m, 8, 512)) + 0.3 * mu)
@@ -664,10 +661,7 @@ print(h.hexdigest())
 
 
 def _xm_hash(**env):
-    e = {
-        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "BLAS_SUBST")
-    } | env
-    r = subprocess.run([sys.executable, "-c", _XM_SCRIPT], env=e, capture_output=True, text=True, timeout=120)
+    r = run_code(_XM_SCRIPT, env_extra=env, drop=("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS"), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip()
 

@@ -19,7 +19,7 @@ from stalebook.units import run_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_units import content_files, ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
+from conftest import content_files, ranking_registry  # noqa: E402  (the reduced registry the unit tests use)
 
 
 def test_report_notebook_parameters():
@@ -180,3 +180,23 @@ def test_frozen_table_does_not_depend_on_the_folders(tmp_path, tiny_snapshot, mo
     content = {s: {k: v for k, v in content_files(roots[s]).items() if not k.startswith("report/")} for s in "ab"}
     assert content["a"] == content["b"]
     assert not leaked("where")  # nor into this repository's figures/ or results/
+
+
+def test_the_ranking_claim_reads_each_models_published_table(tmp_path, monkeypatch):
+    """The README's ranking row (`report.claims`): per model, the published frozen table's content hash, its number of
+    points and the verdicts counted per checkpoint; a model with nothing published says how to publish it."""
+    from stalebook.report import PUBLISHED, claims
+
+    (tmp_path / "pyproject.toml").write_text("[tool.nbdev]\n")
+    rows = [dict(checkpoint=0, verdict="Effective"), dict(checkpoint=0, verdict="Inconclusive")]
+    t = dict(content_hash="ab" * 32, sources={"a": 1, "b": 2}, rows=rows + [dict(checkpoint=4, verdict="Ineffective")])
+    (tmp_path / "results" / "smol-demo").mkdir(parents=True)
+    (tmp_path / "results" / "smol-demo" / "table.json").write_text(json.dumps(t))
+    monkeypatch.setenv("STALEBOOK_PROJECT", str(tmp_path))
+    (c,) = claims()
+    assert c.paper == "ranking" and c.status == {
+        "tiny": PUBLISHED["tiny"][2],
+        "smol": f"smol demo (frozen table `{'ab' * 8}`, 2 points): c=0: Effective 1/2, Inconclusive 1/2; "
+        "c=4: Ineffective 1/1",
+        "7b": "main study not yet run",
+    }

@@ -156,10 +156,10 @@ def test_a_shared_prefix_store_is_its_own_store_with_the_same_rollouts(tmp_path,
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])
-def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch, domain):
+def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, domain):
     """Generation appends into a `room_cache` (the completions' room reserved, no copy per step): on GRPO-shaped
     batches, whole rows and shared prefix, the sampled completions and the sampler's log-probs are bit for bit those of
-    HF's own `DynamicCache`, and the cache's buffer holds the whole completion without moving."""
+    HF's own `DynamicCache` (`reserve_room=False`), and the cache's buffer holds the whole completion without moving."""
     import stalebook.rollouts as R
     from stalebook.model import LoraSpec
 
@@ -172,22 +172,27 @@ def test_room_cache_samples_the_bits_of_dynamic_cache(tiny_snapshot, monkeypatch
     K, sc = 8, R.SamplingConfig(group_size=8, max_new_tokens=12)
     prompts = [t.prompt for t in tasks for _ in range(K)]
     u = torch.cat([R.group_uniforms(Domain(0, ("test", "room", t.id)), K, sc.max_new_tokens) for t in tasks])
-    made = []
-    real = R.room_cache
-    monkeypatch.setattr(R, "room_cache", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
-    ours = {sp: R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) for sp in (False, True)}
-    assert len(made) == 2 and all(isinstance(l, R.RoomLayer) for c in made for l in c.layers)
+    seen = {}  # cache -> where each layer's keys start, after every forward step of generate (torch's forward hook)
+
+    def after_forward(module, args, kwargs, out):
+        c = kwargs.get("cache")
+        if c is not None:
+            seen.setdefault(c, []).append([l.keys.data_ptr() for l in c.layers])
+
+    hook = model.get_base_model().register_forward_hook(after_forward, with_kwargs=True)
+    try:
+        ours = {sp: R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) for sp in (False, True)}
+    finally:
+        hook.remove()
+    made = [c for c in seen if len(seen[c]) > 1]  # the caches generate decoded with (a shared prompt's prefill: one)
+    assert len(made) == 2 and all(
+        isinstance(l, R.RoomLayer) and l.room == sc.max_new_tokens for c in made for l in c.layers
+    )
     P = max(len(p) for p in ours[False][0])  # the padded prompt width
     W = P + max(len(c) for c in ours[False][1]) - 1  # prompt + the tokens fed back
-    for sp, c in zip((False, True), made):  # one buffer per layer, allocated once
-        for l in c.layers:  # (the shared prompt's cache holds P - 1)
-            assert l.get_seq_length() == W and l.keys.data_ptr() == l._buf[0].data_ptr()
-            assert l._buf[0].shape[-2] == P - sp + sc.max_new_tokens
-    monkeypatch.setattr(
-        R,
-        "room_cache",
-        lambda model, room, like=None: like if like is not None else R.DynamicCache(config=model.config),
-    )
+    for c in made:  # one buffer per layer, allocated once: the keys never move (the shared prompt's cache holds P - 1)
+        assert all(l.get_seq_length() == W for l in c.layers)
+        assert all(ptrs == seen[c][0] for ptrs in seen[c]), "a layer's buffer moved"
     for sp in (False, True):
-        assert R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp) == ours[sp]
+        assert R.hf_sample(model, tok, prompts, u, sc, shared_prefix=sp, reserve_room=False) == ours[sp]
     assert any(len(c) > 1 for c in ours[False][1])

@@ -225,26 +225,29 @@ def _gone(uids, within=3.0):
     return _sandbox_uid_procs(uids) == []
 
 
-def _pool(mode, server, workers, limits=LIM):
+def _pool(mode, server, workers, limits=LIM, uids=None, template=sandbox.FORK_SERVER):
+    """A pool verifying on `server` ('fork' or 'per-program'; skipped where that cannot run here), its templates running
+    `template`; `uids`, a list: every throwaway uid the pool runs under is appended to it (the pool's `uid_source`)."""
     if mode == "namespaces" and sandbox.isolation() != "namespaces":
         pytest.skip("namespaces not permitted here (the rlimits runs still cover the corpus)")
-    p = sandbox.Pool(workers=workers, limits=limits, mode=mode, fork_server=server == "fork")
+    p = sandbox.Pool(workers=workers, limits=limits, mode=mode, fork_server=server == "fork", server=template)
     if server == "fork" and not p.fork_server:
         pytest.skip("no fork server here (needs a throwaway uid: root)")
+    if uids is not None:
+        own = p.uid_source
+        p.uid_source = lambda: uids.append(own()) or uids[-1]
     return p
 
 
 @pytest.mark.parametrize("server", ["fork", "per-program"])
 @pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
-def test_hostile_corpus(mode, server, tmp_path, monkeypatch):
+def test_hostile_corpus(mode, server, tmp_path):
     "≈ 10 s per (mode, path) here (the 4 s wall-clock cases run side by side)."
     canary = tmp_path / "canary"
     canary.mkdir()
     canary.chmod(0o777)
     uids = []
-    real_uid = sandbox._uid
-    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
-    pool = _pool(mode, server, workers=8)
+    pool = _pool(mode, server, workers=8, uids=uids)
     port, received, stop = _listener()
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     before = {p: hash_file(p) for p in (ORACLE, SANDBOX_PY)}
@@ -270,7 +273,7 @@ def test_hostile_corpus(mode, server, tmp_path, monkeypatch):
         assert not bad, bad
         assert all(d["isolation"] == mode for _, d in res.values())
         assert all(tm["server"] == server for tm in timings)
-        assert all(tm["wall_s"] <= LIM.wall_s + sandbox._GRACE_S + 1 for tm in timings)
+        assert all(tm["wall_s"] <= LIM.wall_s + sandbox.GRACE_S + 1 for tm in timings)
         assert not any("wall_s" in d for _, d in res.values())  # timing is a sidecar, never a detail
         assert total < BOUND_S
         assert sentinel.poll() is None, "an unrelated process was killed"
@@ -403,13 +406,11 @@ def _finder(body, pre=""):
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
-def test_no_state_survives_to_the_next_program(mode, monkeypatch):
+def test_no_state_survives_to_the_next_program(mode):
     "Leaver, then finder, on one template: the finder must find nothing. Positive control: both in one program. ≈ 3 s."
     uids = []
-    real_uid = sandbox._uid
-    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
     task = _task()
-    with _pool(mode, "fork", workers=1) as pool:
+    with _pool(mode, "fork", workers=1, uids=uids) as pool:
         run = lambda code: pool.run(code, task.tests)
         for name, (leave, find, open_in) in LEAKS.items():
             ctl = run(_finder(find, pre=_leaver(leave).replace("def smaller(a, b): return None\n", "")))
@@ -440,14 +441,14 @@ STATUS_FINDER = (
 )
 
 
-def test_template_holds_nothing_of_the_previous_program(monkeypatch):
+def test_template_holds_nothing_of_the_previous_program():
     """No live object of the template (frames, gc-tracked objects) tells a program anything about the one before, here
     its exit status. Positive control: the same finder sees it when the template keeps its last status. ≈ 1 s."""
     task = _task()
+    keeping = sandbox.FORK_SERVER.replace("del st, msg, fds; gc.collect()", "pass")
+    assert keeping != sandbox.FORK_SERVER
     for keep in (False, True):
-        if keep:
-            monkeypatch.setattr(sandbox, "_SERVER", sandbox._SERVER.replace("del st, msg, fds; gc.collect()", "pass"))
-        with _pool(sandbox.isolation(), "fork", workers=1) as pool:
+        with _pool(sandbox.isolation(), "fork", workers=1, template=keeping if keep else sandbox.FORK_SERVER) as pool:
             assert not pool.run("import os\nos._exit(42)", task.tests).ok
             assert pool.run(_finder(STATUS_FINDER), task.tests).ok == keep
 
@@ -457,16 +458,14 @@ WARM_FINDER = (
 )
 
 
-def test_template_warm_up_leaves_nothing_alive(monkeypatch):
+def test_template_warm_up_leaves_nothing_alive():
     """The template runs the compiler once on its own snippet before it serves (`_warm`); nothing that snippet defined
     stays alive for a program to find. Positive control: a template that keeps the snippet's globals. ≈ 1 s."""
     task = _task()
+    keeping = sandbox.FORK_SERVER.replace("    g = {}\n", "    global _KEEP\n    g = _KEEP = {}\n", 1)
+    assert keeping != sandbox.FORK_SERVER
     for keep in (False, True):
-        if keep:
-            monkeypatch.setattr(
-                sandbox, "_SERVER", sandbox._SERVER.replace("    g = {}\n", "    global _KEEP\n    g = _KEEP = {}\n", 1)
-            )
-        with _pool(sandbox.isolation(), "fork", workers=1) as pool:
+        with _pool(sandbox.isolation(), "fork", workers=1, template=keeping if keep else sandbox.FORK_SERVER) as pool:
             assert pool.run(_finder(WARM_FINDER), task.tests).ok == keep
 
 
@@ -510,14 +509,12 @@ while time.monotonic() < end and not FOUND:
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
-def test_concurrent_neighbour_is_out_of_reach(mode, tmp_path, monkeypatch):
+def test_concurrent_neighbour_is_out_of_reach(mode, tmp_path):
     "Victim and attacker verified at the same time on the two templates of a pool. ≈ 2 s."
     uids = []
-    real_uid = sandbox._uid
-    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
     task = _task()
     attacker = ATTACK.format(targets=None) + "def smaller(a, b): return min(a, b) if FOUND else None\n"
-    with _pool(mode, "fork", workers=2) as pool:
+    with _pool(mode, "fork", workers=2, uids=uids) as pool:
         with ThreadPoolExecutor(2) as ex:  # both templates up first
             list(
                 ex.map(
@@ -562,14 +559,12 @@ def test_concurrent_neighbour_is_out_of_reach(mode, tmp_path, monkeypatch):
     assert {"signal", "read", "mem", "ptrace"} <= set(eval(out)), out
 
 
-def test_template_killed_or_stopped_costs_only_that_program(monkeypatch):
+def test_template_killed_or_stopped_costs_only_that_program():
     "A program that kills or stops its template gets 0; the template is replaced; the next program gets 1. ≈ 4 s."
     uids = []
-    real_uid = sandbox._uid
-    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real_uid()) or uids[-1])
     task, lim = _task(), sandbox.Limits(cpu_s=1, wall_s=1.0)
     mode = sandbox.isolation()
-    with _pool(mode, "fork", workers=1, limits=lim) as pool:
+    with _pool(mode, "fork", workers=1, limits=lim, uids=uids) as pool:
         kill = (
             "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n"
             "def smaller(a, b): return min(a, b)\n"
@@ -583,13 +578,12 @@ def test_template_killed_or_stopped_costs_only_that_program(monkeypatch):
     assert _gone(set(uids))
 
 
-def test_fallback_when_the_template_cannot_start(monkeypatch, capsys):
-    "A template that exits at once: the pool says so once and verifies with a fresh sandbox per program. ≈ 1 s."
-    monkeypatch.setattr(sandbox, "_SERVER", "import os\nos._exit(3)\n")
-    monkeypatch.setattr(sandbox, "_SAID", set())
+def test_fallback_when_the_template_cannot_start(capsys):
+    """A template that exits at once: the pool says so once (per process: no other test starts this template) and
+    verifies with a fresh sandbox per program. ≈ 1 s."""
     task = _task()
     for _ in range(2):
-        with sandbox.Pool(workers=2, limits=LIM) as pool:
+        with sandbox.Pool(workers=2, limits=LIM, server="import os\nos._exit(3)\n") as pool:
             if not pool.fork_server:
                 pytest.skip("no fork server here (needs a throwaway uid: root)")
             got = [pool.run(c, task.tests) for c in (CORRECT["correct_min"], "def smaller(a, b): return a")]
@@ -682,12 +676,11 @@ def test_raw_tests_run_in_child_and_are_flagged():
 
 
 @pytest.mark.parametrize("server", ["fork", "per-program"])
-def test_fork_bomb_small_nproc_reaped_quickly(server, monkeypatch):
+def test_fork_bomb_small_nproc_reaped_quickly(server):
     "With a tiny RLIMIT_NPROC the fork bomb is bounded and everything is gone right after the wall timeout."
     uids = []
-    real = sandbox._uid
-    monkeypatch.setattr(sandbox, "_uid", lambda: uids.append(real()) or uids[-1])
-    with _pool(sandbox.isolation(), server, workers=1, limits=sandbox.Limits(cpu_s=1, wall_s=2, nproc=4)) as pool:
+    lim = sandbox.Limits(cpu_s=1, wall_s=2, nproc=4)
+    with _pool(sandbox.isolation(), server, workers=1, limits=lim, uids=uids) as pool:
         pool.run("def f(x): return x", ["assert f(1) == 1"])  # the template (if any) is up
         t0 = time.monotonic()
         r = pool.run("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", ["assert f(1) == 1"])

@@ -8,6 +8,7 @@ from pathlib import Path
 from conftest import CLI, run_code
 
 from stalebook.snapshot import LOCKFILE, read_lock, snapshot_layout, verify_snapshot, write_lock
+from stalebook.tasks import SCHEMA_VERSION
 
 
 def _edit_lock(d, f):
@@ -49,30 +50,23 @@ def test_wrong_revision(snap):
     )
 
 
-def test_changed_schema(snap, monkeypatch):
+def test_changed_schema(snap):
     _edit_lock(snap, lambda l: l["schema"].update(vocab_size=999))
     assert verify_snapshot(snap) == ["schema: vocab_size is 31, lockfile says 999"]
     write_lock(snap)
-    import stalebook.snapshot
-
-    monkeypatch.setattr(stalebook.snapshot, "SCHEMA_VERSION", "tasks/999")
-    assert verify_snapshot(snap) == ["schema: task_schema_version is 'tasks/999', lockfile says 'tasks/1'"]
-    monkeypatch.undo()
+    _edit_lock(snap, lambda l: l["schema"].update(task_schema_version="tasks/0"))  # locked under an older task schema
+    assert verify_snapshot(snap) == [f"schema: task_schema_version is {SCHEMA_VERSION!r}, lockfile says 'tasks/0'"]
+    write_lock(snap)
     assert verify_snapshot(snap, expect_schema={"model_type": "qwen2"}) == [
         "schema: model_type is 'llama', run expects 'qwen2'"
     ]
 
 
-def test_failing_verifier_self_test(snap, monkeypatch):
-    import stalebook.snapshot
-
-    monkeypatch.setattr(
-        stalebook.snapshot, "reward", lambda task, completion: (1.0, {})
-    )  # a verifier that accepts everything
-    bad = verify_snapshot(snap)
+def test_failing_verifier_self_test(snap):
+    bad = verify_snapshot(snap, reward_fn=lambda task, completion: (1.0, {}))  # a verifier that accepts everything
     assert bad and all(b.startswith("verifier self-test:") and "expected 0.0" in b for b in bad)
     assert any(" math " in b for b in bad) and any(" code " in b for b in bad)
-    monkeypatch.undo()
+    assert verify_snapshot(snap) == []  # the package's verifier passes it
     _edit_lock(snap, lambda l: l["self_test"]["math"][0].update(completion="41"))  # tampered expectation
     assert verify_snapshot(snap) == [
         "verifier self-test: math case 0 (selftest-math-1, completion '41') got reward 0.0, expected 1.0"

@@ -52,7 +52,7 @@ def test_no_bias_on_policy_and_binomial_vs_bruteforce(seed, K):
     th, ph = random_logits(tr, g), random_logits(tr, g)
     R = (g.random(tr.N) < 0.5).astype(float)
     assert np.abs(stl.decompose(tr, th, th, R, K, g)["delta"]).max() == 0.0
-    bf = stl._brute_surrogate(tr, th, ph, R, K)
+    bf = stl.brute_surrogate(tr, th, ph, R, K)
     assert abs(bf - stl.surrogate_value(tr, th, ph, stl.exact_masses(tr, ph, R, K))) < 1e-12
 
 
@@ -97,12 +97,10 @@ def test_bias_ratio_converges_and_linear_in_S():
     assert abs(np.polyfit(np.log(b["S"]), np.log(b["delta"][:, 0]), 1)[0] - 1) < 0.01
 
 
-def test_quick_benchmark_runs():
-    import importlib.util
-    import pathlib
+def test_quick_sweep_runs(capsys):
+    "`stalebook study staleness-sim --quick`: the reduced grid of both settings and the bias curve, nothing written."
+    from stalebook.commands import cmd_study
 
-    p = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_staleness.py"
-    spec = importlib.util.spec_from_file_location("sweep_staleness", p)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    assert m.main(["--quick"]) == 0
+    assert cmd_study(["staleness-sim", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[grpo] ") and "\n[unclipped] " in out and "bias: limit " in out

@@ -1,10 +1,9 @@
 """The staleness study as a registry (stalebook.staleness_study): its train section typed as a partial TrainConfig (a
 wrong field or type refused at load in one line; unit configs unchanged); the committed registry's `reduced` slice run
-as units (`run_unit` / `run_registry`), checked by its contracts, frozen, and analysed by benchmarks/study_staleness.py;
+as units (`run_unit` / `run_registry`), checked by its contracts, frozen, and analysed by `stalebook study staleness`;
 the analysis checked against the cells' own results (~80 s on the shared 2-core machine); and (slow, ~85 s) a SIGKILLed
 unit resumes to the same bytes."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,19 +30,12 @@ def _registry(tmp_path, snap):
     return f
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("study_staleness", ROOT / "benchmarks" / "study_staleness.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
 def test_registry_is_the_committed_study():
     "The registry expands into the grid of the committed study results (S x eta x seeds per optimizer)."
     from stalebook.registry import load_registry
 
     units = load_registry("staleness-tiny").units()
-    res = json.loads((ROOT / "benchmarks" / "results" / "study_staleness.json").read_text())
+    res = json.loads((ROOT / "results" / "records" / "study_staleness.json").read_text())
     assert res["cells"] == len(units) == 150
     for opt, o in res["optimizers"].items():
         got = {(u.S, u.lr, u.seed) for u in units.values() if u.optimizer == opt}
@@ -122,7 +114,7 @@ def test_cli_status_of_a_bad_registry_is_one_line(tmp_path, cli):
 
 def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch):
     """The `reduced` slice (S in {1, 4} x 2 learning rates x 2 seeds, AdamW, 12 steps): every cell a unit, status
-    COMPLETE with every contract passing, the frozen table and the script's JSON agreeing with the cells' results.json,
+    COMPLETE with every contract passing, the frozen table and the study's record agreeing with the cells' results.json,
     eta_max by hand, exact sync-every lags; a second run reads every unit back; `stalebook status` prints FROZEN."""
     monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "fig"))
     from stalebook.contracts import registry_status
@@ -131,11 +123,10 @@ def test_reduced_study_through_the_registry(tmp_path, tiny_snapshot, monkeypatch
     spec = f"{_registry(tmp_path, tiny_snapshot)}:reduced"
     reg = load_registry(spec)
     root = tmp_path / "root-reduced"
-    st = _script()
-    assert (
-        st.main(["--registry", spec, "--root", str(root), "--json", str(tmp_path / "res.json"), "--figures", "reduced"])
-        == 0
-    )
+    from stalebook.commands import cmd_study
+
+    args = ["--registry", spec, "--root", str(root), "--json", str(tmp_path / "res.json"), "--figures", "reduced"]
+    assert cmd_study(["staleness", *args]) == 0
     status = registry_status(reg, root)
     assert status["state"] == "frozen" and status["totals"]["pass"] == 8
     assert all(not p for r in status["rows"] for p in r["contracts"].values())
@@ -235,7 +226,7 @@ def _flat_sweep(collapsed: bool, logratio: float) -> dict:
     "collapsed,logratio", [(False, 0.0), (False, 0.05), (True, 0.05)], ids=["none-Rbatch-inf", "none", "all"]
 )
 def test_report_figures_render_without_collapse(tmp_path, collapsed, logratio):
-    """The study's figures (benchmarks/study_staleness.py: study_report, then plot_phase, plot_tcollapse, plot_cosine)
+    """The study's figures (`staleness_study.study_figures`: study_report, then plot_phase, plot_tcollapse, plot_cosine)
     render for a grid in which no run collapsed — R_crit is then inf, and with log-ratios that do not grow with the lag
     R_batch too, so the rule's bounds are inf (this raised 'Axis limits cannot be NaN or Inf') — and say so; and for
     a grid in which every run collapsed (no stable run: G_upd and the local bound NaN)."""
@@ -270,3 +261,20 @@ def test_report_figures_render_without_collapse(tmp_path, collapsed, logratio):
         assert notes[1] == ["no run collapsed"] and all(n and n[0].startswith("no run collapsed") for n in notes)
         assert ax[1].get_legend() is None
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_claims_read_each_models_record(monkeypatch):
+    """The README's staleness rows (`staleness_study.claims`): per model, one verdict per optimizer of its committed
+    study record, and the rule-vs-boundary check on it; a model without a record is 'not run', and giving it one is a
+    line in STUDY_RECORDS."""
+    import stalebook.staleness_study as ss
+
+    rows = ss.claims()
+    assert [c.status["smol"] for c in rows] == ["not run"] * 5
+    assert rows[1].status == {
+        "exact": "grpo: not reproduced; unclipped: not reproduced",
+        "tiny": "adamw: reproduced; sgd: reproduced",
+        "smol": "not run",
+    }
+    monkeypatch.setitem(ss.STUDY_RECORDS, "smol", "study_staleness.json")  # as a SmolLM2 record would be named
+    assert [c.status["smol"] for c in ss.claims()] == [c.status["tiny"] for c in rows]

@@ -1,8 +1,11 @@
 """Tasks and verifiers: synthetic generators, answer extraction, math/code rewards, loaders, fixtures."""
 
 import json
+import pickle
 import re
+import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stalebook import sandbox
-from stalebook import tasks as tasks_mod
 from stalebook.core import Domain, StalebookError
 from stalebook.rollouts import task_pool
 from stalebook.tasks import (
@@ -22,6 +24,7 @@ from stalebook.tasks import (
     MATH_NL_LEVELS,
     SCHEMA_VERSION,
     Task,
+    VerifierProcess,
     call_with_timeout,
     extract_answer,
     extract_final_answer,
@@ -343,30 +346,26 @@ def test_malformed_line_names_file_and_line_nothing_partial(fmt, tmp_path):
         load_tasks_jsonl(tmp_path / "missing.jsonl", fmt)
 
 
-def test_verifier_process_whose_caller_is_gone_exits_quietly():
+def test_verifier_process_whose_caller_is_gone_exits_quietly(capfd):
     """A VerifierProcess server whose caller closed its end of the answer pipe mid-request (the caller died) exits with
-    status 0, its pool closed, without a traceback on stderr."""
-    import subprocess
-    import sys
-    from dataclasses import fields
-
-    from stalebook.tasks import _frame_send, self_test_cases
-
-    p = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from stalebook.tasks import _serve_rewards; _serve_rewards(1)"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    status 0, its pool closed, without a traceback on stderr (the server's stderr is this process's: capfd reads it)."""
+    vp = VerifierProcess(1)
     t, c, _ = self_test_cases("code")[0]
     slow = "(lambda: [sum(range(200000)) for _ in range(20)] and 2*x+1)()"  # still being verified when we leave
-    _frame_send(p.stdin, ([{f.name: getattr(t, f.name) for f in fields(t)}] * 2, [c, slow]))
-    p.stdout.close()  # nobody reads the answer
-    p.stdin.close()
-    assert p.wait(timeout=120) == 0
-    err = p.stderr.read()
-    p.stderr.close()
-    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    req = pickle.dumps(([{f.name: getattr(t, f.name) for f in fields(t)}] * 2, [c, slow]))
+    vp.p.stdin.write(len(req).to_bytes(8, "little") + req)  # one request, framed as `VerifierProcess.rewards` sends it
+    vp.p.stdin.flush()
+    vp.p.stdout.close()  # nobody reads the answer
+    vp.p.stdin.close()
+    assert vp.p.wait(timeout=120) == 0
+    vp.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def without_math_verify(monkeypatch):
+    "This process as if math-verify were not installed: `find_spec` finds nothing and an import of it fails."
+    monkeypatch.setitem(sys.modules, "math_verify", None)
 
 
 # ---------------------------------------------------------------- math_nl: natural-language math for chat models
@@ -420,7 +419,8 @@ def test_existing_families_are_unchanged(monkeypatch, installed):
     same whether math-verify is installed or not: the synthetic math domain's grader does not depend on it."""
     import hashlib
 
-    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: installed)
+    if not installed:
+        without_math_verify(monkeypatch)
     h = hashlib.sha256()
     for dom, levels in (("math", MATH_LEVELS), ("code", CODE_LEVELS)):
         for lv in levels:
@@ -485,7 +485,7 @@ def test_math_nl_task_validation_and_self_test():
 def test_math_nl_needs_math_verify_and_says_so(monkeypatch):
     "math_nl without math-verify: a one-line error naming it and how to install it, not a silent 0."
     t = Task("nl", "math_nl", "What is 7 + 5?\n" + MATH_NL_FORMAT, "12")
-    monkeypatch.setattr(tasks_mod, "_math_verify_available", lambda: False)
+    without_math_verify(monkeypatch)
     with pytest.raises(StalebookError, match=r"^grading math_nl needs math-verify.*make setup"):
         reward(t, "Answer: 12")
     with pytest.raises(StalebookError, match="math-verify"):

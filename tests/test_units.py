@@ -9,70 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import EXE, content_files, ranking_registry, run, synthetic_registry
 
 from stalebook.core import Domain
 
-EXE = str(Path(sys.executable).parent / "stalebook")
-ROOT = Path(__file__).resolve().parents[1]
-
-# Files that describe a run rather than its content (wall-clock, host, pid, absolute paths): never hashed,
-# excluded from byte comparisons. train/steps.jsonl carries per-step t_gen/t_step, train/config.yaml the run's `out`.
-SIDECARS = {
-    "attempts.jsonl",
-    "timings.json",
-    "point.timings.json",
-    "timings.jsonl",
-    ".lock",
-    "steps.jsonl",
-    "config.yaml",
-}
-
-
-def ranking_registry(
-    tmp: Path, snap, name="kill", checkpoints=(2,), seeds=(0,), objective="grpo", table="demo", train_extra=""
-) -> Path:
-    f = tmp / f"{name}.yaml"
-    f.write_text(f"""name: {name}
-kind: ranking
-models: {{tiny: {{snapshot: {snap}}}}}
-study:
-  table: {table}
-  objective: {objective}
-  checkpoints: {list(checkpoints)}
-  train: {{prompts_per_step: 8, lr: 0.05, checkpoint_every: 1, \
-sampling: {{group_size: 8, max_new_tokens: 6}}{train_extra}}}
-  point: {{n_candidates: 12, n_validation: 4, k: 3, group_size: 4, max_new_tokens: 6, \
-groups_per_batch: 4, k_sketch: 256}}
-  blocks: [{{models: [tiny], domains: [math], seeds: {list(seeds)}}}]
-""")
-    return f
-
-
-def content_files(root: Path) -> dict:
-    "{relpath: bytes} of every file under root that is content (not a sidecar)."
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in SIDECARS
-    }
-
-
-def run(args, env=None, timeout=900):
-    return subprocess.run(
-        [EXE, *map(str, args)], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
-    )
-
-
 # ---------------------------------------------------------------- synthetic kind: lock, kills, other processes
-
-
-def synthetic_registry(tmp: Path, units=3, phases=3, work_s=0.0) -> Path:
-    f = tmp / "syn.yaml"
-    f.write_text(f"name: syn\nkind: synthetic\nstudy: {{units: {units}, phases: {phases}, work_s: {work_s}}}\n")
-    return f
 
 
 # Each kill is a process start (seconds of imports): `full` (4 kills) runs with the slow tests; `quick`, in the default

@@ -413,11 +413,12 @@ def test_the_published_lora_folder_loads_with_peft(tmp_path, tiny_snapshot, vllm
     assert a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_lora_ids_are_stable_distinct_and_never_reused(tmp_path, tiny_snapshot, monkeypatch):
+def test_lora_ids_are_stable_distinct_and_never_reused(tmp_path, tiny_snapshot):
     """`LoraFolders`: the same content keeps its id and folder (written once), other content gets another id, an
     old id stays bound to its content after its folder is pruned, and an id collision is refused."""
     import stalebook.rollouts as R
     from stalebook.core import StalebookError
+    from stalebook.model import policy_hash
 
     model, _ = _policy(tiny_snapshot)
     lf = R.LoraFolders(tmp_path / "lora", keep=2)
@@ -432,8 +433,8 @@ def test_lora_ids_are_stable_distinct_and_never_reused(tmp_path, tiny_snapshot, 
         seen.append((h, i))
     assert len({h for h, _ in seen}) == len({i for _, i in seen}) == 4 and all(0 < i < 2**31 for _, i in seen)
     assert not p0.exists() and lf.ids[i0] == h0  # pruned from disk, the id still bound to its content
-    monkeypatch.setattr(R, "lora_request_id", lambda h: i0)  # force a collision
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if "lora_B" in n).add_(0.01)
+    lf.ids[R.lora_request_id(policy_hash(model))] = h0  # a collision: the new content's id already given to h0
     with pytest.raises(StalebookError, match="never reused"):
         lf.publish(model)

@@ -8,11 +8,14 @@ Docs: https://stalebook.github.io/stalebook/async_sim.html.md"""
 # %% ../../nbs/16_async_sim.ipynb #caf02f23
 from __future__ import annotations
 
+import time
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from ..core import Check, Domain, verify_check
+from ..core import Check, Domain, atomic_write_json, project_root, save_figure, verify_check
 from stalebook.theory.staleness import (
     estimate_G_upd,
     estimate_R_batch,
@@ -27,7 +30,8 @@ from .tree import Tree, seq_probs, token_logprobs
 # %% auto #0
 __all__ = ['ENV_KW', 'SETTINGS', 'SimEnv', 'make_env', 'behaviour_source', 'simulate', 'moving_average', 'collapse_time', 'env_H',
            'bias_vs_lag', 'rule_constants', 'plot_phase', 'plot_tcollapse', 'plot_cosine', 'plot_bias',
-           'check_async_lag_bound', 'check_collapse_criterion', 'run_sweep', 'analyse_sweep']
+           'check_async_lag_bound', 'check_collapse_criterion', 'run_sweep', 'analyse_sweep', 'setting_record',
+           'sweep_settings', 'sweep_figures', 'run_staleness_sweep']
 
 # %% ../../nbs/16_async_sim.ipynb #f2247165
 @dataclass
@@ -468,3 +472,103 @@ def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, ta
         cos_collapsed=cos_c,
         cos_stable=cos_s,
     )
+
+# %% ../../nbs/16_async_sim.ipynb #dfcf36d0
+def _jsonable(x):
+    "A JSON-able copy of numpy-laden results (arrays to lists, nan and inf to None)."
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return None if not np.isfinite(x) else float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.str_):
+        return str(x)
+    return x
+
+# %% ../../nbs/16_async_sim.ipynb #ffe813ae
+def setting_record(sw: dict, an: dict, rc: dict, kw: dict, seconds: float) -> dict:
+    "One setting's entry in the sweep's record: its grid and the numbers of `analyse_sweep` and `rule_constants`."
+    cs, cc = an["cos_stable"], an["cos_collapsed"]
+    keep = ("eta_max", "eta_max_median", "censored", "slope_reps", "slope_boot_ci", "S_eta_max", "cv_S_eta_max")
+    return dict(
+        kw=kw,
+        eta=sw["eta"],
+        S=sw["S"],
+        seconds=seconds,
+        collapsed_frac=(sw["t_c"] >= 0).mean(-1),
+        **{k: an[k] for k in keep},
+        tc_coef_a_b_logeta_c_logS=an["tc_coef"],
+        tc_coef_ci=an["tc_coef_ci"],
+        n_collapsed=an["n_collapsed"],
+        MSeta_mean=an["MSeta_mean"],
+        MSeta_cv=an["MSeta_cv"],
+        cos_collapsed_mean=float(np.nanmean(cc)) if len(cc) else None,
+        cos_stable_mean=float(np.nanmean(cs)) if len(cs) else None,
+        cos_stable_abs_mean=float(np.nanmean(np.abs(cs))) if len(cs) else None,
+        rule={k: rc[k] for k in ("G_upd", "R_batch", "R_crit", "local", "horizon", "binding")},
+    )
+
+# %% ../../nbs/16_async_sim.ipynb #b552ede2
+def sweep_settings(env: SimEnv, Ss, reps: int, steps: int, quick: bool = False, log=print) -> tuple[dict, dict]:
+    "Both settings' sweeps: ({setting: its record entry}, {setting: (sweep, analysis, rule constants)})."
+    out, sweeps = {}, {}
+    for name, st in SETTINGS.items():
+        ts = time.time()
+        sw = run_sweep(env, Ss, st["etas"][::2] if quick else st["etas"], reps, steps, **st["kw"])
+        an, rc = analyse_sweep(sw), rule_constants(sw, 0.2)  # R_batch at the reference clip radius 0.2 in both
+        sweeps[name] = (sw, an, rc)
+        o = out[name] = setting_record(sw, an, rc, st["kw"], time.time() - ts)
+        log(
+            f"[{name}] {o['seconds']:.1f}s  eta_max(S)={np.round(an['eta_max_median'], 3)}  "
+            f"slope={np.round(an['slope_boot_ci'], 3)}"
+            f"  CV(S eta_max)={an['cv_S_eta_max']:.2f}  t_c coef(a,b,c)={np.round(an['tc_coef'], 2)}"
+            f"  M S eta={an['MSeta_mean']:.3g} (CV {an['MSeta_cv']:.2f})  "
+            f"cos coll/stable={o['cos_collapsed_mean']}/{o['cos_stable_mean']}"
+        )
+    return out, sweeps
+
+# %% ../../nbs/16_async_sim.ipynb #193c59a7
+def sweep_figures(sweeps: dict, bias: dict) -> None:
+    "figures/staleness_{phase,tcollapse,cosine}.png (one panel per setting) and staleness_bias_ratio.png."
+    import matplotlib.pyplot as plt  # figures only
+
+    for kind, fn in (("phase", plot_phase), ("tcollapse", plot_tcollapse), ("cosine", plot_cosine)):
+        fig, axs = plt.subplots(1, 2, figsize=(9, 3.6))
+        for ax, (name, (sw, an, rc)) in zip(axs, sweeps.items()):
+            fn(ax, sw, an, rc, SETTINGS[name]["title"]) if kind == "phase" else fn(ax, sw, SETTINGS[name]["title"])
+        fig.tight_layout()
+        save_figure(fig, f"staleness_{kind}")
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    plot_bias(ax, bias)
+    fig.tight_layout()
+    save_figure(fig, "staleness_bias_ratio")
+    plt.close(fig)
+
+# %% ../../nbs/16_async_sim.ipynb #61c127c2
+def run_staleness_sweep(reps: int = 6, steps: int = 300, quick: bool = False, out=None, log=print) -> int:
+    """`stalebook study staleness-sim`: both settings' full sweeps and the bias against the lag, written to the record
+    (default results/records/sweep_staleness.json) and figures; `quick` runs the reduced grid and writes nothing."""
+    with warnings.catch_warnings():  # empty slices (no stable or no collapsed run) give NaN, by design
+        warnings.simplefilter("ignore", RuntimeWarning)
+        t0, env = time.time(), make_env(0, **ENV_KW)
+        Ss = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
+        rec, sweeps = sweep_settings(env, Ss, 2 if quick else reps, 200 if quick else steps, quick, log)
+        bias = bias_vs_lag(env, [1, 2, 4, 8, 16, 32], np.geomspace(1e-3, 3, 10), **SETTINGS["grpo"]["sim"])
+    slope = float(np.polyfit(np.log(bias["S"]), np.log(bias["delta"][:, 0]), 1)[0])
+    rec["bias"] = {k: bias[k] for k in ("S", "eta", "ratio", "limit")} | dict(slope_in_S_smallest_eta=slope)
+    rec["seconds_total"] = total = time.time() - t0
+    log(f"bias: limit {bias['limit']:.4g}, slope of log||delta|| on log S at eta=1e-3: {slope:.4f}")
+    log(f"total {total:.1f}s")
+    if quick:
+        return 0
+    atomic_write_json(
+        out or (project_root() or Path.cwd()) / "results" / "records" / "sweep_staleness.json", _jsonable(rec)
+    )
+    sweep_figures(sweeps, bias)
+    return 0

@@ -211,7 +211,7 @@ def sft_grad(theta, a):
     "Gradient of L(theta) = sum_y a_y log softmax(theta)_y w.r.t. free logits theta: a - (sum a) softmax(theta)."
     return a - a.sum(-1, keepdims=True) * np.exp(log_softmax(theta, axis=-1))
 
-
+# %% ../../nbs/17_boltzmann.ipynb #0f9a20aa
 def weighted_sft(a, theta0, steps, lr=1.0, opt="adam", betas=(0.9, 0.999), eps=1e-12, decay=1.0, every=0):
     """Maximise sum_y a_y log pi_theta(y) (a_y = weighted empirical mass of response y) by `steps` full-batch
     gradient steps from logits theta0. opt: 'gd' (plain gradient ascent) or 'adam'; step size lr * decay^t.
@@ -236,7 +236,7 @@ def weighted_sft(a, theta0, steps, lr=1.0, opt="adam", betas=(0.9, 0.999), eps=1
             hist.append((t, th.copy()))
     return (th, hist) if every else th
 
-
+# %% ../../nbs/17_boltzmann.ipynb #126ac10a
 def empirical_sft_mass(idx, logw, N):
     "a_y = (1/n) sum_i w_i 1[y_i = y]: the weighted empirical measure of stored samples idx with log-weights logw."
     idx = np.asarray(idx)

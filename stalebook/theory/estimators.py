@@ -177,7 +177,7 @@ def _autograd_pg(tree, pi_logits, R):
     expected_reward(tree, th, torch.as_tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(pi_logits)[:-2] + (tree.D,))
 
-
+# %% ../../nbs/11_estimators.ipynb #d1d65c30
 def exactness_errors(n_trees: int, seed: int = 0, scale: float = 1.0) -> dict:
     "Max errors of the four identities over `n_trees` random trees (V in 2..4, T in 1..4, 2 prompts each)."
     dom = Domain(seed, ("estimators", "exactness"))

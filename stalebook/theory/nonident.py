@@ -43,7 +43,7 @@ def probe_direction(model: str) -> np.ndarray:
         raise ValueError(model)
     return v.reshape(-1)
 
-
+# %% ../../nbs/13_nonident.ipynb #13a137a5
 def flip_prompt(model: str, sign: int, delta: float):
     """(pi_logits, beta_logits, R) of the boundary prompt. beta is uniform everywhere; R(a1, a2) = a2.
     g_10 model: pi = beta except pi(1 | h1) = 1/2 + sign*delta (step 2: P_t = 1);
@@ -167,7 +167,7 @@ def nonident_case(model: str, eps: float, K: int, n: int = 4, k: int = 2) -> dic
         P_homogeneous=float(pr[(idx % 2 == idx[:, :1] % 2).all(-1)].sum()),
     )
 
-
+# %% ../../nbs/13_nonident.ipynb #d352891d
 @verify_check
 def check_nonidentifiability(Ks=(2, 3, 4, 5, 6), epss=(1e-1, 1e-2, 1e-3)):
     "Both observation models: identical observation laws, different true top-k, KL <= eps, ESS = 1."

@@ -62,7 +62,7 @@ def overlap_mc(c: float, n: int, k: int, reps: int, domain: Domain) -> tuple[flo
     o = topk_overlap(z, w, k)
     return float(o.mean()), float(o.std(ddof=1) / np.sqrt(reps))
 
-
+# %% ../../nbs/14_reliability.ipynb #33c95d6f
 def overlap_limit(c, q: float) -> np.ndarray:
     "n -> inf overlap O(c) = Phi2(-z_q, -z_q; c) / q with z_q = Phi^{-1}(1-q) (scipy bivariate normal CDF)."
     c = np.atleast_1d(np.asarray(c, dtype=np.float64))
@@ -107,7 +107,7 @@ def rho_se(rel: float, rel_se: float, q: float) -> float:
     "Delta-method standard error of rho_from_rel."
     return rel_se / overlap_slope(min(rho_from_rel(rel, q), 1 - 1e-9), q)
 
-
+# %% ../../nbs/14_reliability.ipynb #8e261581
 def precision_ceiling(rho, q: float):
     "Oracle expected precision against the A/B reference: O(sqrt(2 rho / (1 + rho)))."
     return overlap_limit(corr_mu_reference(rho), q)
@@ -140,7 +140,7 @@ def m_necessary(sigma: float, gap: float, delta: float) -> float:
     "Two-point lower bound 2 sigma^2 / gap^2 * Phi^{-1}(1 - delta)^2."
     return 2 * sigma**2 / gap**2 * stats.norm.isf(delta) ** 2
 
-
+# %% ../../nbs/14_reliability.ipynb #f052906c
 def cert_failure_sim(mu: np.ndarray, k: int, m: int, sigma: float, reps: int, domain: Domain) -> tuple[float, float]:
     "Monte Carlo failure rate (and SE) of top-k of sample means (m samples, noise sigma) vs top-k(mu)."
     g = domain.numpy()

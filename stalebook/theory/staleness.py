@@ -25,8 +25,8 @@ from stalebook.theory.tree import (
 
 # %% auto #0
 __all__ = ['advantage_table', 'mean_advantage', 'exact_masses', 'sampled_masses', 'surrogate_value', 'token_weights_to_grad',
-           'surrogate_grad', 'H_exact', 'decompose', 'check_surrogate_gradient', 'check_noise_zero_mean',
-           'stability_bound', 'estimate_G_upd', 'estimate_R_batch', 'estimate_R_crit']
+           'surrogate_grad', 'H_exact', 'decompose', 'brute_surrogate', 'check_surrogate_gradient',
+           'check_noise_zero_mean', 'stability_bound', 'estimate_G_upd', 'estimate_R_batch', 'estimate_R_crit']
 
 # %% ../../nbs/15_staleness.ipynb #c746444f
 def advantage_table(K: int, std: bool = True, eps: float = 1e-6) -> np.ndarray:
@@ -181,8 +181,9 @@ def decompose(tree: Tree, theta, phi, R, K: int, gen: np.random.Generator, std: 
     return dict(g=g, H_on=H_on, H=H_st, xi=g - H_st, delta=H_st - H_on)
 
 # %% ../../nbs/15_staleness.ipynb #f3c85ab2
-def _brute_surrogate(tree, theta, phi, R, K, **kw):
-    "Population surrogate by enumerating all N^K groups (an independent reference; tiny trees only)."
+def brute_surrogate(tree, theta, phi, R, K, **kw):
+    """Population surrogate by enumerating all N^K groups: an independent reference for the binomial sum of
+    `exact_masses` (public so that tests check against it too; tiny trees only)."""
     q = seq_probs(tree, phi)
     groups = np.stack(np.meshgrid(*[np.arange(tree.N)] * K, indexing="ij"), -1).reshape(-1, K)
     pg = q[groups].prod(-1)
@@ -219,7 +220,7 @@ def check_surrogate_gradient(seed: int = 0):
     R2 = np.array([1.0, 0, 1, 0])
     err_bf = max(
         abs(
-            _brute_surrogate(tr2, th2, ph2, R2, 3, agg=agg)
+            brute_surrogate(tr2, th2, ph2, R2, 3, agg=agg)
             - surrogate_value(tr2, th2, ph2, exact_masses(tr2, ph2, R2, 3), agg=agg)
         )
         for agg in ("token", "sequence")

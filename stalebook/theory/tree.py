@@ -149,7 +149,7 @@ def reach_probs(tree: Tree, logits) -> np.ndarray:
         d[..., nx] = (d[..., sl, None] * p[..., sl, :]).reshape(p.shape[:-2] + (-1,))
     return d
 
-
+# %% ../../nbs/10_tree.ipynb #9f0bfb73
 def expected_reward(tree: Tree, logits, rewards):
     "E_pi[R] by enumeration (numpy or torch, differentiable in torch)."
     return (seq_probs(tree, logits) * rewards).sum(-1)
@@ -171,7 +171,7 @@ def _autograd_grad(tree, logits, R):
     expected_reward(tree, th, torch.tensor(R, dtype=torch.float64)).sum().backward()
     return th.grad.numpy().reshape(np.shape(logits)[:-2] + (tree.D,))
 
-
+# %% ../../nbs/10_tree.ipynb #d68505a6
 @verify_check
 def check_tree_gradients(n_trees: int = 20, seed: int = 0):
     "Analytic, REINFORCE-by-enumeration and autograd gradients of E_pi[R] agree on random trees."
