@@ -214,7 +214,7 @@ def _bind(f: Path, rec: dict) -> None:
     f.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(f, rec)
 
-
+# %% ../nbs/30_bolt.ipynb #e863c74f
 def round_store(tr: Trainer, k: int, step: int, ref_path: str, stores: Path) -> RolloutStore:
     """Round k's reference store, sampled by lineage checkpoint `step` of the run of trainer `tr`: the store at
     `ref_path` (round 0, when given), generated now if the model is that checkpoint, else found complete in `stores`."""
@@ -260,6 +260,24 @@ def round_reference(tr: Trainer, k: int, step: int, ref_path: str, stores: Path,
         atomic_write_json(tf, times | {str(k): round(time.perf_counter() - t0, 4)})
     return dict(store=store, R=R, logw=sample_log_weights(R, weighting, beta), index=index)
 
+# %% ../nbs/30_bolt.ipynb #5d6b250e
+def _init_reference_data(d, cfg: TrainConfig, weighting, beta: float, rounds: int, stores, reference) -> None:
+    "`ReferenceData.__init__`: a config weighted SFT cannot serve refused; weighting, beta, rounds bound to the run."
+    if cfg.objective != "sft":
+        raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
+    if cfg.async_training.enabled:
+        raise StalebookError(f"{cfg.out}: async_training: weighted SFT samples nothing during training")
+    if rounds < 1 or cfg.steps % rounds:
+        raise StalebookError(f"rounds={rounds} must be >= 1 and divide steps={cfg.steps}")
+    d.round_len, d.rounds, d.round = cfg.steps // rounds, rounds, 0
+    starts = [k * d.round_len for k in range(rounds)]
+    if not set(starts) <= set(cfg.lineage_steps):
+        raise StalebookError(f"lineage_steps {list(cfg.lineage_steps)} must hold every round start {starts}")
+    sample_log_weights(np.ones((1, 1)), weighting, beta)  # a bad weighting or beta fails before any work
+    d.weighting, d.beta, d.ref_path, d.refs = weighting, beta, reference, {}
+    d.stores = Path(stores) if stores else Path(cfg.out) / "stores"
+    _bind(Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference))
+
 # %% ../nbs/30_bolt.ipynb #8e8ee569
 class ReferenceData:
     """The data of weighted SFT on a stored reference set, for the one `Trainer`: the step's prompts in the trainer's
@@ -271,22 +289,7 @@ class ReferenceData:
     def __init__(
         self, cfg: TrainConfig, weighting="bolt", beta: float = 0.5, rounds: int = 1, stores=None, reference=""
     ):
-        if cfg.objective != "sft":
-            raise StalebookError(f"{cfg.out}: weighted SFT records objective 'sft', config has '{cfg.objective}'")
-        if cfg.async_training.enabled:
-            raise StalebookError(f"{cfg.out}: async_training: weighted SFT samples nothing during training")
-        if rounds < 1 or cfg.steps % rounds:
-            raise StalebookError(f"rounds={rounds} must be >= 1 and divide steps={cfg.steps}")
-        self.round_len, self.rounds, self.round = cfg.steps // rounds, rounds, 0
-        starts = [k * self.round_len for k in range(rounds)]
-        if not set(starts) <= set(cfg.lineage_steps):
-            raise StalebookError(f"lineage_steps {list(cfg.lineage_steps)} must hold every round start {starts}")
-        sample_log_weights(np.ones((1, 1)), weighting, beta)  # a bad weighting or beta fails before any work
-        self.weighting, self.beta, self.ref_path, self.refs = weighting, beta, reference, {}
-        self.stores = Path(stores) if stores else Path(cfg.out) / "stores"
-        _bind(
-            Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference)
-        )
+        _init_reference_data(self, cfg, weighting, beta, rounds, stores, reference)
 
     def reference(self, tr: Trainer, k: int) -> dict:
         "Round k's weighted dataset (`round_reference`), generated or found once per round."
@@ -329,7 +332,7 @@ class ReferenceData:
         "What the data adds to a step's record: the round it trained on."
         return {"bolt/round": self.round}
 
-
+# %% ../nbs/30_bolt.ipynb #7f7260e0
 def reference_trainer(
     cfg: TrainConfig, weighting="bolt", beta=0.5, rounds=1, stores=None, reference="", **kw
 ) -> Trainer:
@@ -968,7 +971,7 @@ class BoltStudy:
     math_nl: BoltConfig | None = added_field(None)
     code_nl: BoltConfig | None = added_field(None)
 
-
+# %% ../nbs/30_bolt.ipynb #f2d3d4da
 def study_section(s: BoltStudy, d: str) -> BoltConfig:
     "The study's section of domain `d` (its budget), checked: it exists and trains on `d`."
     base = getattr(s, d, None) if d in ("math", "code", "math_nl", "code_nl") else None

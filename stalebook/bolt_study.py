@@ -90,7 +90,7 @@ def bolt_units(reg: Registry) -> dict:
         for uid, kind, cfg in study_units(s, STORES)
     }
 
-# %% ../nbs/37_bolt_study.ipynb #b0e1a008
+# %% ../nbs/37_bolt_study.ipynb #b241dc7f
 def _arm_config(u: Unit) -> BoltConfig:
     "The unit's arm with the model's snapshot folder on this machine ('' = the embedded tiny model)."
     c = u.config.arm
@@ -117,7 +117,7 @@ def stage_outputs(cfg: BoltConfig, stage: str) -> tuple[str, ...]:
         return tuple(f"eval/step-{s:06d}.json" for s in eval_steps(cfg))
     return ("result.json",)
 
-
+# %% ../nbs/37_bolt_study.ipynb #b0e1a008
 def _stage(cfg: BoltConfig, udir: Path, stage: str, progress: bool, log) -> None:
     arm_stage(cfg, udir, stage, progress, log=log)
 
@@ -406,7 +406,7 @@ _COL_METRIC = dict(
 def _r4(x):
     return None if x is None or x != x else round(float(x), 4)
 
-
+# %% ../nbs/37_bolt_study.ipynb #68e03394
 @aggregator("bolt")
 def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
     "Arm x domain rows over the seeds of the passing units, the claim rows, the sweep rows and the sources."

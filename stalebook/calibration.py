@@ -137,7 +137,7 @@ def calibration_point(
         model_world=res.model_params,
     )
 
-
+# %% ../nbs/18b_calibration.ipynb #61fec734
 def calibrate_cell(
     cell: CalibrationCell,
     domain: Domain,
@@ -373,7 +373,7 @@ def calibration_point_2s(
         shrinkage=shrinkage_diagnostics(cand, val, res.selected["fresh"], domain.child("diag"), diag_boot),
     )
 
-
+# %% ../nbs/18b_calibration.ipynb #15e0c745
 def summarise_cell_2s(cell: CalibrationCell, rows: Sequence[dict]) -> dict:
     """Counts of one cell (JSON-able): per method, LB <= truth and UB >= truth per statistic, gate passes, controls'
     false Effective (LB > 0, negative control) and false Ineffective (UB <= 0, diluted control); mean diagnostics."""

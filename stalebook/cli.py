@@ -103,7 +103,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
-
+# %% ../nbs/01_cli.ipynb #55d28725
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stalebook",

@@ -153,7 +153,7 @@ def pilot_model(summary: Mapping) -> dict:
         noise_scale=float(summary.get("model_world", {}).get("noise_scale", 1.3)),
     )
 
-
+# %% ../nbs/19_design.ipynb #1bcc2f28
 def pilot_models(summaries: Sequence[Mapping], pools: int = 40, draws: int = 50, domain: Domain | None = None) -> dict:
     """`pilot_model` of several pilot points at one design (a cell's seeds) pooled (mean Rel_k and gains), and from 3
     points on how much more their Rel_k and its lower bound's offset (estimate - LB) vary than the Gaussian model at
@@ -181,7 +181,7 @@ def pilot_models(summaries: Sequence[Mapping], pools: int = 40, draws: int = 50,
         spread_scale=float(max(1.0, offset.mean() / np.median(L["rel_spread"]))),
     )
 
-
+# %% ../nbs/19_design.ipynb #8c66d763
 def predict_design(
     model: Mapping, n: int, K: int, k: int, seeds: int = 5, stale_ratio: float | None = None, **kw
 ) -> dict:

@@ -95,7 +95,7 @@ def _put(q, item, stop) -> bool:
             pass
     return False
 
-
+# %% ../nbs/29_pipeline.ipynb #5c858538
 def generator_main(cfg_dict: dict, wdir: str, q, version, stop) -> None:
     """The generator process: batches sampled, teacher-forced and verified with the newest published weights,
     tagged with their version."""
@@ -373,7 +373,7 @@ def train_until_decided(tr: Trainer, crit: CollapseCriterion, every: int = 5):
         if tr.step >= tr.cfg.steps or (tc >= 0 and tc + max(crit.hold, crit.window) < len(tr.log.records)):
             return tc, None
 
-
+# %% ../nbs/29_pipeline.ipynb #525b24af
 def run_cell(config, out_dir) -> dict:
     "Run (or resume, or read back) one study cell under out_dir; returns its results (also out_dir/results.json)."
     cell = config if isinstance(config, CellConfig) else from_dict(CellConfig, config, src="study cell")

@@ -117,7 +117,7 @@ class PointConfig:
             groups_per_batch=self.groups_per_batch,
         )
 
-
+# %% ../nbs/28_point.ipynb #2196ffef
 def point_identity(cfg: PointConfig) -> dict:
     "The fields that determine a point's numbers: the config without where it reads and writes (`run`, `out`)."
     d = config_dict(cfg)
@@ -476,7 +476,7 @@ def _positive_line(pc: dict | None) -> str:
         f"exchangeable with fresh split R, p = {ps} → {'passed' if pc['passed'] else 'FAILED'}"
     )
 
-
+# %% ../nbs/28_point.ipynb #74b40ec0
 def point_markdown(result: dict) -> str:
     """A short Markdown table of one point: per estimator and for the negative control, gain with bounds;
     the shared fresh numbers; the positive control."""
@@ -522,7 +522,7 @@ def point_markdown(result: dict) -> str:
         lines += ["", "Capped ratios: not certified by the theory."]
     return "\n".join(lines) + "\n"
 
-
+# %% ../nbs/28_point.ipynb #514f4471
 def save_boot(out: Path, res: PointResult) -> None:
     "Every array of `res.to_arrays()` as `boot.npz` ('/' in a name becomes '__')."
     atomic_write(Path(out) / "boot.npz", npz_bytes({k.replace("/", "__"): v for k, v in res.to_arrays().items()}))

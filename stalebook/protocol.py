@@ -190,7 +190,7 @@ def live_gram(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = (32, 512)) 
         out[-1, -1] = det_matmul(a[-1:], b[-1:].T, block)[0, 0]
     return out
 
-
+# %% ../nbs/18_protocol.ipynb #1e06c136
 @dataclass
 class GramHalf:
     "Gram matrices of one reference half: G [n,K,K], CT = (V W^T)^T [M, n*K], GW [M, M] (M = n_val*K')."

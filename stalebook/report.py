@@ -372,7 +372,7 @@ def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
 def _g(v):
     return "-" if v is None else f"{v:+.4f}"
 
-
+# %% ../nbs/34_report.ipynb #353ffef0
 def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
     """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at
     the behaviour checkpoint the gate forecast."""
@@ -432,7 +432,7 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
                 )
     return out
 
-
+# %% ../nbs/34_report.ipynb #6ab02a4d
 def registry_decisions(registry, root=None, **kw) -> list[str]:
     "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
     view = study_view(registry, root)

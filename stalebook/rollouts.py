@@ -430,7 +430,7 @@ def _cut(ids: list, eos: set) -> list:
             return ids[: i + 1]
     return ids
 
-
+# %% ../nbs/25_rollouts.ipynb #b36476ef
 @torch.no_grad()
 def hf_sample(
     model,
@@ -619,6 +619,56 @@ def split_run_details(rec: dict) -> tuple[dict, list]:
         run.append({k: d[k] for k in RUN_DETAILS if k in d})
     return {**rec, "details": details}, run
 
+# %% ../nbs/25_rollouts.ipynb #76aab979
+def _open_store(
+    st,
+    root,
+    policy_hash: str,
+    domain: Domain,
+    sampling: SamplingConfig,
+    task_ids,
+    path,
+    numerics: str,
+    shared_prefix: bool,
+) -> None:
+    "`RolloutStore.__init__`: the manifest written, or an existing one checked; the groups so far checked in order."
+    st.policy_hash, st.domain, st.sampling, st.task_ids = policy_hash, domain, sampling, list(task_ids)
+    st.numerics, st.shared_prefix = numerics, shared_prefix  # shared_prefix: generation runs a prompt once
+    if len(set(st.task_ids)) != len(st.task_ids):
+        raise StalebookError("rollout store: duplicate task ids")
+    st.path = (
+        Path(path)
+        if path is not None
+        else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics, shared_prefix)
+    )
+    st.manifest = dict(
+        kind="stalebook.rollouts",
+        version=1,
+        policy_hash=policy_hash,
+        numerics=numerics,
+        rng_domain=dict(root=domain.root, path=list(domain.path), key=domain.hex),
+        sampling=config_dict(sampling),
+        sampling_hash=config_hash(sampling),
+        task_ids=st.task_ids,
+        tasks_hash=hash_json(st.task_ids),
+        **({"shared_prefix": True} if shared_prefix else {}),
+    )
+    mf = st.path / "manifest.json"
+    if mf.exists():
+        have = json.loads(mf.read_text())
+        for k in ("policy_hash", "numerics", "rng_domain", "sampling_hash", "tasks_hash", "shared_prefix"):
+            if have.get(k) != st.manifest.get(k):
+                raise StalebookError(
+                    f"{mf}: rollout store was made under another {k.replace('_', ' ')} "
+                    f"({str(have.get(k))[:16]}… ≠ {str(st.manifest.get(k))[:16]}…); refusing to reuse it"
+                )
+    else:
+        atomic_write_json(mf, st.manifest)
+    st.log = JsonlLog(st.path / "groups.jsonl")
+    for i, r in enumerate(st.log.records):
+        if r.get("group") != i or r.get("task_id") != st.task_ids[i]:
+            raise StalebookError(f"{st.path / 'groups.jsonl'}:{i + 1}: group record out of order")
+
 # %% ../nbs/25_rollouts.ipynb #88ea83e6
 class RolloutStore:
     "Append-only, hash-bound store of complete prompt groups."
@@ -634,42 +684,7 @@ class RolloutStore:
         numerics: str = "float32/cpu",
         shared_prefix: bool = False,
     ):
-        self.policy_hash, self.domain, self.sampling, self.task_ids = policy_hash, domain, sampling, list(task_ids)
-        self.numerics, self.shared_prefix = numerics, shared_prefix  # shared_prefix: generation runs a prompt once
-        if len(set(self.task_ids)) != len(self.task_ids):
-            raise StalebookError("rollout store: duplicate task ids")
-        self.path = (
-            Path(path)
-            if path is not None
-            else Path(root) / _store_name(policy_hash, domain, sampling, task_ids, numerics, shared_prefix)
-        )
-        self.manifest = dict(
-            kind="stalebook.rollouts",
-            version=1,
-            policy_hash=policy_hash,
-            numerics=numerics,
-            rng_domain=dict(root=domain.root, path=list(domain.path), key=domain.hex),
-            sampling=config_dict(sampling),
-            sampling_hash=config_hash(sampling),
-            task_ids=self.task_ids,
-            tasks_hash=hash_json(self.task_ids),
-            **({"shared_prefix": True} if shared_prefix else {}),
-        )
-        mf = self.path / "manifest.json"
-        if mf.exists():
-            have = json.loads(mf.read_text())
-            for k in ("policy_hash", "numerics", "rng_domain", "sampling_hash", "tasks_hash", "shared_prefix"):
-                if have.get(k) != self.manifest.get(k):
-                    raise StalebookError(
-                        f"{mf}: rollout store was made under another {k.replace('_', ' ')} "
-                        f"({str(have.get(k))[:16]}… ≠ {str(self.manifest.get(k))[:16]}…); refusing to reuse it"
-                    )
-        else:
-            atomic_write_json(mf, self.manifest)
-        self.log = JsonlLog(self.path / "groups.jsonl")
-        for i, r in enumerate(self.log.records):
-            if r.get("group") != i or r.get("task_id") != self.task_ids[i]:
-                raise StalebookError(f"{self.path / 'groups.jsonl'}:{i + 1}: group record out of order")
+        _open_store(self, root, policy_hash, domain, sampling, task_ids, path, numerics, shared_prefix)
 
     @property
     def n_done(self) -> int:

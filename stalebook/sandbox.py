@@ -129,7 +129,7 @@ def _rlimit_args(lim: Limits, template: bool = False) -> list[str]:
         "--msgqueue=0:0",
     ]
 
-
+# %% ../nbs/20_sandbox.ipynb #224fb6ca
 def _command(
     mode: str, lim: Limits, uid: int, arg: str, code: str, template: bool = False
 ) -> tuple[list[str], str | None]:
@@ -270,7 +270,7 @@ def _lit(node):
 def _is_lit(node):
     return _lit(node)[0]
 
-
+# %% ../nbs/20_sandbox.ipynb #96ee740e
 @lru_cache(maxsize=1 << 14)
 def compile_test(src: str) -> Check | None:
     """The parent-side `Check` of one assert snippet, or None (→ raw test run in the child);
@@ -472,7 +472,7 @@ def _ready(rfds, wfds, timeout: float) -> tuple[list, list]:
         f for f, e in ev if f in wfds and e & (select.POLLOUT | select.POLLERR | select.POLLHUP)
     ]
 
-
+# %% ../nbs/20_sandbox.ipynb #b6279de6
 def _payload(code, calls, raw, mode) -> tuple[str, bytes]:
     nonce = secrets.token_hex(16)
     return nonce, json.dumps(
@@ -798,6 +798,40 @@ def _reap_uid(uid: int):
         stderr=subprocess.DEVNULL,
     )
 
+# %% ../nbs/20_sandbox.ipynb #34bacf4f
+def _start_template(t, mode: str, lim: Limits, start_timeout: float, server: str, uid: int | None) -> None:
+    "`_Template.__init__`: launch the template under `uid` (default a new one), wait for its `ready`."
+    t.mode, t.lim, t.uid, t.work = mode, lim, _uid() if uid is None else uid, None
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    cfg = json.dumps({"uid": t.uid, "mode": mode, "lim": asdict(lim), "sock": b.fileno()})
+    cmd, cwd = _command(mode, lim, t.uid, cfg, server, template=True)
+    if cwd == "tmp":
+        t.work = cwd = tempfile.mkdtemp(prefix="stalebook-fsrv-")
+        os.chown(cwd, t.uid, t.uid)
+        os.chmod(cwd, 0o700)
+    t.err, t.sock = tempfile.TemporaryFile(), a
+    try:
+        t.p = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=t.err,
+            pass_fds=(b.fileno(),),
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except BaseException:
+        a.close()
+        b.close()
+        t._cleanup_dir()
+        raise
+    b.close()
+    ready = select.select([a], [], [], start_timeout)[0] and a.recv(16) == b"ready"
+    if not ready:
+        t.close()
+        raise _StartFailed(f"template did not start (exit status {t.p.returncode}): {t.diagnostics()}")
+
 # %% ../nbs/20_sandbox.ipynb #f9d2a6b4
 class _Template:
     "One fork server (a template interpreter inside the isolation) and the parent's end of its control socket."
@@ -805,36 +839,7 @@ class _Template:
     def __init__(
         self, mode: str, lim: Limits, start_timeout: float = 30.0, server: str = FORK_SERVER, uid: int | None = None
     ):
-        self.mode, self.lim, self.uid, self.work = mode, lim, _uid() if uid is None else uid, None
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cfg = json.dumps({"uid": self.uid, "mode": mode, "lim": asdict(lim), "sock": b.fileno()})
-        cmd, cwd = _command(mode, lim, self.uid, cfg, server, template=True)
-        if cwd == "tmp":
-            self.work = cwd = tempfile.mkdtemp(prefix="stalebook-fsrv-")
-            os.chown(cwd, self.uid, self.uid)
-            os.chmod(cwd, 0o700)
-        self.err, self.sock = tempfile.TemporaryFile(), a
-        try:
-            self.p = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self.err,
-                pass_fds=(b.fileno(),),
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except BaseException:
-            a.close()
-            b.close()
-            self._cleanup_dir()
-            raise
-        b.close()
-        ready = select.select([a], [], [], start_timeout)[0] and a.recv(16) == b"ready"
-        if not ready:
-            self.close()
-            raise _StartFailed(f"template did not start (exit status {self.p.returncode}): {self.diagnostics()}")
+        _start_template(self, mode, lim, start_timeout, server, uid)
 
     def diagnostics(self) -> str:
         "The template's stderr (launcher or interpreter errors), last 300 characters."
@@ -972,6 +977,31 @@ def _judged(res: SandboxResult, checks: list[Check], raw: list[str]) -> SandboxR
     res.reason = "all tests passed" if res.ok else f"{res.n_tests - res.n_passed}/{res.n_tests} tests failed"
     return res
 
+# %% ../nbs/20_sandbox.ipynb #ed562a0a
+def _pool_acquire(pool) -> _Template | None:
+    "`Pool._acquire`: an idle template, a new one while under `workers`, or None once the fork server is off."
+    with pool._cv:
+        while not pool._idle and pool._n >= pool.workers and pool.fallback is None:
+            pool._cv.wait()
+        if pool.fallback is not None:
+            return None
+        if pool._idle:
+            return pool._idle.pop()
+        pool._n += 1
+    try:
+        t = _Template(pool.mode, pool.limits, server=pool.server, uid=pool.uid_source())
+    except (_StartFailed, OSError) as e:
+        with pool._cv:
+            pool._n -= 1
+            pool.fallback = str(e)[:300]
+            pool._cv.notify_all()
+        _say_once(f"fork server unavailable ({pool.fallback}); fresh sandbox per program")
+        return None
+    with pool._cv:
+        pool.stats["started"] += 1
+        pool.uids.append(t.uid)
+    return t
+
 # %% ../nbs/20_sandbox.ipynb #e5c0a4b8
 class Pool:
     """Verifiers for one (isolation mode, limits): fork servers, one per worker, or fresh sandboxes as the fallback.
@@ -1008,27 +1038,7 @@ class Pool:
         self.close()
 
     def _acquire(self) -> _Template | None:
-        with self._cv:
-            while not self._idle and self._n >= self.workers and self.fallback is None:
-                self._cv.wait()
-            if self.fallback is not None:
-                return None
-            if self._idle:
-                return self._idle.pop()
-            self._n += 1
-        try:
-            t = _Template(self.mode, self.limits, server=self.server, uid=self.uid_source())
-        except (_StartFailed, OSError) as e:
-            with self._cv:
-                self._n -= 1
-                self.fallback = str(e)[:300]
-                self._cv.notify_all()
-            _say_once(f"fork server unavailable ({self.fallback}); fresh sandbox per program")
-            return None
-        with self._cv:
-            self.stats["started"] += 1
-            self.uids.append(t.uid)
-        return t
+        return _pool_acquire(self)
 
     def _release(self, t: _Template, healthy: bool):
         if not healthy or self._closed:

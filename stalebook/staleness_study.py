@@ -340,7 +340,7 @@ def jsonable(x):
 def _mean(x):
     return float(np.nanmean(x)) if len(x) else None
 
-
+# %% ../nbs/36_staleness_study.ipynb #fab73b0a
 def sweep_summary(sw: dict, rep: dict, results: list) -> dict:
     "The study's numbers for one optimizer's complete grid (study_sweep arrays, study_report, the cells' results)."
     with warnings.catch_warnings():  # a grid without stable or without collapsed runs gives NaN, by design

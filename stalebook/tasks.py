@@ -372,7 +372,7 @@ def uses_answer_format(task: Task, completion: str) -> bool:
         return bool(code_program(task, completion))
     return _EXTRACT.get(task.domain, extract_final_answer)(completion)[1] == "answer"
 
-
+# %% ../nbs/21_tasks.ipynb #bc55154d
 def code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]:
     """(program, None) if it must run in the sandbox, else (None, detail) of a 0 decided without spawning (public: a
     benchmark counts the programs a batch sends to the sandbox)."""
@@ -389,7 +389,7 @@ def code_precheck(task: Task, completion: str) -> tuple[str | None, dict | None]
         return None, {"reason": f"syntax error: {type(e).__name__}"}
     return prog, None
 
-
+# %% ../nbs/21_tasks.ipynb #d2120e92
 _NO_RUN = {"wall_s": 0.0, "server": "", "reused": False}
 
 
@@ -519,7 +519,7 @@ def _serve_rewards(workers: int) -> None:
         except BrokenPipeError:
             pass
 
-
+# %% ../nbs/21_tasks.ipynb #1da8f966
 class VerifierProcess:
     """`rewards` (code programs on `workers` fork servers) in an interpreter of its own;
     thread-safe, one request at a time."""
@@ -652,7 +652,7 @@ def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
         ]
     raise StalebookError(f"domain must be one of {FAMILIES}, got {domain!r}")
 
-
+# %% ../nbs/21_tasks.ipynb #dfc21694
 def run_self_test(domain: str) -> list[str]:
     "Failures of the verifier self-test (empty list = pass)."
     bad = []

@@ -117,6 +117,28 @@ class AsyncConfig:
             if bad:
                 raise ValueError(f"staleness 0 is the synchronous trainer: {', '.join(bad)} must stay at the default")
 
+# %% ../nbs/26_trainer.ipynb #c1b8c51b
+def _check_train_config(cfg) -> None:
+    "`TrainConfig.__post_init__`: a config that cannot run fails on construction."
+    if cfg.steps < 0:
+        raise ValueError("steps must be >= 0")
+    if cfg.checkpoint_every < 1:
+        raise ValueError("checkpoint_every must be >= 1")
+    if any(s < 0 or s > cfg.steps for s in cfg.lineage_steps):
+        raise ValueError(f"lineage_steps {list(cfg.lineage_steps)} must lie in 0..steps={cfg.steps}")
+    if cfg.prompts_per_step < 1:
+        raise ValueError("prompts_per_step must be >= 1")
+    if not cfg.kl_beta >= 0:
+        raise ValueError(f"kl_beta must be >= 0, got {cfg.kl_beta}")
+    if cfg.objective == "grpo" and cfg.lora.dropout > 0:
+        raise ValueError("lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation")
+    if cfg.token_export and cfg.objective != "grpo":
+        raise ValueError("token_export needs objective 'grpo' (the SFT step has no behaviour log-probs)")
+    if cfg.mismatch_diagnostics and cfg.objective != "grpo":
+        raise ValueError("mismatch_diagnostics needs objective 'grpo' (the SFT step has no sampler log-probs)")
+    if cfg.async_training.enabled and cfg.objective != "grpo":
+        raise ValueError("async_training needs objective 'grpo'")
+
 # %% ../nbs/26_trainer.ipynb #118d3cc7
 @dataclass
 class TrainConfig:
@@ -165,28 +187,9 @@ class TrainConfig:
     # to <out>/token_exports/ (`write_token_export`; read by `stalebook audit`); not part of the run's identity
 
     def __post_init__(self):
-        if self.steps < 0:
-            raise ValueError("steps must be >= 0")
-        if self.checkpoint_every < 1:
-            raise ValueError("checkpoint_every must be >= 1")
-        if any(s < 0 or s > self.steps for s in self.lineage_steps):
-            raise ValueError(f"lineage_steps {list(self.lineage_steps)} must lie in 0..steps={self.steps}")
-        if self.prompts_per_step < 1:
-            raise ValueError("prompts_per_step must be >= 1")
-        if not self.kl_beta >= 0:
-            raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
-        if self.objective == "grpo" and self.lora.dropout > 0:
-            raise ValueError(
-                "lora.dropout must be 0 for GRPO: the PPO ratio must be exactly 1 at the only loss evaluation"
-            )
-        if self.token_export and self.objective != "grpo":
-            raise ValueError("token_export needs objective 'grpo' (the SFT step has no behaviour log-probs)")
-        if self.mismatch_diagnostics and self.objective != "grpo":
-            raise ValueError("mismatch_diagnostics needs objective 'grpo' (the SFT step has no sampler log-probs)")
-        if self.async_training.enabled and self.objective != "grpo":
-            raise ValueError("async_training needs objective 'grpo'")
+        _check_train_config(self)
 
-
+# %% ../nbs/26_trainer.ipynb #307d60a2
 def identity_dict(cfg: TrainConfig) -> dict:
     """The fields that determine the run's numbers: all but `out` and `token_export`;
     `async_training` / `optimizer` only when not synchronous / AdamW."""
@@ -707,7 +710,7 @@ def run_setup(cfg: TrainConfig, model=None, tokenizer=None, tasks=None):
         tasks = task_pool(cfg.domain, cfg.n_tasks, cfg.seed, cfg.task_level, cfg.tasks_jsonl, cfg.tasks_format)
     return model, tokenizer, tasks, make_sampler(cfg.sampling.backend, model, tokenizer)
 
-
+# %% ../nbs/26_trainer.ipynb #b79672c8
 class OnlineData:
     """The data of online RL, a `Trainer`'s by default: the step's prompts in the run's data order, K responses each
     sampled from the weights on the model, their verifier rewards and their teacher-forced behaviour log-probs."""

@@ -27,6 +27,7 @@ from stalebook.theory.boltzmann import (
     optimality_stats,
     optimise_reg_value,
     random_problem,
+    random_problems,
     refit_log_weights,
     reg_value,
     restricted_target,
@@ -42,18 +43,6 @@ SET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChec
 logits = lambda n: st.lists(st.floats(-6, 6), min_size=n, max_size=n).map(np.array)
 
 
-def problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
-    "n random enumerable problems (logp_ref, r, beta, generator) from the named RNG domain, as the notebook's checks."
-    out = []
-    for i in range(n):
-        g = Domain(seed, ("boltzmann", tag, i)).numpy()
-        N = int(g.integers(*Nrange))
-        beta = float(np.exp(g.uniform(*np.log(brange))))
-        lpr, r = random_problem(g, N)
-        out.append((lpr, r, beta, g))
-    return out
-
-
 @st.composite
 def problem(draw, binary=False):
     N = draw(st.integers(2, 25))
@@ -65,7 +54,7 @@ def problem(draw, binary=False):
 
 # ---- targets
 def test_optimality_50_problems_1000_perturbations():
-    worst, d_opt, d_tv, d_val = optimality_stats(problems(1, 50, "opt-full", brange=(0.05, 5.0)), 1000)
+    worst, d_opt, d_tv, d_val = optimality_stats(random_problems(1, 50, "opt-full", brange=(0.05, 5.0)), 1000)
     print(
         f"min J(pi*)-J(pert) {worst:.3g}; max |J(pi*)-J(BFGS)| {d_opt:.3g}; TV {d_tv:.3g}; |J-beta log Z| {d_val:.3g}"
     )
@@ -193,7 +182,7 @@ def test_support_gap_identity(pb, data):
 
 def test_best_supported_policy_by_optimisation():
     "BFGS restricted to the stored support finds value J(pi*) - price."
-    for lpr, r, beta, g in problems(2, 10, "gap-opt", Nrange=(4, 20), brange=(0.2, 3)):
+    for lpr, r, beta, g in random_problems(2, 10, "gap-opt", Nrange=(4, 20), brange=(0.2, 3)):
         S = g.random(len(r)) < 0.5
         S[0] = True
         lo = np.full(len(r), -np.inf)
@@ -205,7 +194,7 @@ def test_best_supported_policy_by_optimisation():
 
 
 def test_more_epochs_never_recover_support_gap():
-    for lpr, r, beta, g in problems(3, 15, "epochs", Nrange=(20, 31), brange=(0.2, 2.0)):
+    for lpr, r, beta, g in random_problems(3, 15, "epochs", Nrange=(20, 31), brange=(0.2, 2.0)):
         N = len(r)
         idx = g.choice(N, size=10, p=np.exp(lpr))
         S = np.bincount(idx, minlength=N) > 0
@@ -236,7 +225,7 @@ def test_sft_gradient_matches_torch_autograd():
 
 def test_weighted_sft_gd_reaches_induced_target_50_problems():
     worst = 0.0
-    for lpr, r, beta, g in problems(4, 50, "sft-full", Nrange=(4, 31), brange=(0.3, 3.0)):
+    for lpr, r, beta, g in random_problems(4, 50, "sft-full", Nrange=(4, 31), brange=(0.3, 3.0)):
         lq = log_normalize(g.standard_normal(len(r)))  # any full-support sampler
         lw = bolt_log_weights(lpr, r, beta) + lpr - lq  # matching law w = pi*/q
         a = np.exp(lq + lw)

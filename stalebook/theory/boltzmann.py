@@ -23,9 +23,9 @@ __all__ = ['log_normalize', 'soft_value', 'log_partition', 'boltzmann_target', '
            'random_problem', 'mc_log_Z', 'mc_bolt_log_weights', 'ess', 'binary_log_Z', 'binary_var_Zhat',
            'binary_rel_var_Zhat', 'binary_ess_fraction', 'binary_expected_ess', 'ess_fraction', 'support_price',
            'restricted_target', 'sft_grad', 'weighted_sft', 'empirical_sft_mass', 'iterative_bolt',
-           'tree_boltzmann_logits', 'neg_reg_value_and_grad', 'optimise_reg_value', 'optimality_stats',
-           'check_boltzmann_optimality', 'check_target_matching', 'check_mc_partition', 'check_support_gap',
-           'check_sft_and_mirror_descent']
+           'tree_boltzmann_logits', 'random_problems', 'neg_reg_value_and_grad', 'optimise_reg_value',
+           'optimality_stats', 'check_boltzmann_optimality', 'check_target_matching', 'check_mc_partition',
+           'check_support_gap', 'check_sft_and_mirror_descent']
 
 # %% ../../nbs/17_boltzmann.ipynb #3e48435d
 def log_normalize(logu, axis=-1):
@@ -267,8 +267,8 @@ def tree_boltzmann_logits(tree, logits, rewards, beta):
     return lp + Q / beta, v_next[..., 0]
 
 # %% ../../nbs/17_boltzmann.ipynb #53a30f78
-def _problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
-    "n random enumerable problems (logp_ref, r, beta) from the named RNG domain."
+def random_problems(seed, n, tag, Nrange=(2, 40), brange=(0.05, 5.0)):
+    "n random enumerable problems (logp_ref, r, beta, their generator) from the named RNG domain."
     out = []
     for i in range(n):
         g = Domain(seed, ("boltzmann", tag, i)).numpy()
@@ -320,7 +320,7 @@ def optimality_stats(problems, n_pert=1000):
 @verify_check
 def check_boltzmann_optimality(seed: int = 0):
     "pi* beats random perturbations, matches BFGS, and its value is beta log Z (8 problems, cheap version)."
-    worst, d_opt, d_tv, d_val = optimality_stats(_problems(seed, 8, "opt", brange=(0.2, 5.0)), 200)
+    worst, d_opt, d_tv, d_val = optimality_stats(random_problems(seed, 8, "opt", brange=(0.2, 5.0)), 200)
     return [
         Check("boltzmann.optimal", "min J(pi*) - J(perturbed pi*) (must be >= 0)", worst, 0.0, ">="),
         Check("boltzmann.optimal", "max |J(pi*) - J(BFGS optimum)|", d_opt, 1e-8),
@@ -333,7 +333,7 @@ def check_target_matching(seed: int = 0):
     "Induced target of BOLT weights on pi_ref = pi*; matching law from any sampler q; Refit differs; beta -> 0 limit."
     e_ind = e_match = 0.0
     d_refit = np.inf
-    for lpr, r, beta, g in _problems(seed, 20, "match"):
+    for lpr, r, beta, g in random_problems(seed, 20, "match"):
         ls = boltzmann_target(lpr, r, beta)
         e_ind = max(e_ind, np.abs(np.exp(induced_target(lpr, bolt_log_weights(lpr, r, beta))) - np.exp(ls)).max())
         lq = log_normalize(g.standard_normal(len(r)) * 2)
@@ -379,7 +379,7 @@ def check_mc_partition(seed: int = 0, reps: int = 10_000, n: int = 16):
 def check_support_gap(seed: int = 0):
     "J(pi*) - J(pi) = beta log 1/pi*(S) + beta KL(pi || pi*_S) for pi supported on S; best on S = beta log Z_S."
     e_id = e_best = 0.0
-    for lpr, r, beta, g in _problems(seed, 20, "gap", Nrange=(3, 40)):
+    for lpr, r, beta, g in random_problems(seed, 20, "gap", Nrange=(3, 40)):
         S = g.random(len(r)) < 0.5
         S[g.integers(len(r))] = True
         ls, lS = boltzmann_target(lpr, r, beta), restricted_target(lpr, r, beta, S)
@@ -399,7 +399,7 @@ def check_sft_and_mirror_descent(seed: int = 0):
     """Weighted SFT by gradient ascent reaches pi* (TV); K rounds of iterative BOLT = pi_ref exp(K r/beta); on a token
     tree too."""
     e_sft = e_pmd = 0.0
-    for lpr, r, beta, _g in _problems(seed, 3, "sft", Nrange=(4, 10), brange=(0.5, 2.0)):
+    for lpr, r, beta, _g in random_problems(seed, 3, "sft", Nrange=(4, 10), brange=(0.5, 2.0)):
         a = np.exp(lpr + bolt_log_weights(lpr, r, beta))
         th = weighted_sft(a, lpr, 600, lr=1.5 / a.max(), opt="gd")
         e_sft = max(e_sft, tv(log_softmax(th), boltzmann_target(lpr, r, beta)))
