@@ -45,7 +45,7 @@ from stalebook.protocol import (
 from .theory.reliability import rho_from_rel
 
 # %% auto #0
-__all__ = ['REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED', 'PILOT_DESIGN', 'TWO_SIDED_STATS', 'COVERED_2S', 'CALIBRATION_RUNS',
+__all__ = ['REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED', 'PILOT_POWER', 'TWO_SIDED_STATS', 'COVERED_2S', 'CALIBRATION_RUNS',
            'DECISION_BOUNDS', 'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell',
            'summarise_cell', 'coverage_table', 'choose_bound', 'cell_label', 'pilot_gate', 'calibration_study',
            'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s',
@@ -223,7 +223,7 @@ def choose_bound(table: dict, band: tuple[float, float] = (0.93, 0.97)) -> dict:
     return dict(bound=pick, qualified=[], conservative_fallback=True, power=power)
 
 # %% ../nbs/18b_calibration.ipynb #f367f2c6
-PILOT_DESIGN = dict(bound="model", pools=20, draws=40, cells=10)  # the design function's settings for a pilot
+PILOT_POWER = dict(bound="model", pools=20, draws=40, cells=10)  # the design function's settings for a pilot
 
 
 def cell_label(cell: CalibrationCell) -> str:
@@ -233,7 +233,7 @@ def cell_label(cell: CalibrationCell) -> str:
 def pilot_gate(rows: Sequence[dict], cell: CalibrationCell, dom: Domain, design_power) -> float:
     "The gate power `design_power` predicts from each point alone (a one-point pilot), averaged over the cell's points."
     rhos = [rho_from_rel(r["est"]["rel"], cell.k / cell.n) for r in rows]
-    pilot = lambda i, rho: design_power(rho, cell.n, cell.k, 1, **PILOT_DESIGN, domain=dom.child("pilot", i))["p_gate"]
+    pilot = lambda i, rho: design_power(rho, cell.n, cell.k, 1, **PILOT_POWER, domain=dom.child("pilot", i))["p_gate"]
     return float(np.mean([pilot(i, rho) for i, rho in enumerate(rhos)]))
 
 
