@@ -25,8 +25,9 @@ from .preflight import PreflightError, preflight
 # %% auto #0
 __all__ = ['COMMANDS', 'CHECK_MODULES', 'main', 'cmd_version', 'load_check_modules', 'cmd_verify', 'cmd_preflight']
 
-# %% ../nbs/01_cli.ipynb #ac588821
-COMMANDS: dict[str, tuple[str, str]] = {
+# %% ../nbs/01_cli.ipynb #1fdb72e8
+# setting up and checking: the version, the theory checks, the model snapshot, preflight
+_SETUP_COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("cmd_version", "print the stalebook version"),
     "verify": ("cmd_verify", "run every numerical check of the theory notebooks and print the table"),
     "snapshot": (
@@ -38,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cmd_preflight",
         "compute mode + verify a locked snapshot (revision, file hashes, schema, verifier self-test)",
     ),
+}
+
+# %% ../nbs/01_cli.ipynb #67d868d2
+# computing: rollouts, training (plain or pipelined), experiment points, a registry's units
+_RUN_COMMANDS: dict[str, tuple[str, str]] = {
     "rollouts": (
         "cmd_rollouts",
         "generate or resume a hash-bound rollout store from a config (RolloutsConfig)",
@@ -65,6 +71,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "(REGISTRY --root SHARED_DIR [--gpus-per-unit G] [--max-units N])"
         ),
     ),
+}
+
+# %% ../nbs/01_cli.ipynb #6553b7b8
+# inspecting and concluding: a registry's state and frozen table, audits, reports, designs
+_RESULT_COMMANDS: dict[str, tuple[str, str]] = {
     "status": (
         "cmd_status",
         "one line per point of a registry: contract states, what is missing, elapsed time (--json)",
@@ -89,6 +100,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "and the smallest design reaching a target"
         ),
     ),
+}
+
+# %% ../nbs/01_cli.ipynb #7f107b57
+# whole jobs: the demo, the CPU numerics trace, the studies and their records
+_JOB_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
         "cmd_demo",
         "the main job: status -> run -> freeze -> report on the tiny registry's demo slice",
@@ -102,6 +118,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run a study and write its record into results/records/ (staleness | bolt | staleness-sim | calibration)",
     ),
 }
+
+# %% ../nbs/01_cli.ipynb #ac588821
+COMMANDS: dict[str, tuple[str, str]] = {**_SETUP_COMMANDS, **_RUN_COMMANDS, **_RESULT_COMMANDS, **_JOB_COMMANDS}
 
 # %% ../nbs/01_cli.ipynb #55d28725
 def _parser() -> argparse.ArgumentParser:

@@ -528,6 +528,29 @@ class Progress:
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
+# %% ../nbs/00_core.ipynb #404e149c
+def _coerce_leaf(tp, v, bad):
+    "Check/convert `v` against a plain annotation `tp` (bool, int, float, str or any class); `bad()` raises."
+    if tp is bool:
+        if isinstance(v, bool):
+            return v
+        bad()
+    if tp is int:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        bad()
+    if tp is float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        bad()
+    if tp is str:
+        if isinstance(v, str):
+            return v
+        bad()
+    if isinstance(tp, type) and isinstance(v, tp):
+        return v
+    bad()
+
 # %% ../nbs/00_core.ipynb #be524855
 def _coerce(tp, v, where: str, src: str):
     "Check/convert value `v` against annotation `tp`; raise ConfigError naming `where` in `src`."
@@ -576,25 +599,7 @@ def _coerce(tp, v, where: str, src: str):
             bad()
         kt, vt = args if args else (Any, Any)
         return {_coerce(kt, k, where, src): _coerce(vt, x, f"{where}.{k}", src) for k, x in v.items()}
-    if tp is bool:
-        if isinstance(v, bool):
-            return v
-        bad()
-    if tp is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        bad()
-    if tp is float:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-        bad()
-    if tp is str:
-        if isinstance(v, str):
-            return v
-        bad()
-    if isinstance(tp, type) and isinstance(v, tp):
-        return v
-    bad()
+    return _coerce_leaf(tp, v, bad)
 
 # %% ../nbs/00_core.ipynb #5fdb4f43
 def _merge(dflt, v: dict) -> dict:

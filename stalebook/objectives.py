@@ -400,7 +400,7 @@ def grpo_objective(tr, gen, R, old, mask, lag: int = 0):
     loss, st = offpolicy_grpo_loss(
         logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **grpo_settings(cfg)
     )
-    if a.enabled:
+    if a.traced:
         st.update(
             offpolicy_stats(
                 logp, old, adv, mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high

@@ -173,6 +173,19 @@ def _stop(q, proc, stop) -> None:
         proc.terminate()
         proc.join(5)
 
+# %% ../nbs/29_pipeline.ipynb #13e98b7e
+def _publish_step(tr: Trainer, wdir: Path, named, version, recent: dict, async_cfg) -> None:
+    """After a learner step: publish its weights (the generator's next version), keep the flat parameters of the
+    versions a batch may still lag behind by, and delete the weight files no generator can still be loading."""
+    publish_weights(wdir, tr.step, named)
+    version.value = tr.step
+    recent[tr.step] = tr.flat_params()
+    for v in [v for v in recent if v < tr.step - async_cfg.max_staleness]:
+        del recent[v]
+    for f in wdir.glob("v*.safetensors"):
+        if int(f.stem[1:]) < tr.step - async_cfg.max_staleness - async_cfg.queue_size - 2:
+            f.unlink(missing_ok=True)
+
 # %% ../nbs/29_pipeline.ipynb #7d000012
 def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
     "Pipelined GRPO: a generator process feeds this learner through a bounded queue. Returns the run's manifest."
@@ -221,14 +234,7 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
             )
             tr.cursor = it["cursor"]
             tr.log.append(rec)
-            publish_weights(wdir, tr.step, named)
-            version.value = tr.step
-            recent[tr.step] = tr.flat_params()
-            for v in [v for v in recent if v < tr.step - async_cfg.max_staleness]:
-                del recent[v]
-            for f in wdir.glob("v*.safetensors"):
-                if int(f.stem[1:]) < tr.step - async_cfg.max_staleness - async_cfg.queue_size - 2:
-                    f.unlink(missing_ok=True)
+            _publish_step(tr, wdir, named, version, recent, async_cfg)
             if tr.should_checkpoint():
                 tr.checkpoint()
             bar.update(1, lag=lag)

@@ -506,6 +506,40 @@ def _launch(mode: str, lim: Limits, uid: int, fd: int):
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
+# %% ../nbs/20_sandbox.ipynb #bef77ba3
+def _collect(p, r: int, efd: int, lim: Limits, deadline: float) -> tuple[int, bytearray, bytearray, bool, bool]:
+    """(exit status, result bytes, stderr bytes, timed out, overflow) of the launched sandbox `p`: read its result
+    pipe `r` and its stderr `efd` until both close, the deadline passes or the result outgrows its cap, then wait."""
+    res, err, live = bytearray(), bytearray(), {r, efd}
+    timed_out = overflow = False
+    while live:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for fd in _ready(list(live), [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                live.discard(fd)
+                continue
+            if fd == r:
+                res += chunk
+                if len(res) > lim.result_kb * 1024:
+                    overflow = True
+            elif len(err) < lim.stderr_kb * 1024:
+                err += chunk[: lim.stderr_kb * 1024 - len(err)]
+        if overflow:
+            break
+    if timed_out or overflow:
+        _kill_group(p.pid)
+    try:
+        rc = p.wait(timeout=max(0.5, deadline - time.monotonic() + 0.5))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(p.pid)
+        rc = p.wait()
+    return rc, res, err, timed_out, overflow
+
 # %% ../nbs/20_sandbox.ipynb #5f1a9c47
 def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str, uid: int | None = None) -> SandboxResult:
     "Verify one program in a fresh sandbox (the per-program path), under throwaway `uid` (default: a new one)."
@@ -529,36 +563,9 @@ def _run(code: str, calls: list[str], raw: list[str], lim: Limits, mode: str, ui
 
     threading.Thread(target=feed, daemon=True).start()
     efd = p.stderr.fileno()
-    res, err, live = bytearray(), bytearray(), {r, efd}
-    timed_out = overflow = False
     deadline = t0 + lim.wall_s
     try:
-        while live:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for fd in _ready(list(live), [], left)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    live.discard(fd)
-                    continue
-                if fd == r:
-                    res += chunk
-                    if len(res) > lim.result_kb * 1024:
-                        overflow = True
-                elif len(err) < lim.stderr_kb * 1024:
-                    err += chunk[: lim.stderr_kb * 1024 - len(err)]
-            if overflow:
-                break
-        if timed_out or overflow:
-            _kill_group(p.pid)
-        try:
-            rc = p.wait(timeout=max(0.5, deadline - time.monotonic() + 0.5))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(p.pid)
-            rc = p.wait()
+        rc, res, err, timed_out, overflow = _collect(p, r, efd, lim, deadline)
     finally:
         _kill_group(p.pid)  # stragglers in the group (the PID namespace is already gone with its init)
         os.close(r)
@@ -878,6 +885,20 @@ def _drain(fd, buf, cap) -> None:
     except BlockingIOError:
         pass
 
+# %% ../nbs/20_sandbox.ipynb #9e1c9ade
+def _feed_some(fd: int, todo: memoryview) -> memoryview | None:
+    "Write what the non-blocking pipe `fd` takes of `todo`: the rest, or None once all of it is written (`fd` closed)."
+    try:
+        todo = todo[os.write(fd, todo) :]
+    except BlockingIOError:
+        pass
+    except BrokenPipeError:
+        todo = todo[:0]  # the child is gone; its status will say why
+    if not len(todo):
+        os.close(fd)
+        return None
+    return todo
+
 # %% ../nbs/20_sandbox.ipynb #f70b15d9
 def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
     "(status, result bytes, stderr bytes, overflow) of one program; raises _Lost if the template died or wedged."
@@ -901,15 +922,7 @@ def _template_run(self, payload: bytes) -> tuple[dict, bytes, bytes, bool]:
                 raise _Lost("template stopped answering")
             rl, wl = _ready([*live, self.sock.fileno()], [sin_w] if todo is not None else [], left)
             if wl:
-                try:
-                    todo = todo[os.write(sin_w, todo) :]
-                except BlockingIOError:
-                    pass
-                except BrokenPipeError:
-                    todo = todo[:0]  # the child is gone; its status will say why
-                if not len(todo):
-                    os.close(sin_w)
-                    todo = None
+                todo = _feed_some(sin_w, todo)
             for fd in rl:
                 if fd == self.sock.fileno():
                     data = self.sock.recv(4096)

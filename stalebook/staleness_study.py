@@ -50,6 +50,18 @@ from stalebook.core import (
     save_figure,
     verify_check,
 )
+
+
+# %% auto #0
+__all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'STALENESS_RULES', 'SIM_SETTINGS', 'STUDY_RECORDS',
+           'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id', 'staleness_units',
+           'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck', 'cell_missing', 'identity_contract',
+           'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable', 'sweep_summary', 'cell_results',
+           'optimizer_analyses', 'staleness_table', 'rule_rows', 'check_rule_against_boundary', 'run_cells',
+           'study_record', 'summary_line', 'study_figures', 'run_study', 'claims']
+
+# %% ../nbs/36_staleness_study.ipynb #ed0939e2
+# the engine below the study: its cells, registries, units and the theory it tests
 from stalebook.pipeline import (
     CellConfig,
     CollapseCriterion,
@@ -74,14 +86,6 @@ from .theory.async_sim import behaviour_source, plot_cosine, plot_phase, plot_tc
 from .theory.staleness import stability_bound
 from .trainer import TrainConfig, check_lineage, run_identity
 from .units import Phase, Unit, record_path, run_unit, select_units, unit_dir
-
-# %% auto #0
-__all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'STALENESS_RULES', 'SIM_SETTINGS', 'STUDY_RECORDS',
-           'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id', 'staleness_units',
-           'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck', 'cell_missing', 'identity_contract',
-           'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable', 'sweep_summary', 'cell_results',
-           'optimizer_analyses', 'staleness_table', 'rule_rows', 'check_rule_against_boundary', 'run_cells',
-           'study_record', 'summary_line', 'study_figures', 'run_study', 'claims']
 
 # %% ../nbs/36_staleness_study.ipynb #36a00006
 @dataclass
@@ -118,8 +122,8 @@ class StalenessStudy:
             raise ValueError(f"train.{bad[0]} is set per cell by the study, not in the train section")
         if "staleness" in train.get("async_training", {}):
             raise ValueError("train.async_training.staleness is the grid's `staleness`")
-        if not self.staleness or min(self.staleness) < 1:
-            raise ValueError(f"staleness must be a list of S >= 1, got {self.staleness}")
+        if not self.staleness or min(self.staleness) < 0:
+            raise ValueError(f"staleness must be a list of S >= 0 (0: the synchronous trainer), got {self.staleness}")
         names = [a.optimizer for a in self.optimizers]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"optimizers: one arm per optimizer, got {names}")
@@ -145,7 +149,11 @@ def cell_config(s: StalenessStudy, arm: OptimizerArm, S: int, lr: float, seed: i
     train = deep_merge(
         partial_dict(s.train),
         dict(
-            seed=seed, lr=lr, optimizer=arm.optimizer, max_grad_norm=arm.max_grad_norm, async_training=dict(staleness=S)
+            seed=seed,
+            lr=lr,
+            optimizer=arm.optimizer,
+            max_grad_norm=arm.max_grad_norm,
+            async_training=dict(staleness=S) | (dict(diagnostics=True) if S == 0 else {}),  # S = 0: synchronous, traced
         ),
     )
     return CellConfig(train=train, criterion=s.criterion, eval_n=s.eval_n, eval_k=s.eval_k)

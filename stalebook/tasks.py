@@ -573,72 +573,85 @@ class VerifierProcess:
     def close(self) -> None:
         self._finalize()
 
+# %% ../nbs/21_tasks.ipynb #81d6eed6
+def _math_self_tests() -> list[tuple[Task, str, float]]:
+    "The `math` self-test cases: answers in the formats the parser reads (bare, `####`, boxed, decimal)."
+    t1 = Task("selftest-math-1", "math", "17+25=", "42", (), {"source": "selftest"})
+    t2 = Task(
+        "selftest-math-2",
+        "math",
+        "Tom has 3 bags of 4 apples and eats 2. How many are left?",
+        "10",
+        (),
+        {"source": "selftest"},
+    )
+    t3 = Task("selftest-math-3", "math", "3-8=", "-5", (), {"source": "selftest"})
+    return [
+        (t1, "42", 1.0),
+        (t1, "41", 0.0),
+        (t1, "", 0.0),
+        (t2, "3*4=12, 12-2=10\n#### 10", 1.0),
+        (t2, r"\boxed{10}", 1.0),
+        (t2, "#### 12", 0.0),
+        (t2, "10.0", 1.0),
+        (t3, "-5", 1.0),
+        (t3, "5", 0.0),
+    ]
+
+
+def _math_nl_self_tests() -> list[tuple[Task, str, float]]:
+    "The `math_nl` self-test cases: the `Answer:` line the prompt asks for, and what it must refuse."
+    t1 = Task("selftest-math_nl-1", "math_nl", f"What is 7 + 5?\n{MATH_NL_FORMAT}", "12", (), {"source": "selftest"})
+    return [
+        (t1, "7 + 5 = 12.\nAnswer: 12", 1.0),
+        (t1, "**Answer:** 12", 1.0),
+        (t1, "Answer: 7 + 5 = 12", 1.0),  # text the exact parser cannot read: math-verify's call
+        (t1, "Answer: twelve", 0.0),
+        (t1, "Answer: 13", 0.0),
+        (t1, "12", 0.0),
+        (t1, "", 0.0),
+    ]
+
+# %% ../nbs/21_tasks.ipynb #7abde9df
+def _code_self_tests() -> list[tuple[Task, str, float]]:
+    "The `code` self-test cases: a lambda body and a whole function, correct, wrong and trying to escape."
+    t1 = Task(
+        "selftest-code-1",
+        "code",
+        "f(1)=3;f(2)=5;f=lambda x:",
+        "2*x+1",
+        ("assert f(0)==1", "assert f(7)==15", "assert f(9)==19"),
+        {"source": "selftest", "header": "f=lambda x:", "entry": "f"},
+    )
+    t2 = Task(
+        "selftest-code-2",
+        "code",
+        'def add(a, b):\n    """Return a + b."""\n',
+        "    return a + b\n",
+        ("assert add(2, 3) == 5", "assert add(-1, 1) == 0"),
+        {"source": "selftest", "program": "prompt+completion", "entry": "add"},
+    )
+    return [
+        (t1, "2*x+1", 1.0),
+        (t1, "x+x+1", 1.0),
+        (t1, "2*x", 0.0),
+        (t1, "", 0.0),
+        (t1, "2*x+", 0.0),
+        (t1, "__import__('os')._exit(0)", 0.0),
+        (t2, "    return a + b\n", 1.0),
+        (t2, "    return a - b\n", 0.0),
+        (t2, "    import sys; sys.exit(0)\n", 0.0),
+    ]
+
 # %% ../nbs/21_tasks.ipynb #9415a87e
 def self_test_cases(domain: str) -> list[tuple[Task, str, float]]:
     "Known-correct (1.0) and known-wrong (0.0) completions for `domain`."
     if domain == "math":
-        t1 = Task("selftest-math-1", "math", "17+25=", "42", (), {"source": "selftest"})
-        t2 = Task(
-            "selftest-math-2",
-            "math",
-            "Tom has 3 bags of 4 apples and eats 2. How many are left?",
-            "10",
-            (),
-            {"source": "selftest"},
-        )
-        t3 = Task("selftest-math-3", "math", "3-8=", "-5", (), {"source": "selftest"})
-        return [
-            (t1, "42", 1.0),
-            (t1, "41", 0.0),
-            (t1, "", 0.0),
-            (t2, "3*4=12, 12-2=10\n#### 10", 1.0),
-            (t2, r"\boxed{10}", 1.0),
-            (t2, "#### 12", 0.0),
-            (t2, "10.0", 1.0),
-            (t3, "-5", 1.0),
-            (t3, "5", 0.0),
-        ]
+        return _math_self_tests()
     if domain == "math_nl":
-        t1 = Task(
-            "selftest-math_nl-1", "math_nl", f"What is 7 + 5?\n{MATH_NL_FORMAT}", "12", (), {"source": "selftest"}
-        )
-        return [
-            (t1, "7 + 5 = 12.\nAnswer: 12", 1.0),
-            (t1, "**Answer:** 12", 1.0),
-            (t1, "Answer: 7 + 5 = 12", 1.0),  # text the exact parser cannot read: math-verify's call
-            (t1, "Answer: twelve", 0.0),
-            (t1, "Answer: 13", 0.0),
-            (t1, "12", 0.0),
-            (t1, "", 0.0),
-        ]
+        return _math_nl_self_tests()
     if domain == "code":
-        t1 = Task(
-            "selftest-code-1",
-            "code",
-            "f(1)=3;f(2)=5;f=lambda x:",
-            "2*x+1",
-            ("assert f(0)==1", "assert f(7)==15", "assert f(9)==19"),
-            {"source": "selftest", "header": "f=lambda x:", "entry": "f"},
-        )
-        t2 = Task(
-            "selftest-code-2",
-            "code",
-            'def add(a, b):\n    """Return a + b."""\n',
-            "    return a + b\n",
-            ("assert add(2, 3) == 5", "assert add(-1, 1) == 0"),
-            {"source": "selftest", "program": "prompt+completion", "entry": "add"},
-        )
-        return [
-            (t1, "2*x+1", 1.0),
-            (t1, "x+x+1", 1.0),
-            (t1, "2*x", 0.0),
-            (t1, "", 0.0),
-            (t1, "2*x+", 0.0),
-            (t1, "__import__('os')._exit(0)", 0.0),
-            (t2, "    return a + b\n", 1.0),
-            (t2, "    return a - b\n", 0.0),
-            (t2, "    import sys; sys.exit(0)\n", 0.0),
-        ]
+        return _code_self_tests()
     if domain == "code_nl":
         (t1,) = synthetic_tasks("code_nl", 1, Domain(0, ("selftest", "code_nl")))
         good = t1.answer

@@ -92,10 +92,16 @@ class AsyncConfig:
     level: Literal["token", "sequence", "geometric"] = "token"
     is_threshold: float = 2.0  # C of truncate / mask
     clip_epsilon_high: float | None = None  # DAPO clip-higher; None = clip_epsilon
+    diagnostics: bool = added_field(False)  # S = 0 too: record lag, distances, update cosines, off-policy stats
 
     @property
     def enabled(self) -> bool:
         return self.staleness > 0 or self.mode == "pipelined"
+
+    @property
+    def traced(self) -> bool:
+        "Does each step record the staleness diagnostics (an asynchronous run, or a synchronous one asked to)?"
+        return self.enabled or self.diagnostics
 
     def __post_init__(self):
         if self.staleness < 0:
@@ -113,7 +119,7 @@ class AsyncConfig:
             raise ValueError("clip_epsilon_high must be >= 0")
         if not self.enabled:
             d = AsyncConfig.__dataclass_fields__
-            bad = [k for k in d if k not in ("staleness", "mode") and getattr(self, k) != d[k].default]
+            bad = [k for k in d if k not in ("staleness", "mode", "diagnostics") and getattr(self, k) != d[k].default]
             if bad:
                 raise ValueError(f"staleness 0 is the synchronous trainer: {', '.join(bad)} must stay at the default")
 
@@ -196,7 +202,7 @@ def identity_dict(cfg: TrainConfig) -> dict:
     d = config_dict(cfg)
     d.pop("out")
     d.pop("token_export", None)
-    if not cfg.async_training.enabled:
+    if not cfg.async_training.traced:
         d.pop("async_training")
     if cfg.optimizer == "adamw":
         d.pop("optimizer")
@@ -784,7 +790,7 @@ class Trainer:
         self.opt, self.sched = make_optimizer(cfg, self.params)
         self.step, self.cursor, self.verifier, self.verifier_proc = 0, [0, 0], None, None  # see OnlineData.rewards
         a = cfg.async_training
-        self.async_on, self.trace, self.export_tensors = a.enabled, {}, None
+        self.async_on, self.trace, self.export_tensors = a.traced, {}, None
         self.behaviour = Behaviour(a, model) if a.enabled and a.mode != "pipelined" else None
         self.lineage = Lineage(self.dir, cfg.objective, cfg.lineage_steps, cfg.keep_checkpoints, run_identity(cfg))
         meta = self.lineage.restore(self.model, self.opt, self.sched)

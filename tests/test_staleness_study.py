@@ -278,3 +278,54 @@ def test_claims_read_each_models_record(monkeypatch):
     }
     monkeypatch.setitem(ss.STUDY_RECORDS, "smol", "study_staleness.json")  # as a SmolLM2 record would be named
     assert [c.status["smol"] for c in ss.claims()] == [c.status["tiny"] for c in rows]
+
+
+def test_synchronous_diagnostics_change_nothing_but_the_record(tmp_path, shipped_snapshot):
+    """S = 0 traced (`async_training.diagnostics`, what the study sets for its S = 0 cells) is the synchronous trainer:
+    the same policy after every step and the same rewards as the untraced run, plus lag 0, behaviour distance 0, KL to
+    the behaviour ~0 and the update's norm and cosines; its identity differs from the untraced run's."""
+    from conftest import small_run
+
+    from stalebook.trainer import AsyncConfig, identity_dict, run_identity
+
+    kw = dict(steps=4, lineage_steps=(0, 4), shared_prefix=True)
+    plain = small_run(tmp_path / "plain", shipped_snapshot, **kw)
+    traced = small_run(tmp_path / "traced", shipped_snapshot, async_training=AsyncConfig(diagnostics=True), **kw)
+    a, b = plain.log.records, traced.log.records
+    assert [r["policy_hash"] for r in a] == [r["policy_hash"] for r in b]
+    assert [r["reward_mean"] for r in a] == [r["reward_mean"] for r in b] and len(b) == 4
+    assert "lag" not in a[0] and [r["lag"] for r in b] == [0] * 4
+    assert all(r["lag_dist"] == 0.0 and abs(r["kl_behav_k3"]) < 1e-6 and r["update_norm"] >= 0 for r in b)
+    cos = [r["grad_cos"] for r in b]
+    assert cos[0] is None and any(c is not None for c in cos) and all(c is None or -1 <= c <= 1 for c in cos)
+    assert max(r["update_norm"] for r in b) > 0
+    assert "async_training" not in identity_dict(plain.cfg)
+    assert identity_dict(traced.cfg)["async_training"]["diagnostics"] is True
+    assert run_identity(plain.cfg) != run_identity(traced.cfg)
+
+
+def test_study_with_a_synchronous_row(tmp_path, tiny_snapshot, monkeypatch):
+    """S in {0, 2} (one learning rate, one seed, the reduced slice's 12 steps): the S = 0 cell is the traced synchronous
+    trainer (lag 0 at every step, the lag contract met), both cells pass every contract, and the study's analysis
+    reports S = 0's eta_max without fitting it (S * eta_max undefined there)."""
+    monkeypatch.setenv("STALEBOOK_FIGURES", str(tmp_path / "fig"))
+    from stalebook.commands import cmd_study
+    from stalebook.contracts import registry_status
+    from stalebook.registry import load_registry
+
+    f = _registry(tmp_path, tiny_snapshot)
+    d = yaml.safe_load(f.read_text())
+    d["slices"]["reduced"].update(staleness=[0, 2], seeds=[0])
+    d["slices"]["reduced"]["optimizers"][0]["lr"] = [0.001]
+    f.write_text(yaml.safe_dump(d))
+    spec, root = f"{f}:reduced", tmp_path / "root0"
+    assert cmd_study(["staleness", "--registry", spec, "--root", str(root), "--json", str(tmp_path / "r.json")]) == 0
+    reg = load_registry(spec)
+    status = registry_status(reg, root)
+    assert status["totals"]["pass"] == 2 and all(not p for r in status["rows"] for p in r["contracts"].values())
+    r0 = json.loads((root / "units" / "adamw-S0-lr0.001-s0" / "cell" / "results.json").read_text())
+    n = r0["steps_done"]
+    assert r0["S"] == 0 and r0["series"]["lag"][:n] == [0] * n and r0["series"]["lag_dist"][:n] == [0.0] * n
+    o = json.loads((tmp_path / "r.json").read_text())["optimizers"]["adamw"]
+    assert o["S"] == [0, 2] and o["S_eta_max"][0] is None
+    assert o["eta_max"][0] == [None if r0["t_collapse"] >= 0 else 0.001]

@@ -85,12 +85,26 @@ def make_env(
 
 # %% ../../nbs/16_async_sim.ipynb #595e3aa5
 def behaviour_source(t, S, mode: str = "sync"):
-    "Step index whose parameters generate step t's rollouts: sync every S steps (lags 1..S) or a fixed lag S."
+    """Step index whose parameters generate step t's rollouts: sync every S steps (lags 1..S) or a fixed lag S;
+    S = 0 is the synchronous learner (step t samples with theta_t, lag 0) in both modes."""
     t, S = np.asarray(t), np.asarray(S)
-    src = S * (t // np.maximum(S, 1)) - 1 if mode == "sync" else t - S
+    src = np.where(S > 0, S * (t // np.maximum(S, 1)) - 1, t) if mode == "sync" else t - S
     if mode not in ("sync", "fixed"):
         raise ValueError(mode)
     return np.maximum(src, 0)
+
+# %% ../../nbs/16_async_sim.ipynb #4bc32f3e
+def _delta_norm(env: SimEnv, Lth, Lph, G, K: int, sampled: bool, std: bool, clip_eps, agg, beta_kl, ref):
+    """||delta_t|| per run: the exact stale surrogate gradient (`G` itself unless `sampled`) minus the exact
+    on-policy one, mapped to parameter space."""
+    tr = env.tree
+    Gon = surrogate_grad(tr, Lth, Lth, exact_masses(tr, Lth, env.R, K, std), clip_eps, agg, beta_kl, ref)
+    Gst = (
+        G
+        if not sampled
+        else surrogate_grad(tr, Lth, Lph, exact_masses(tr, Lph, env.R, K, std), clip_eps, agg, beta_kl, ref)
+    )
+    return np.linalg.norm(np.einsum("bphv,phvd->bd", Gst - Gon, env.feats) / env.P, axis=-1)
 
 # %% ../../nbs/16_async_sim.ipynb #a14be00b
 def simulate(
@@ -131,13 +145,7 @@ def simulate(
             G, clip = surrogate_grad(tr, Lth, Lph, masses, clip_eps, agg, beta_kl, ref, return_clip=True)
             g = np.einsum("bphv,phvd->bd", G, env.feats) / env.P
             if track_delta:
-                Gon = surrogate_grad(tr, Lth, Lth, exact_masses(tr, Lth, env.R, K, std), clip_eps, agg, beta_kl, ref)
-                Gst = (
-                    G
-                    if not sampled
-                    else surrogate_grad(tr, Lth, Lph, exact_masses(tr, Lph, env.R, K, std), clip_eps, agg, beta_kl, ref)
-                )
-                log["delta"][:, t] = np.linalg.norm(np.einsum("bphv,phvd->bd", Gst - Gon, env.feats) / env.P, axis=-1)
+                log["delta"][:, t] = _delta_norm(env, Lth, Lph, G, K, sampled, std, clip_eps, agg, beta_kl, ref)
             log["J"][:, t] = (seq_probs(tr, Lth) * env.R).sum(-1).mean(-1)
             log["clip"][:, t] = clip.mean(-1)
             lr = np.abs(token_logprobs(tr, Lth) - token_logprobs(tr, Lph)).mean(-1)
@@ -265,7 +273,7 @@ def plot_phase(ax, sw: dict, an: dict, rc: dict, title: str = ""):
     "S x eta phase diagram: fraction of collapsed replicates, eta_max per S, the two-constraint rule's curves."
     S, eta = sw["S"], sw["eta"]
     frac = (sw["t_c"] >= 0).mean(-1)
-    r = np.sqrt(eta[1] / eta[0])
+    r = np.sqrt(eta[1] / eta[0]) if len(eta) > 1 else 2.0  # a one-rate grid: a band a factor 4 wide
     edges = np.concatenate([eta / r, eta[-1:] * r])
     x = np.arange(len(S))
     ax.pcolormesh(np.arange(len(S) + 1) - 0.5, edges, frac.T, cmap="RdYlGn_r", vmin=0, vmax=1)
@@ -412,11 +420,11 @@ def run_sweep(env: SimEnv, Ss, etas, reps: int, steps: int, seed: int = 0, **kw)
     out.update(S=Ss, eta=etas, t_c=collapse_time(out["J"]), steps=steps)
     return out
 
-# %% ../../nbs/16_async_sim.ipynb #57bae513
+# %% ../../nbs/16_async_sim.ipynb #e37e5268
 def _fit_slope(x, y):
     return np.polyfit(np.log(x), np.log(y), 1)[0]
 
-
+# %% ../../nbs/16_async_sim.ipynb #57bae513
 def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, tail: int = 100) -> dict:
     """Acceptance numbers of a sweep: eta_max per (S, rep) (largest grid eta with it and every smaller eta
     stable; NaN if the smallest collapses, the grid top if none does), the log-log slope of eta_max vs S
@@ -429,18 +437,22 @@ def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, ta
     first = np.where(coll.any(1), coll.argmax(1), len(eta))  # [S, rep]
     eta_max = np.where(first == 0, np.nan, eta[np.maximum(first - 1, 0)])
     censored = first == len(eta)
-    ok = np.isfinite(eta_max).all(0) & ~censored.all(0)
-    slopes = np.array([_fit_slope(S, eta_max[:, r]) for r in np.flatnonzero(ok)])
-    lm = np.log(eta_max[:, ok])
+    pos = S > 0  # the log S fits: S = 0 (the synchronous learner) has its eta_max reported, not fitted
+    ok = np.isfinite(eta_max[pos]).all(0) & ~censored[pos].all(0)
+    slopes = np.array([_fit_slope(S[pos], eta_max[pos, r]) for r in np.flatnonzero(ok)])
+    lm = np.log(eta_max[pos][:, ok])
     boot = (
-        [np.polyfit(np.log(S), lm[:, g.integers(0, lm.shape[1], lm.shape[1])].mean(1), 1)[0] for _ in range(n_boot)]
+        [
+            np.polyfit(np.log(S[pos]), lm[:, g.integers(0, lm.shape[1], lm.shape[1])].mean(1), 1)[0]
+            for _ in range(n_boot)
+        ]
         if lm.size
         else [np.nan]
     )
     em_med = np.exp(np.nanmedian(np.log(eta_max), 1))
-    prod = S * em_med
-    # collapse times
-    si, ei, ri = np.nonzero(coll)
+    prod = np.where(pos, S * em_med, np.nan)
+    # collapse times (the regression on log S: runs with S > 0)
+    si, ei, ri = np.nonzero(coll & pos[:, None, None])
     t = tc[si, ei, ri].astype(float) + 1
     X = np.stack([np.ones_like(t), np.log(eta[ei]), np.log(S[si])], 1)
     coef = np.linalg.lstsq(X, np.log(t), rcond=None)[0] if len(t) > 3 else np.full(3, np.nan)

@@ -256,7 +256,8 @@ def check_noise_zero_mean(seed: int = 0, n: int = 2000):
 def stability_bound(G_upd, R_batch, R_crit, S, T, c: float = 1.0) -> dict:
     """The staleness paper's rule eta << c * min{R_batch/(S G_upd), R_crit/(T G_upd)} (T = learner-step horizon).
     Returns the two bounds, their minimum and which constraint binds ('local' or 'horizon')."""
-    local = c * np.asarray(R_batch, float) / (np.asarray(S, float) * G_upd)
+    with np.errstate(divide="ignore"):  # S = 0 (synchronous): no lag, no local constraint (inf)
+        local = c * np.asarray(R_batch, float) / (np.asarray(S, float) * G_upd)
     horizon = c * np.asarray(R_crit, float) / (np.asarray(T, float) * G_upd)
     local, horizon = np.broadcast_arrays(local, horizon)
     return dict(
