@@ -51,7 +51,6 @@ from stalebook.core import (
     verify_check,
 )
 
-
 # %% auto #0
 __all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'STALENESS_RULES', 'SIM_SETTINGS', 'STUDY_RECORDS',
            'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id', 'staleness_units',
