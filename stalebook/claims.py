@@ -78,8 +78,12 @@ def checked(rows: list[Check], *families: str) -> str:
 
 
 def judged(record: dict | None, rule) -> str:
-    "'reproduced' / 'not reproduced' by `rule` on one study's record ('not yet run' without one)."
-    return "not yet run" if record is None else ("reproduced" if rule(record) else "not reproduced")
+    """'reproduced' / 'not reproduced' by `rule` on one study's record ('not yet run' without one; 'undetermined' where
+    the rule returns None: a record too small to fit what the rule reads, e.g. one seed's bootstrap)."""
+    if record is None:
+        return "not yet run"
+    v = rule(record)
+    return "undetermined" if v is None else "reproduced" if v else "not reproduced"
 
 # %% ../nbs/02_claims.ipynb #b0fcfb17
 THEORY = [  # (paper, claim, check families, where)

@@ -641,18 +641,20 @@ def run_study(
     return 1 if st["totals"]["fail"] else 0
 
 # %% ../nbs/36_staleness_study.ipynb #189a4378
-def _inside(lo, x, hi) -> bool:
-    return lo <= x <= hi
+def _inside(lo, x, hi) -> bool | None:
+    return None if lo is None or hi is None else lo <= x <= hi
 
 
-STALENESS_RULES = {  # claim -> what 'reproduced' means on one sweep's analysis (a simulator setting or an optimizer)
+def _ballistic(o) -> bool | None:
+    c, s = o.get("cos_collapsed_mean", o.get("grad_cos_collapsed")), o.get("cos_stable_mean", o.get("grad_cos_stable"))
+    return None if c is None or s is None else c >= 0.5 and abs(s) <= 0.2
+
+
+STALENESS_RULES = {  # claim -> what 'reproduced' means on one sweep's analysis (None: the sweep cannot tell)
     "η_max ∝ 1/S": lambda o: _inside(o["slope_boot_ci"][0], -1, o["slope_boot_ci"][2]),
     "t_collapse independent of S": lambda o: _inside(o["tc_coef_ci"][0][2], 0, o["tc_coef_ci"][1][2]),
-    "M_collapse·S·η ≈ const": lambda o: o["MSeta_cv"] <= 0.25,
-    "collapsing runs ballistic, stable runs diffusive": lambda o: (
-        o.get("cos_collapsed_mean", o.get("grad_cos_collapsed")) >= 0.5
-        and abs(o.get("cos_stable_mean", o.get("grad_cos_stable"))) <= 0.2
-    ),
+    "M_collapse·S·η ≈ const": lambda o: None if o["MSeta_cv"] is None else o["MSeta_cv"] <= 0.25,
+    "collapsing runs ballistic, stable runs diffusive": _ballistic,
 }
 SIM_SETTINGS = ("grpo", "unclipped")
 STUDY_RECORDS = {"tiny": "study_staleness.json"}  # model column -> its committed study record; a new model is a line
