@@ -58,8 +58,8 @@ from .units import Phase, Unit, record_path, run_registry, unit_dir
 # %% auto #0
 __all__ = ['STORES', 'BOLT_COLUMNS', 'ARM_COLOURS', 'BOLT_RECORDS', 'BoltUnit', 'bolt_units', 'static_arm', 'stage_outputs',
            'bolt_phases', 'bolt_missing', 'bolt_objective', 'bolt_lineage', 'bolt_reference', 'bolt_budget',
-           'bench_rows', 'claim_rows', 'claim_table', 'bolt_table', 'collect_units', 'bolt_record', 'time_figure',
-           'rounds_figure', 'beta_figure', 'bolt_figures', 'run_bolt_study', 'claims']
+           'bench_rows', 'meter_ratios', 'claim_rows', 'claim_table', 'bolt_table', 'collect_units', 'bolt_record',
+           'time_figure', 'rounds_figure', 'beta_figure', 'bolt_figures', 'run_bolt_study', 'claims']
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a006
 STORES = "../../stores"  # from a unit's folder <root>/units/<id> to the registry's shared store root <root>/stores
@@ -347,7 +347,12 @@ def bench_rows(bench: dict) -> list[tuple[str, str, str, str]]:
     time_ = (
         "training time BOLT / GRPO",
         "≈ 0.15–0.25×",
-        f"{bench['time_ratio_train']:.2f}× training phase, {bench['time_ratio_total']:.2f}× with reference sampling",
+        f"{bench['time_ratio_train']:.2f}× training phase, {bench['time_ratio_total']:.2f}× with reference sampling"
+        + (
+            f" (CPU {bench['cpu_ratio_train']:.2f}×, {bench['cpu_ratio_total']:.2f}×; {bench['source']})"
+            if "source" in bench
+            else ""
+        ),
         "supported" if bench["time_ratio_train"] <= 0.25 else "not reproduced",
     )
     memory = (
@@ -361,6 +366,34 @@ def bench_rows(bench: dict) -> list[tuple[str, str, str, str]]:
         else "not reproduced",
     )
     return [time_, memory]
+
+# %% ../nbs/37_bolt_study.ipynb #41fc8668
+def meter_ratios(reg: Registry, root) -> dict | None:
+    """BOLT / GRPO time and memory from a bolt registry's own unit meters (`meter.json`: the training phase's wall and
+    CPU seconds, peak RSS and RSS at its start; BOLT's reference sampling) — bench_bolt's ratios (medians over seeds of
+    each arm, then their ratio) for a study whose arms ran side by side as units, sharing the machine's load; None
+    unless some seed has both arms metered."""
+    by = {}
+    for uid, u in reg.units().items():
+        f = unit_dir(root, uid) / "meter.json"
+        if u.kind == "arm" and u.arm.arm in ("bolt", "grpo") and f.is_file():
+            by.setdefault(u.arm.arm, {})[u.arm.train.seed] = json.loads(f.read_text())
+    seeds = sorted(set(by.get("bolt", {})) & set(by.get("grpo", {})))
+    if not seeds:
+        return None
+    med = lambda arm, f: float(np.median([f(by[arm][s]) for s in seeds]))
+    ref = lambda p, k: p.get("reference", {}).get(k, 0.0)
+    fs = dict(
+        time_ratio_train=lambda p: p["train"]["seconds"],
+        time_ratio_total=lambda p: p["train"]["seconds"] + ref(p, "seconds"),
+        cpu_ratio_train=lambda p: p["train"]["cpu_seconds"],
+        cpu_ratio_total=lambda p: p["train"]["cpu_seconds"] + ref(p, "cpu_seconds"),
+        peak_ratio=lambda p: p["train"]["peak_rss_mib"],
+        peak_ratio_incl_reference=lambda p: max(p["train"]["peak_rss_mib"], ref(p, "peak_rss_mib")),
+        alloc_ratio=lambda p: p["train"]["peak_rss_mib"] - p["train"]["start_rss_mib"],
+    )
+    out = {k: med("bolt", f) / med("grpo", f) for k, f in fs.items()}
+    return out | dict(source=f"unit meters, seeds {', '.join(map(str, seeds))}", seeds=seeds)
 
 # %% ../nbs/37_bolt_study.ipynb #ee81bfc4
 def claim_rows(agg: dict, bench: dict | None = None) -> list[tuple[str, str, str, str]]:
@@ -655,8 +688,12 @@ def run_bolt_study(
     root = Path(legacy_root) if legacy else registry_root(reg, root)
     if run and not legacy:
         run_registry(reg, root, only, progress=sys.stderr.isatty())
-    bench = Path(bench or results_dir() / "records" / "bench_bolt.json")
-    rec = bolt_record(reg, root, legacy, _json(bench)["ratios"] if bench.exists() else None)
+    if bench == "meters":  # the units' own meters: both arms side by side in the registry run
+        ratios = meter_ratios(reg, root)
+    else:
+        bench = Path(bench or results_dir() / "records" / "bench_bolt.json")
+        ratios = _json(bench)["ratios"] if bench.exists() else None
+    rec = bolt_record(reg, root, legacy, ratios)
     json_path = Path(json_path or results_dir() / "records" / "study_bolt.json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(json_path, rec)

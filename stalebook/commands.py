@@ -706,7 +706,9 @@ def _study_bolt_args(sub) -> None:
     sp.add_argument("--only", default=None, help="with --run: unit ids or patterns")
     sp.add_argument("--json", default=None, help="record to write (default: results/records/study_bolt.json)")
     sp.add_argument(
-        "--bench", default=None, help="bench_bolt.py's JSON for the time/memory claims (default: its record)"
+        "--bench",
+        default=None,
+        help="bench_bolt.py's JSON for the time/memory claims (default: its record), or 'meters': the units' meters",
     )
 
 # %% ../nbs/50_commands.ipynb #5f5b9c89
