@@ -708,7 +708,10 @@ def run_bolt_study(
     return 0
 
 # %% ../nbs/37_bolt_study.ipynb #0ee7e116
-BOLT_RECORDS = {"tiny": "study_bolt.json"}  # model column -> its committed study record; a new model is a line
+BOLT_RECORDS = {
+    "tiny": "study_bolt.json",
+    "smol": "study_bolt_smol.json",
+}  # model column -> its committed study record; a new model is a line
 
 
 def _readme_row(what: str) -> bool:

@@ -596,7 +596,8 @@ def study_figures(reg: Registry, root: Path, prefix: str = "study_staleness") ->
         for k in ("phase", "tcollapse", "cosine")
     }
     for j, (opt, (sw, rep, _)) in enumerate(an.items()):
-        title = f"{opt} ({'plain SGD' if opt == 'sgd' else 'AdamW'}), embedded model"
+        model = "embedded model" if reg.spec.model == "tiny" else reg.spec.model
+        title = f"{opt} ({'plain SGD' if opt == 'sgd' else 'AdamW'}), {model}"
         plot_phase(figs["phase"][1][0, j], sw, rep["analysis"], rep["rule"], title)
         plot_tcollapse(figs["tcollapse"][1][0, j], sw, title)
         plot_cosine(figs["cosine"][1][0, j], sw, title)
@@ -651,13 +652,18 @@ def _ballistic(o) -> bool | None:
 
 
 STALENESS_RULES = {  # claim -> what 'reproduced' means on one sweep's analysis (None: the sweep cannot tell)
-    "η_max ∝ 1/S": lambda o: _inside(o["slope_boot_ci"][0], -1, o["slope_boot_ci"][2]),
+    "η_max ∝ 1/S": lambda o: (  # a bootstrap over replicates needs two of them
+        None if len(o["slope_reps"]) < 2 else _inside(o["slope_boot_ci"][0], -1, o["slope_boot_ci"][2])
+    ),
     "t_collapse independent of S": lambda o: _inside(o["tc_coef_ci"][0][2], 0, o["tc_coef_ci"][1][2]),
     "M_collapse·S·η ≈ const": lambda o: None if o["MSeta_cv"] is None else o["MSeta_cv"] <= 0.25,
     "collapsing runs ballistic, stable runs diffusive": _ballistic,
 }
 SIM_SETTINGS = ("grpo", "unclipped")
-STUDY_RECORDS = {"tiny": "study_staleness.json"}  # model column -> its committed study record; a new model is a line
+STUDY_RECORDS = {
+    "tiny": "study_staleness.json",
+    "smol": "study_staleness_smol.json",
+}  # model column -> its committed study record; a new model is a line
 
 # %% ../nbs/36_staleness_study.ipynb #dbf2719d
 def _per_model(status) -> dict[str, str]:
@@ -676,7 +682,11 @@ def _fitted(rule):
 
 
 def _two_constraint(rec) -> str:
-    "The rule-vs-boundary check on one study record (as `stalebook verify` runs it), and its worst ratio."
+    """The rule-vs-boundary check on one study record (as `stalebook verify` runs it), and its worst ratio; undetermined
+    where R_crit was estimated as 0 (the collapsed runs' reward peaked at their start): a zero bound is safe by fiat."""
+    zero = [k for k, o in (rec or {}).get("optimizers", {}).items() if not (o["rule"]["R_crit"] or 0) > 0]
+    if zero:
+        return f"undetermined: R_crit estimated as 0 ({', '.join(zero)}), so the rule's bound is 0"
     rows = rule_rows(rec["optimizers"]) if rec else []
     bound = max((r.value for r in rows), default=float("nan"))
     return checked(rows, "staleness_study") + f"; rule bound / measured η_max ≤ {bound:.2f}"
