@@ -33,7 +33,14 @@ from .point import PointConfig, execute_point, point_markdown
 from .pretrained import PACKAGED_MODELS, import_snapshot
 from .protocol import DEFAULT_BOUND
 from .registry import load_registry, registry_problems, registry_root
-from .report import demo_workers, frozen_root, publish_report, registry_decisions, run_report
+from stalebook.report import (
+    demo_workers,
+    frozen_root,
+    publish_report,
+    registry_decisions,
+    run_report,
+    write_forecast,
+)
 from stalebook.rollouts import (
     RolloutsConfig,
     RolloutStore,
@@ -449,14 +456,30 @@ def cmd_report(argv) -> int:
         "refused, before anything runs, unless the registry is frozen",
     )
     parser.add_argument("--results", default=None, help="where --publish writes (default: the project's results/)")
+    parser.add_argument(
+        "--pilots",
+        nargs="+",
+        metavar="RESULT",
+        help="pilot points' result.json: the gate passes they predict at every cell's design against the observed "
+        "ones, printed and written to report/forecast.json (published with --publish)",
+    )
     args = parser.parse_args(argv)
     if args.results and not args.publish:
         raise StalebookError("stalebook report: --results is where --publish writes; give --publish too")
     if args.publish:
         frozen_root(args.registry, args.root)
+    pilots = {p: _read_pilot(p, "stalebook report") for p in args.pilots or ()}  # unreadable: refused before any work
     out = run_report(args.registry, args.root)
     figs = sorted(x.name for x in out.parent.glob("report-*.png"))
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
+    if pilots:
+        fc = write_forecast(args.registry, pilots, args.root)
+        print(
+            "\n".join(
+                ln for ln in registry_decisions(args.registry, args.root, list(pilots.values())) if "P(gate)" in ln
+            )
+        )
+        print(f"[report] {fc}: predicted (from {len(pilots)} pilot points) against observed gate passes")
     if args.publish:
         d = publish_report(args.registry, args.root, args.results)
         ch = json.loads((d / "table.json").read_text())["content_hash"]
@@ -464,19 +487,19 @@ def cmd_report(argv) -> int:
     return 0
 
 # %% ../nbs/50_commands.ipynb #99a03ee7
-def _read_pilot(path: str) -> dict:
+def _read_pilot(path: str, prog: str = "stalebook design") -> dict:
     p = Path(path)
     if not p.is_file():
-        raise StalebookError(f"stalebook design: no such file: {path}")
+        raise StalebookError(f"{prog}: no such file: {path}")
     try:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise StalebookError(f"stalebook design: {path} is not JSON ({e.msg})") from None
+        raise StalebookError(f"{prog}: {path} is not JSON ({e.msg})") from None
     summ = data.get("result", data)
     summ = dict(summ, K=summ.get("K") or data.get("manifest", {}).get("config", {}).get("group_size"))
     missing = [f for f in ("n", "k", "K", "rel", "rel_bounds", "gain_fresh", "gain_stale") if summ.get(f) is None]
     if missing:
-        raise StalebookError(f"stalebook design: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
+        raise StalebookError(f"{prog}: {path} lacks {', '.join(missing)} (a point's result.json is expected)")
     return summ
 
 # %% ../nbs/50_commands.ipynb #e63f7926

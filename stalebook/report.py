@@ -41,6 +41,7 @@ from stalebook.core import (
     atomic_write,
     atomic_write_json,
     experiment_notebook,
+    hash_file,
     hash_json,
     run_notebook,
 )
@@ -54,8 +55,9 @@ from .verdict import pool_cell
 # %% auto #0
 __all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'PUBLISHED', 'point_rows', 'study_view', 'report_name', 'report_title',
            'save_report_figure', 'plot_reliability', 'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report',
-           'frozen_root', 'publish_sources', 'publish_report', 'verdict_counts', 'claims', 'control_summary',
-           'gate_forecast', 'decision_lines', 'registry_decisions', 'demo_workers']
+           'frozen_root', 'publish_sources', 'publish_report', 'verdict_counts', 'forecast_counts', 'claims',
+           'control_summary', 'gate_forecast', 'decision_lines', 'registry_decisions', 'cell_forecasts',
+           'write_forecast', 'demo_workers']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -250,8 +252,9 @@ def frozen_root(registry, root=None) -> Path:
 
 
 def publish_sources(registry, root=None) -> dict[str, Path]:
-    """{published name: file}: a frozen registry's table (JSON, Markdown) and its report's three figures; refused
-    unless the frozen table hashes to its content hash and the report was drawn from it."""
+    """{published name: file}: a frozen registry's table (JSON, Markdown), its report's three figures and its gate
+    forecast when there is one of this table; refused unless the frozen table hashes to its content hash and the
+    report was drawn from it."""
     reg, root = load_registry(registry), frozen_root(registry, root)
     t = json.loads((root / "frozen" / "table.json").read_text())
     ch = t.pop("content_hash", None)
@@ -268,6 +271,9 @@ def publish_sources(registry, root=None) -> dict[str, Path]:
         )
     src = {f"table.{x}": root / "frozen" / f"table.{x}" for x in ("json", "md")}
     src |= {f"{w}.png": rep / f"{report_name(reg.name, w, False)}.png" for w in PUBLISHED_FIGURES}
+    fc = rep / "forecast.json"  # `stalebook report --pilots`: published only when it is of this table
+    if fc.is_file() and json.loads(fc.read_text()).get("content_hash") == ch:
+        src["forecast.json"] = fc
     if missing := [str(p) for p in src.values() if not p.is_file()]:
         raise StalebookError(f"publish refused: {', '.join(missing)} missing")
     return src
@@ -286,11 +292,7 @@ def publish_report(registry, root=None, dest=None) -> Path:
 # %% ../nbs/34_report.ipynb #304bed44
 PUBLISHED = {  # model column -> (folder under results/, what it holds, what to say while it is not there)
     "tiny": ("tiny-demo", "tiny demo", "tiny demo not yet published (`make demo`, then `make publish`)"),
-    "smol": (
-        "smol-demo",
-        "smol demo",
-        "not yet published (`make smol-warm`, `stalebook demo smol:demo`, `stalebook report smol:demo --publish`)",
-    ),
+    "smol": ("smol-demo_screened", "smol screened demo", "not yet published (`make smol-warm`, then `make smol-demo`)"),
     "7b": ("main", "main study", "main study not yet run"),
 }
 
@@ -305,6 +307,15 @@ def verdict_counts(t: dict) -> str:
     )
 
 # %% ../nbs/34_report.ipynb #bbd1036c
+def forecast_counts(path: Path, content_hash: str) -> str:
+    "'; gate passed in o of r seeds, e predicted from the pilot' summed over cells, from a forecast of this table."
+    fc = json.loads(path.read_text()) if path.is_file() else None
+    if not fc or fc.get("content_hash") != content_hash:
+        return ""
+    o, r, e = (sum(c[x] for c in fc["cells"]) for x in ("observed", "registered", "expected"))
+    return f"; gate passed in {o} of {r} seeds, {e:.1f} predicted from the pilot"
+
+
 def claims() -> list[Claim]:
     "The ranking study's row: per model, the published demo's or study's verdicts."
     status = {}
@@ -313,6 +324,7 @@ def claims() -> list[Claim]:
         t = json.loads(f.read_text()) if f.is_file() else None
         status[m] = (
             f"{what} (frozen table `{t['content_hash'][:16]}`, {len(t['sources'])} points): {verdict_counts(t)}"
+            + forecast_counts(f.parent / "forecast.json", t["content_hash"])
             if t
             else missing
         )
@@ -343,14 +355,16 @@ def control_summary(pts: list) -> dict:
     )
 
 # %% ../nbs/34_report.ipynb #f6b4a0d5
-def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
-    """Predicted gate passes at the summaries' design (`predict_design` on `pilot_models` of them, and per seed)
-    against the observed passes."""
+def gate_forecast(summaries: list[dict], registered: int, pilots: list[dict] | None = None, **kw) -> dict | None:
+    """Predicted gate passes at the summaries' design (`predict_design` on `pilot_models`, and per pilot point)
+    against the observed passes. The model is fitted to `pilots` (points run before and apart from these, e.g. at
+    another design: a forecast) or, without them, to the summaries themselves (a consistency check)."""
     if not summaries:
         return None
-    s0, m = summaries[0], pilot_models(summaries)
+    src = pilots or summaries
+    s0, m = summaries[0], pilot_models(src)
     p = predict_design(m, s0["n"], s0["K"], s0["k"], registered, **kw)
-    per_seed = [predict_design(pilot_model(s), s["n"], s["K"], s["k"], 1, **kw)["p_gate"] for s in summaries]
+    per_seed = [predict_design(pilot_model(s), s0["n"], s0["K"], s0["k"], 1, **kw)["p_gate"] for s in src]
     return dict(
         n=s0["n"],
         K=s0["K"],
@@ -358,6 +372,8 @@ def gate_forecast(summaries: list[dict], registered: int, **kw) -> dict | None:
         bound=m["bound"],
         rho=m["rho"],
         pilots=m["pilots"],
+        source="pilots" if pilots else "points",
+        pilot_K=m["K"],  # the design rho was measured at (predict_design carries it to K by Spearman-Brown)
         rel_sd_scale=m["rel_sd_scale"],
         spread_scale=m["spread_scale"],
         p_gate=p["p_gate"],
@@ -373,9 +389,9 @@ def _g(v):
     return "-" if v is None else f"{v:+.4f}"
 
 # %% ../nbs/34_report.ipynb #353ffef0
-def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
-    """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at
-    the behaviour checkpoint the gate forecast."""
+def decision_lines(view: dict, by_cell: dict, behaviour: dict, pilots: list[dict] | None = None, **kw) -> list[str]:
+    """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; the
+    gate forecast at the behaviour checkpoint from the cell's own points, or at every cell from `pilots`."""
     rows = view["table"]["rows"]
     bound = next((r["bound"] for pts in by_cell.values() for _, r in pts if r is not None), "-")
     out = [
@@ -412,19 +428,20 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
                 else "n/a (π ≠ β)"
             )
         )
-        if c == behaviour.get(key[:3]):
-            f = gate_forecast([r for _, r in pts if r is not None], len(pts), **kw)
+        if pilots or c == behaviour.get(key[:3]):
+            f = gate_forecast([r for _, r in pts if r is not None], len(pts), pilots, **kw)
             if f:
                 out.append(
                     f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): "
                     f"predicted P(gate) {f['p_gate']:.2f} per seed "
-                    f"(rho {f['rho']:.3f} from the points' mean Rel_k, "
+                    f"(rho {f['rho']:.3f} from the {f['source']}' mean Rel_k"
+                    + (f" at K={f['pilot_K']}, " if pilots else ", ")
                     + (
                         f"their spread x{f['rel_sd_scale']:.2f} the model's; "
                         if f["pilots"] >= 3
                         else f"taken as known: {f['pilots']} points cannot measure its spread between seeds; "
                     )
-                    + f"per seed {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+                    + f"per {'pilot' if pilots else 'seed'} {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
                     f"{f['expected']:.1f} of {f['registered']} expected; "
                     f"observed {f['observed']} of {f['registered']}; "
                     f"predicted cell verdict P(Effective) {f['p_effective']:.2f}, "
@@ -433,16 +450,43 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
     return out
 
 # %% ../nbs/34_report.ipynb #6ab02a4d
-def registry_decisions(registry, root=None, **kw) -> list[str]:
-    "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
+def _decision_inputs(registry, root=None) -> tuple[dict, dict, dict]:
+    "(study view, {cell: [(PointResult, summary)]}, {family: behaviour checkpoint}) of a registry under its root."
     view = study_view(registry, root)
     reg = load_registry(registry)
     cells = {
         k: [(p, r) for p, r, _ in v]
         for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()
     }
-    behaviour = {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
-    return decision_lines(view, cells, behaviour, **kw)
+    return view, cells, {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
+
+
+def registry_decisions(registry, root=None, pilots: list[dict] | None = None, **kw) -> list[str]:
+    "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
+    return decision_lines(*_decision_inputs(registry, root), pilots, **kw)
+
+
+def cell_forecasts(by_cell: dict, pilots: list[dict], **kw) -> list[dict]:
+    """Per cell ({(model, domain, tag, checkpoint): [(PointResult, summary)]}), its observed gate passes against the
+    passes predicted from `pilots` (pilot points' summaries) at the cell's design: `gate_forecast` with the cell."""
+    out = []
+    for (m, d, tag, c), pts in by_cell.items():
+        f = gate_forecast([r for _, r in pts if r is not None], len(pts), pilots, **kw)
+        out += [dict(model=m, domain=d, tag=tag, checkpoint=c, **f)] if f else []
+    return out
+
+
+def write_forecast(registry, pilots: dict, root=None, **kw) -> Path:
+    """`report/forecast.json`: `cell_forecasts` from the pilot points `pilots` ({file: summary}, each file named with
+    its content hash), bound to the table the report draws (its content hash): what `--publish` then copies."""
+    view, cells, _ = _decision_inputs(registry, root)
+    rec = dict(
+        kind="stalebook.gate-forecast",
+        content_hash=view["content_hash"],
+        pilots={str(f): hash_file(f) for f in pilots},
+        cells=cell_forecasts(cells, list(pilots.values()), **kw),
+    )
+    return atomic_write_json(Path(view["root"]) / "report" / "forecast.json", rec)
 
 # %% ../nbs/34_report.ipynb #f66300af
 def demo_workers(reg: Registry, only: str | None = None) -> int | None:

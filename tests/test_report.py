@@ -124,6 +124,26 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
         assert ("passed in" in pos and f"/{sum(same)} seeds" in pos) if any(same) else "n/a" in pos
     (fc,) = [ln for ln in lines if "predicted P(gate)" in ln]
     assert fc.startswith("tiny math c=0 ") and f"observed {rows[0, 'g00']['admissible']} of 2" in fc
+    # --pilots: the gate passes pilot points predict at every cell's design against the observed ones, written and
+    # published with the table; an unreadable pilot is refused in one line before anything runs
+    rep_nb = root / "report/report.ipynb"
+    t0 = rep_nb.stat().st_mtime_ns
+    r = cli("report", reg, "--root", root, "--pilots", tmp_path / "none.json", "--publish", "--results", res)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"stalebook: error: stalebook report: no such file: {tmp_path / 'none.json'}\n"
+    assert rep_nb.stat().st_mtime_ns == t0 and not (root / "report/forecast.json").exists()
+    pilot = root / "units/tiny-math-s0/points/c-000000/result.json"
+    r = cli("report", reg, "--root", root, "--pilots", pilot, "--publish", "--results", res)
+    assert r.returncode == 0, r.stderr
+    fc = json.loads((res / "rep/forecast.json").read_text())
+    assert (res / "rep/forecast.json").read_bytes() == (root / "report/forecast.json").read_bytes()
+    table = json.loads((res / "rep/table.json").read_text())
+    assert fc["content_hash"] == table["content_hash"] and list(fc["pilots"]) == [str(pilot)]
+    assert sorted(c["checkpoint"] for c in fc["cells"]) == [0, 2]
+    for c in fc["cells"]:  # observed: the table's gate passes (counted by the freeze, not by the forecast)
+        assert (c["observed"], c["registered"]) == (rows[c["checkpoint"], "g00"]["admissible"], 2)
+        assert (c["pilots"], c["source"], len(c["per_seed"])) == (1, "pilots", 1) and 0 <= c["p_gate"] <= 1
+    assert sum("predicted P(gate)" in ln and "from the pilots' mean Rel_k" in ln for ln in r.stdout.splitlines()) == 2
     # a frozen table that no longer hashes to its content hash (a hand-edited number) is not published
     f, t = root / "frozen/table.json", json.loads((root / "frozen/table.json").read_text())
     t["rows"][0]["verdict"] = "Effective" if t["rows"][0]["verdict"] != "Effective" else "Ineffective"
@@ -190,13 +210,21 @@ def test_the_ranking_claim_reads_each_models_published_table(tmp_path, monkeypat
     (tmp_path / "pyproject.toml").write_text("[tool.nbdev]\n")
     rows = [dict(checkpoint=0, verdict="Effective"), dict(checkpoint=0, verdict="Inconclusive")]
     t = dict(content_hash="ab" * 32, sources={"a": 1, "b": 2}, rows=rows + [dict(checkpoint=4, verdict="Ineffective")])
-    (tmp_path / "results" / "smol-demo").mkdir(parents=True)
-    (tmp_path / "results" / "smol-demo" / "table.json").write_text(json.dumps(t))
+    smol = tmp_path / "results" / PUBLISHED["smol"][0]
+    smol.mkdir(parents=True)
+    (smol / "table.json").write_text(json.dumps(t))
     monkeypatch.setenv("STALEBOOK_PROJECT", str(tmp_path))
     (c,) = claims()
+    verdicts = "c=0: Effective 1/2, Inconclusive 1/2; c=4: Ineffective 1/1"
     assert c.paper == "ranking" and c.status == {
         "tiny": PUBLISHED["tiny"][2],
-        "smol": f"smol demo (frozen table `{'ab' * 8}`, 2 points): c=0: Effective 1/2, Inconclusive 1/2; "
-        "c=4: Ineffective 1/1",
+        "smol": f"smol screened demo (frozen table `{'ab' * 8}`, 2 points): {verdicts}",
         "7b": "main study not yet run",
     }
+    # a gate forecast of this table (`stalebook report --pilots`) adds the passes, observed and predicted; one of
+    # another table is not read
+    cells = [dict(observed=0, registered=2, expected=0.6), dict(observed=1, registered=1, expected=0.3)]
+    (smol / "forecast.json").write_text(json.dumps(dict(content_hash="ab" * 32, cells=cells)))
+    assert claims()[0].status["smol"].endswith(f"{verdicts}; gate passed in 1 of 3 seeds, 0.9 predicted from the pilot")
+    (smol / "forecast.json").write_text(json.dumps(dict(content_hash="cd" * 32, cells=cells)))
+    assert claims()[0].status["smol"].endswith(verdicts)
