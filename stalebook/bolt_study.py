@@ -59,7 +59,7 @@ from .units import Phase, Unit, record_path, run_registry, unit_dir
 __all__ = ['STORES', 'BOLT_COLUMNS', 'ARM_COLOURS', 'BOLT_RECORDS', 'BoltUnit', 'bolt_units', 'static_arm', 'stage_outputs',
            'bolt_phases', 'bolt_missing', 'bolt_objective', 'bolt_lineage', 'bolt_reference', 'bolt_budget',
            'bench_rows', 'meter_ratios', 'claim_rows', 'claim_table', 'bolt_table', 'collect_units', 'bolt_record',
-           'time_figure', 'rounds_figure', 'beta_figure', 'bolt_figures', 'run_bolt_study', 'claims']
+           'time_figure', 'rounds_figure', 'beta_figure', 'bolt_figures', 'study_outputs', 'run_bolt_study', 'claims']
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a006
 STORES = "../../stores"  # from a unit's folder <root>/units/<id> to the registry's shared store root <root>/stores
@@ -671,6 +671,16 @@ def bolt_figures(rec: dict, study: BoltStudy, prefix: str = "") -> list[Path]:
     return out
 
 # %% ../nbs/37_bolt_study.ipynb #07e369c0
+def study_outputs(reg: Registry) -> tuple[str, str]:
+    """(record under results/records/, figure prefix under figures/) of a bolt registry: the tiny study's
+    `study_bolt.json` and `bolt_*.png`; another registry's named after it (bolt-smol: `study_bolt_smol.json`,
+    `smol_bolt_*.png`), so that studying it never overwrites the tiny study's committed files."""
+    if reg.name == "bolt-tiny":
+        return "study_bolt.json", ""
+    s = reg.name.removeprefix("bolt-").replace(":", "_").replace("-", "_")
+    return f"study_bolt_{s}.json", f"{s}_"
+
+
 def run_bolt_study(
     registry: str = "bolt-tiny",
     root=None,
@@ -679,11 +689,11 @@ def run_bolt_study(
     only: str | None = None,
     json_path=None,
     bench=None,
-    figures: str = "",
+    figures: str | None = None,
     log=print,
 ) -> int:
-    """`stalebook study bolt`: the record (default results/records/study_bolt.json), the figures and the printed
-    tables and claim rows of a bolt registry's passing units (`run`: first run or resume them)."""
+    """`stalebook study bolt`: the record, the figures (by default both named after the registry: `study_outputs`)
+    and the printed tables and claim rows of a bolt registry's passing units (`run`: first run or resume them)."""
     reg, legacy = load_registry(registry), legacy_root is not None
     root = Path(legacy_root) if legacy else registry_root(reg, root)
     if run and not legacy:
@@ -694,10 +704,11 @@ def run_bolt_study(
         bench = Path(bench or results_dir() / "records" / "bench_bolt.json")
         ratios = _json(bench)["ratios"] if bench.exists() else None
     rec = bolt_record(reg, root, legacy, ratios)
-    json_path = Path(json_path or results_dir() / "records" / "study_bolt.json")
+    name, prefix = study_outputs(reg)
+    json_path = Path(json_path or results_dir() / "records" / name)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(json_path, rec)
-    bolt_figures(rec, reg.spec, figures)
+    bolt_figures(rec, reg.spec, prefix if figures is None else figures)
     for d, t in rec["tables"].items():
         log(f"\n## {d}\n{t}")
     log("\n" + claim_table(rec["claims"]))

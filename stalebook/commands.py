@@ -727,7 +727,17 @@ def _study_bolt_args(sub) -> None:
     )
     sp.add_argument("--run", action="store_true", help="first run (or resume) the units, as `stalebook run` does")
     sp.add_argument("--only", default=None, help="with --run: unit ids or patterns")
-    sp.add_argument("--json", default=None, help="record to write (default: results/records/study_bolt.json)")
+    sp.add_argument(
+        "--json",
+        default=None,
+        help="record to write (default: results/records/study_bolt.json for bolt-tiny, study_bolt_<name>.json for "
+        "bolt-<name>)",
+    )
+    sp.add_argument(
+        "--figures",
+        default=None,
+        help="figure name prefix under figures/ (default: none for bolt-tiny, '<name>_' for bolt-<name>)",
+    )
     sp.add_argument(
         "--bench",
         default=None,
@@ -783,7 +793,7 @@ def cmd_study(argv) -> int:
     if a.what == "staleness":
         return run_study(a.registry, a.root, a.jobs, a.max_cells, a.only_analyse, a.json, a.figures, log=say)
     if a.what == "bolt":
-        return run_bolt_study(a.registry, a.root, a.legacy_root, a.run, a.only, a.json, a.bench, log=say)
+        return run_bolt_study(a.registry, a.root, a.legacy_root, a.run, a.only, a.json, a.bench, a.figures, log=say)
     if a.what == "staleness-sim":
         return run_staleness_sweep(a.reps, a.steps, a.quick, log=say)
     kw = {k: getattr(a, k) for k in ("pools", "seeds", "n_boot", "truth_draws") if getattr(a, k) is not None}

@@ -122,5 +122,7 @@ def test_a_reduced_slice_runs_checks_and_freezes(tmp_path, tiny_snapshot, capsys
     rec = json.loads((tmp_path / "sb.json").read_text())
     assert (rec["state"], rec["n_finished"], list(rec["sweeps"])) == ("frozen", 5, ["math-s0-sweep"])
     assert [c[0] for c in rec["claims"][-2:]] == ["training time BOLT / GRPO", "peak memory BOLT / GRPO"]
-    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == ["bolt_beta.png", "bolt_rounds.png", "bolt_time.png"]
+    # named after the slice: studying a slice never overwrites the whole tiny study's committed figures/bolt_*.png
+    names = ["bolt_beta.png", "bolt_rounds.png", "bolt_time.png"]
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [f"tiny_smoke_{n}" for n in names]
     assert "| claim | paper | embedded model | verdict |" in capsys.readouterr().out
