@@ -34,7 +34,9 @@ from .pretrained import PACKAGED_MODELS, import_snapshot
 from .protocol import DEFAULT_BOUND
 from .registry import load_registry, registry_problems, registry_root
 from stalebook.report import (
+    cell_name,
     demo_workers,
+    forecast_line,
     frozen_root,
     publish_report,
     registry_decisions,
@@ -474,11 +476,8 @@ def cmd_report(argv) -> int:
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
     if pilots:
         fc = write_forecast(args.registry, pilots, args.root)
-        print(
-            "\n".join(
-                ln for ln in registry_decisions(args.registry, args.root, list(pilots.values())) if "P(gate)" in ln
-            )
-        )
+        for f in json.loads(fc.read_text())["cells"]:  # the record's numbers, not a second forecast
+            print(f"{cell_name((f['model'], f['domain'], f['tag'], f['checkpoint'])):24s} {forecast_line(f)}")
         print(f"[report] {fc}: predicted (from {len(pilots)} pilot points) against observed gate passes")
     if args.publish:
         d = publish_report(args.registry, args.root, args.results)

@@ -56,8 +56,8 @@ from .verdict import pool_cell
 __all__ = ['VERDICT_COLOURS', 'PUBLISHED_FIGURES', 'PUBLISHED', 'point_rows', 'study_view', 'report_name', 'report_title',
            'save_report_figure', 'plot_reliability', 'plot_gain_ratio', 'plot_verdicts', 'write_tables', 'run_report',
            'frozen_root', 'publish_sources', 'publish_report', 'verdict_counts', 'forecast_counts', 'claims',
-           'control_summary', 'gate_forecast', 'decision_lines', 'registry_decisions', 'cell_forecasts',
-           'write_forecast', 'demo_workers']
+           'control_summary', 'gate_forecast', 'cell_name', 'forecast_line', 'decision_lines', 'registry_decisions',
+           'cell_forecasts', 'write_forecast', 'demo_workers']
 
 # %% ../nbs/34_report.ipynb #bd9fe902
 def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
@@ -388,10 +388,37 @@ def gate_forecast(summaries: list[dict], registered: int, pilots: list[dict] | N
 def _g(v):
     return "-" if v is None else f"{v:+.4f}"
 
+# %% ../nbs/34_report.ipynb #c81e5b47
+def cell_name(key: tuple) -> str:
+    "A regime cell (model, domain, tag, checkpoint) as the decisions name it."
+    m, d, tag, c = key
+    return f"{m} {d}{' ' + tag if tag else ''} c={c}"
+
+
+def forecast_line(f: dict) -> str:
+    "A `gate_forecast` as the decisions print it: predicted against observed passes, and where the model came from."
+    pil = f["source"] == "pilots"
+    return (
+        f"gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): "
+        f"predicted P(gate) {f['p_gate']:.2f} per seed "
+        f"(rho {f['rho']:.3f} from the {f['source']}' mean Rel_k"
+        + (f" at K={f['pilot_K']}, " if pil else ", ")
+        + (
+            f"their spread x{f['rel_sd_scale']:.2f} the model's; "
+            if f["pilots"] >= 3
+            else f"taken as known: {f['pilots']} points cannot measure its spread between seeds; "
+        )
+        + f"per {'pilot' if pil else 'seed'} {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
+        f"{f['expected']:.1f} of {f['registered']} expected; "
+        f"observed {f['observed']} of {f['registered']}; "
+        f"predicted cell verdict P(Effective) {f['p_effective']:.2f}, "
+        f"P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}"
+    )
+
 # %% ../nbs/34_report.ipynb #353ffef0
-def decision_lines(view: dict, by_cell: dict, behaviour: dict, pilots: list[dict] | None = None, **kw) -> list[str]:
-    """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; the
-    gate forecast at the behaviour checkpoint from the cell's own points, or at every cell from `pilots`."""
+def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str]:
+    """The demo's closing table: per cell and estimator gate, verdict and pooled stale gain; the cell's controls; at
+    the behaviour checkpoint the gate forecast."""
     rows = view["table"]["rows"]
     bound = next((r["bound"] for pts in by_cell.values() for _, r in pts if r is not None), "-")
     out = [
@@ -401,8 +428,7 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, pilots: list[dict
         f"{'cell':24s} {'selector':17s} {'gate':>5s}  {'verdict':13s} {'gain':>8s} {'LB95':>8s} {'UB95':>8s}",
     ]
     for key, pts in by_cell.items():
-        m, d, tag, c = key
-        name = f"{m} {d}{' ' + tag if tag else ''} c={c}"
+        name, c = cell_name(key), key[3]
         for r in (r for r in rows if (r["model"], r["domain"], r["tag"], r["checkpoint"]) == key):
             out.append(
                 f"{name:24s} {'stale ' + r['estimator']:17s} {r['admissible']:>2d}/{r['seeds']:<2d}  "
@@ -428,25 +454,10 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, pilots: list[dict
                 else "n/a (π ≠ β)"
             )
         )
-        if pilots or c == behaviour.get(key[:3]):
-            f = gate_forecast([r for _, r in pts if r is not None], len(pts), pilots, **kw)
+        if c == behaviour.get(key[:3]):
+            f = gate_forecast([r for _, r in pts if r is not None], len(pts), **kw)
             if f:
-                out.append(
-                    f"{name:24s} gate at n={f['n']} K={f['K']} k={f['k']} ({f['bound']}): "
-                    f"predicted P(gate) {f['p_gate']:.2f} per seed "
-                    f"(rho {f['rho']:.3f} from the {f['source']}' mean Rel_k"
-                    + (f" at K={f['pilot_K']}, " if pilots else ", ")
-                    + (
-                        f"their spread x{f['rel_sd_scale']:.2f} the model's; "
-                        if f["pilots"] >= 3
-                        else f"taken as known: {f['pilots']} points cannot measure its spread between seeds; "
-                    )
-                    + f"per {'pilot' if pilots else 'seed'} {', '.join(f'{x:.2f}' for x in f['per_seed'])}) -> "
-                    f"{f['expected']:.1f} of {f['registered']} expected; "
-                    f"observed {f['observed']} of {f['registered']}; "
-                    f"predicted cell verdict P(Effective) {f['p_effective']:.2f}, "
-                    f"P(Ineffective) {f['p_ineffective']:.2f}, P(Inconclusive) {f['p_inconclusive']:.2f}"
-                )
+                out.append(f"{name:24s} {forecast_line(f)}")
     return out
 
 # %% ../nbs/34_report.ipynb #6ab02a4d
@@ -461,9 +472,9 @@ def _decision_inputs(registry, root=None) -> tuple[dict, dict, dict]:
     return view, cells, {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
 
 
-def registry_decisions(registry, root=None, pilots: list[dict] | None = None, **kw) -> list[str]:
+def registry_decisions(registry, root=None, **kw) -> list[str]:
     "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
-    return decision_lines(*_decision_inputs(registry, root), pilots, **kw)
+    return decision_lines(*_decision_inputs(registry, root), **kw)
 
 
 def cell_forecasts(by_cell: dict, pilots: list[dict], **kw) -> list[dict]:
