@@ -76,7 +76,7 @@ __all__ = ['ASYNC_STATE', 'TOKEN_EXPORT_FORMAT', 'AsyncConfig', 'TrainConfig', '
            'check_resume_config', 'make_optimizer', 'next_tasks', 'drop_records_from', 'flat', 'flat_grad',
            'start_async', 'step_rewards', 'reward_chunks', 'GroupRewards', 'verifier_workers', 'start_verifier',
            'token_export_rows', 'write_token_export', 'async_record', 'lag_histogram', 'step_record', 'run_setup',
-           'OnlineData', 'Trainer']
+           'OnlineData', 'TrainerState', 'Learner', 'Trainer']
 
 # %% ../nbs/26_trainer.ipynb #6a0b1c01
 @dataclass
@@ -765,14 +765,11 @@ class OnlineData:
         "What the data adds to a step's record: nothing."
         return {}
 
-# %% ../nbs/26_trainer.ipynb #3304e8b8
-class Trainer:
-    """GRPO, positive-only SFT and weighted SFT on LoRA parameters: the step, the data order and the loop; checkpoints
-    go through a `Lineage`. The step is made of public hooks, in the order they run: `make_batch` -> `generate` ->
-    `rewards` -> `behaviour_logprobs` (asked of `data`: `OnlineData` unless another is given, e.g. BOLT's
-    `ReferenceData`) -> `learn` (`objective`: the one registered under `objective`, default `cfg.objective`; the
-    optimizer step; the record) -> `should_checkpoint` / `checkpoint`. The pipelined learner drives `learn` and
-    `checkpoint` itself."""
+# %% ../nbs/26_trainer.ipynb #7c1e5a01
+class TrainerState:
+    """What a training run holds — config, policy and tokenizer, LoRA parameters, optimizer and schedule, the step's
+    data source (`OnlineData` unless another is given, e.g. BOLT's `ReferenceData`), the objective's name, the lineage
+    and the step log — restored from the lineage's last checkpoint when it is made; and how a step is committed."""
 
     def __init__(
         self, cfg: TrainConfig, model=None, tokenizer=None, tasks=None, reward_fn=None, data=None, objective: str = ""
@@ -804,38 +801,26 @@ class Trainer:
         if meta is None:
             self.checkpoint()  # the root
 
-    def train_step(self) -> dict:
-        """One optimizer step, top to bottom: prompts -> behaviour policy on the model -> sample -> rewards (verified on
-        a thread, each micro-batch's waited for only when its loss needs them) -> behaviour log-probs -> learn."""
-        t0 = time.perf_counter()
-        batch = self.make_batch()
-        acting = self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step)
-        with acting as src:
-            ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
-            gen = self.generate(batch, ph)
-            t_gen = time.perf_counter() - t0
-            R = self.rewards(batch, gen)  # GroupRewards: verified on a thread
-            old, mask = self.behaviour_logprobs(gen)
-            phi = self.flat_params() if self.async_on else None
-        rec = self.learn(gen, R, old, mask, ph, src, phi)
-        rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
-        return rec
+    def checkpoint(self) -> str:
+        "Commit the current step's checkpoint to the lineage (adapter, optimizer, cursor, async state); its hash."
+        return self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self.async_state())
 
-    def make_batch(self) -> list:
-        "Hook 1: the step's prompts, from the data (which advances the data cursor)."
-        return self.data.make_batch(self)
+    def flat_params(self) -> torch.Tensor:
+        "The trainable (LoRA) tensors as one float64 vector."
+        return flat(self.params)
 
-    def generate(self, batch, ph: str) -> Generation:
-        "Hook 2: the step's groups for the prompts of `batch` from the weights on the model (hash `ph`)."
-        return self.data.generate(self, batch, ph)
+    def async_state(self) -> dict | None:
+        "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
+        if not self.async_on:
+            return None
+        st = {f"trace.{k}": v for k, v in self.trace.items()}
+        if self.behaviour is not None:
+            st.update(self.behaviour.state())
+        return st
 
-    def rewards(self, batch, gen: Generation):
-        "Hook 3: the groups' rewards [P, K]: a tensor, or a `GroupRewards` still being verified."
-        return self.data.rewards(self, batch, gen)
-
-    def behaviour_logprobs(self, gen: Generation):
-        "Hook 4: behaviour log-probs [B, L] of the completions (None when the data has none) and their mask [B, L]."
-        return self.data.behaviour_logprobs(self, gen)
+# %% ../nbs/26_trainer.ipynb #7c1e5a05
+class Learner(TrainerState):
+    "The learner's side of a step on a run's state: objective, optimizer step, record."
 
     def objective(self, gen: Generation, R, old, mask, lag: int = 0):
         "Hook 5: the objective registered as `objective_name`: its gradient accumulated in place; (loss, stats)."
@@ -873,34 +858,6 @@ class Trainer:
             self.behaviour.record(self.step)
         return rec
 
-    def should_checkpoint(self) -> bool:
-        "Hook 7: is the step just taken one to commit (every `checkpoint_every`, the lineage steps, the last)?"
-        c = self.cfg
-        return self.step % c.checkpoint_every == 0 or self.step in c.lineage_steps or self.step == c.steps
-
-    def checkpoint(self) -> str:
-        "Commit the current step's checkpoint to the lineage (adapter, optimizer, cursor, async state); its hash."
-        return self.lineage.commit(self.step, self.model, self.opt, self.sched, self.cursor, self.async_state())
-
-    def run(self, steps: int | None = None, progress: bool = True) -> Trainer:
-        "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
-        if self.cfg.async_training.mode == "pipelined":
-            raise StalebookError(
-                f"{self.dir}: async_training.mode 'pipelined' runs in generator/learner processes: "
-                "use `stalebook pipeline CONFIG` (stalebook.pipeline.run_pipeline)"
-            )
-        end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
-        bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
-        while self.step < end:
-            rec = self.train_step()
-            fault_point("step", rec["step"])
-            self.log.append(rec)
-            if self.should_checkpoint():
-                self.checkpoint()
-            bar.update(1, reward=f"{rec['reward_mean']:.2f}")
-        bar.close()
-        return self
-
     def teacher_forced(self, gen: Generation):
         """Log-probs [B, L] and mask of the batch's completions under the weights on the model (the run's micro-batch,
         pad and shared-prefix settings): the one call behind the behaviour pass and a weighted-SFT learner's forward."""
@@ -912,15 +869,62 @@ class Trainer:
         "Does each step record `mismatch_stats` (asked for, or a sampler other than the HF model itself)?"
         return self.cfg.mismatch_diagnostics or self.sampler.name != "hf"
 
-    def flat_params(self) -> torch.Tensor:
-        "The trainable (LoRA) tensors as one float64 vector."
-        return flat(self.params)
+# %% ../nbs/26_trainer.ipynb #3304e8b8
+class Trainer(Learner):
+    """GRPO, positive-only SFT and weighted SFT on LoRA parameters: the step and the loop. A step is the public hooks in
+    the order they run: `make_batch` -> `generate` -> `rewards` -> `behaviour_logprobs` (asked of the run's data) ->
+    `learn` (`Learner`: objective, optimizer step, record) -> `should_checkpoint` / `checkpoint` (`TrainerState`)."""
 
-    def async_state(self) -> dict | None:
-        "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
-        if not self.async_on:
-            return None
-        st = {f"trace.{k}": v for k, v in self.trace.items()}
-        if self.behaviour is not None:
-            st.update(self.behaviour.state())
-        return st
+    def train_step(self) -> dict:
+        """One optimizer step, top to bottom: prompts -> behaviour policy on the model -> sample -> rewards (verified on
+        a thread, each micro-batch's waited for only when its loss needs them) -> behaviour log-probs -> learn."""
+        t0 = time.perf_counter()
+        batch = self.make_batch()
+        acting = self.behaviour.acting(self.step) if self.behaviour is not None else contextlib.nullcontext(self.step)
+        with acting as src:
+            ph = policy_hash(self.model)  # the weights that sample: phi_t (theta when synchronous)
+            gen = self.generate(batch, ph)
+            t_gen = time.perf_counter() - t0
+            R = self.rewards(batch, gen)  # GroupRewards: verified on a thread
+            old, mask = self.behaviour_logprobs(gen)
+            phi = self.flat_params() if self.async_on else None
+        rec = self.learn(gen, R, old, mask, ph, src, phi)
+        rec.update(t_gen=round(t_gen, 4), t_step=round(time.perf_counter() - t0, 4))
+        return rec
+
+    def make_batch(self) -> list:
+        "Hook 1: the step's prompts, from the data (which advances the data cursor)."
+        return self.data.make_batch(self)
+
+    def generate(self, batch, ph: str) -> Generation:
+        "Hook 2: the step's groups for the prompts of `batch` from the weights on the model (hash `ph`)."
+        return self.data.generate(self, batch, ph)
+
+    def rewards(self, batch, gen: Generation):
+        "Hook 3: the groups' rewards [P, K]: a tensor, or a `GroupRewards` still being verified."
+        return self.data.rewards(self, batch, gen)
+
+    def behaviour_logprobs(self, gen: Generation):
+        "Hook 4: behaviour log-probs [B, L] of the completions (None when the data has none) and their mask [B, L]."
+        return self.data.behaviour_logprobs(self, gen)
+
+    def should_checkpoint(self) -> bool:
+        "Hook 7: is the step just taken one to commit (every `checkpoint_every`, the lineage steps, the last)?"
+        c = self.cfg
+        return self.step % c.checkpoint_every == 0 or self.step in c.lineage_steps or self.step == c.steps
+
+    def run(self, steps: int | None = None, progress: bool = True) -> Trainer:
+        "Train until `steps` (default: `cfg.steps`), checkpointing as configured."
+        if self.cfg.async_training.mode == "pipelined":  # `stalebook pipeline CONFIG` runs it
+            raise StalebookError(f"{self.dir}: mode 'pipelined' runs in 2 processes: stalebook.pipeline.run_pipeline")
+        end = self.cfg.steps if steps is None else min(self.cfg.steps, steps)
+        bar = Progress(end, f"train {self.dir.name}", initial=self.step, unit="step", enabled=progress)
+        while self.step < end:
+            rec = self.train_step()
+            fault_point("step", rec["step"])
+            self.log.append(rec)
+            if self.should_checkpoint():
+                self.checkpoint()
+            bar.update(1, reward=f"{rec['reward_mean']:.2f}")
+        bar.close()
+        return self
