@@ -15,7 +15,7 @@ import numpy as np
 from scipy import stats
 
 from .core import Domain, topk_mask
-from .protocol import DEFAULT_BOUND, SPLITS, reliability, selection_gain, verdict
+from .protocol import DEFAULT_BOUND, SPLITS, admissible, reliability, selection_gain, verdict
 from .theory.reliability import rho_from_rel, spearman_brown
 
 # %% auto #0
@@ -111,7 +111,7 @@ def design_power(
     rel = L["rel"].mean() + rel_sd_scale * (L["rel"] - L["rel"].mean())
     rel_lb = rel - spread_scale * ((L["rel"] - L["rel_pct"]) if pct else L["rel_spread"])
     fresh_lb = L["fresh_pct"] if pct else L["gain_fresh"] - z * L["gain_sd"]
-    gate = (rel_lb >= rel_factor * k / n - 1e-12) & (fresh_lb > 0)
+    gate = admissible(rel_lb, fresh_lb, k, n, rel_factor)
     g = D.child("cells").numpy()
     ix = g.integers(0, pools, (cells, seeds)), g.integers(0, draws, (cells, seeds))
     sg, fg = L["gain_stale"][ix].mean(1), L["gain_fresh"][ix].mean(1)

@@ -20,10 +20,10 @@ from .core import Check, Domain, group_advantages, topk_mask, verify_check
 from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_from_rel
 
 # %% auto #0
-__all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'Rollouts', 'det_matmul',
-           'blas_matmul', 'prompt_gradients', 'validation_gradient', 'cosine_scores', 'point_scores', 'tie_keys',
-           'reliability', 'selection_gain', 'auto_chunk', 'resample_streams', 'resampled_weights', 'live_gram',
-           'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds', 'bias_z0',
+__all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'GRID_ROUNDING', 'Rollouts',
+           'det_matmul', 'blas_matmul', 'prompt_gradients', 'validation_gradient', 'cosine_scores', 'point_scores',
+           'tie_keys', 'reliability', 'selection_gain', 'auto_chunk', 'resample_streams', 'resampled_weights',
+           'live_gram', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds', 'bias_z0',
            'bca_bounds', 'shift_bounds', 'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world',
            'replicate_stats', 'cosine_of_parts', 'deleted_weights', 'jackknife_scores', 'rel_after_change',
            'acceleration', 'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds', 'gaussian_gain_sd',
@@ -630,9 +630,16 @@ def dilute_masks(fresh: np.ndarray, m: int, reps: int, g: np.random.Generator) -
     return out | (topk_mask(np.where(fresh, -1.0, key), k - m) if k > m else np.zeros((reps, n), bool))
 
 # %% ../nbs/18_protocol.ipynb #7b9374dd
-def admissible(rel_lb: float, gain_fresh_lb: float, k: int, n: int, rel_factor: float = 2.0) -> bool:
-    "The gate: LB(Rel_k) >= rel_factor*k/n and LB(fresh gain) > 0."
-    return bool(rel_lb >= rel_factor * k / n and gain_fresh_lb > 0)
+GRID_ROUNDING = 1e-12  # closer than this, two values on Rel_k's grid (multiples of 1/k) differ only by float rounding
+
+
+def admissible(rel_lb, gain_fresh_lb, k: int, n: int, rel_factor: float = 2.0):
+    """The gate: LB(Rel_k) >= rel_factor*k/n and LB(fresh gain) > 0 (scalars: a bool; arrays: a bool array). Rel_k
+    lies on the grid j/k and its model bound is est - (median - q_5%), three grid values, so a bound on the threshold
+    can come out one rounding below it (16/36 - (15/36 - 8/36) = 0.24999999999999994 against 2k/n = 9/36): within
+    `GRID_ROUNDING` of the threshold is on it."""
+    ok = (np.asarray(rel_lb) >= rel_factor * k / n - GRID_ROUNDING) & (np.asarray(gain_fresh_lb) > 0)
+    return bool(ok) if ok.ndim == 0 else ok
 
 
 def verdict(
@@ -816,7 +823,8 @@ def check_verdict_boundaries():
     F = [True] * 4 + [False]
     cases = [
         (admissible(0.25, 1e-9, 4, 32), True),
-        (admissible(0.25 - 1e-12, 1.0, 4, 32), False),
+        (admissible(0.25 - 1e-9, 1.0, 4, 32), False),
+        (admissible(16 / 36 - (15 / 36 - 8 / 36), 1.0, 36, 288), True),
         (admissible(0.5, 0.0, 4, 32), False),
         (verdict(F, 0.5, 1e-9, 0.9, 1.0), "Effective"),
         (verdict(F, 0.5, 0.0, 0.9, 1.0), "Inconclusive"),

@@ -150,7 +150,8 @@ def test_observed_statistics_direct():
     "rel_lb,gain_lb,k,n,want",
     [
         (0.25, 1e-12, 4, 32, True),
-        (0.25 - 1e-12, 1.0, 4, 32, False),
+        (0.25 - 1e-9, 1.0, 4, 32, False),  # under 2k/n by more than float rounding
+        (16 / 36 - (15 / 36 - 8 / 36), 1.0, 36, 288, True),  # a shift bound on the grid point 9/36, a rounding under it
         (0.5, 0.0, 4, 32, False),
         (0.5, -1e-9, 4, 32, False),
         (1.0, 0.3, 16, 32, True),
