@@ -71,6 +71,14 @@ def timed(cmd: list[str], log: Path) -> dict:
     return dict(rc=rc, wall_s=wall, cpu_s=cpu, load_before=la0[0], load_after=os.getloadavg()[0], log=str(log))
 
 
+def gate_of(s: dict) -> bool:
+    """A point's gate from its bounds by the package's rule (`protocol.admissible`), not the flag its result stored:
+    a point run before a change of the rule (e.g. the rounding at 2k/n) is counted by the rule of today."""
+    from stalebook.protocol import admissible
+
+    return admissible(s["rel_bounds"][0], s["gain_fresh_bounds"][0], s["k"], s["n"])
+
+
 def cells_of(spec: str, root: Path) -> dict:
     """{checkpoint: dict(gate=[bool per seed], seeds, verdicts={estimator: verdict}, summaries=[...])} of the
     registry's (single-cell-per-checkpoint) study under `root`."""
@@ -104,7 +112,7 @@ def cells_of(spec: str, root: Path) -> dict:
         out[(m, d, tag, c)] = dict(
             regime=regime,
             calibrated=bool(got) and bound_calibrated(got[0]["bound"], regime),
-            gate=[bool(s and s["admissible"]) for s in sums],
+            gate=[bool(s and gate_of(s)) for s in sums],
             rel_lb=[s["rel_bounds"][0] if s else None for s in sums],
             missing=sum(s is None for s in sums),
             seeds=len(sums),
