@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-from fastcore.basics import patch
 
 from .analysis import analyse_point, positive_control, stat_name
 from .core import Domain, StalebookError, atomic_write_json, group_advantages, project_root
@@ -291,17 +290,6 @@ def _coverage_lines(tab: dict, wall: float) -> list[str]:
     return lines + [f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}{fallback}; wall {wall:.0f} s"]
 
 # %% ../nbs/18b_calibration.ipynb #504fb2a444614c0babb325280ed9130a
-@patch
-def parts(self: GramHalf, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cosine's three parts `[c, n]`: <g_i, g_val>, |g_i|^2 and |g_val|^2 (broadcast), from weights as in
-    `scores`."""
-    c, n, K = wc.shape
-    om = wv.reshape(c, -1) / self.n_val
-    dot = (det_matmul(om, self.CT).reshape(c, n, K) * wc).sum(-1)
-    nc2 = (det_matmul(wc.transpose(1, 0, 2), self.G).transpose(1, 0, 2) * wc).sum(-1)
-    return dot, nc2, np.broadcast_to((det_matmul(om, self.GW) * om).sum(-1)[:, None], dot.shape)
-
-
 def shrinkage_diagnostics(cand, val, mask: np.ndarray, domain: Domain, n_boot: int = 200, std=True, eps=1e-6) -> dict:
     """Where the rollout bootstrap's replicates sit, and why: per half, the slope of the replicates' mean score on the
     observed score (1 = centred, < 1 = shrunk toward 0), with the norms recomputed ('full') or held at their observed

@@ -23,12 +23,12 @@ from .theory.reliability import overlap_limit, overlap_mc, overlap_slope, rho_fr
 __all__ = ['SPLITS', 'BOUNDS', 'DEFAULT_BOUND', 'LEGACY_BOUND', 'RANDOM_SETS', 'DILUTE_SHARE', 'GRID_ROUNDING', 'Rollouts',
            'det_matmul', 'blas_matmul', 'prompt_gradients', 'validation_gradient', 'cosine_scores', 'point_scores',
            'tie_keys', 'reliability', 'selection_gain', 'auto_chunk', 'resample_streams', 'resampled_weights',
-           'live_gram', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds', 'bias_z0',
-           'bca_bounds', 'shift_bounds', 'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world',
-           'replicate_stats', 'cosine_of_parts', 'deleted_weights', 'jackknife_scores', 'rel_after_change',
-           'acceleration', 'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds', 'gaussian_gain_sd',
-           'control_sd', 'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks', 'admissible', 'verdict',
-           'SyntheticPool', 'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc', 'check_gram_bootstrap',
+           'cosine_of_parts', 'GramHalf', 'bootstrap_gram', 'bootstrap_naive', 'percentile_bounds', 'basic_bounds',
+           'bias_z0', 'bca_bounds', 'shift_bounds', 'centred_bounds', 'pivot_bounds', 'jackknife_bounds', 'model_world',
+           'replicate_stats', 'deleted_weights', 'jackknife_scores', 'rel_after_change', 'acceleration',
+           'jackknife_moments', 'gaussian_rel_sd', 'gaussian_rel_bounds', 'gaussian_gain_sd', 'control_sd',
+           'stat_bounds', 'dilute_size', 'dilute_factor', 'dilute_masks', 'admissible', 'verdict', 'SyntheticPool',
+           'synthetic_pool', 'synthetic_split', 'synthetic_point', 'truth_mc', 'check_gram_bootstrap',
            'check_tie_streams', 'check_verdict_boundaries', 'check_bound_inputs']
 
 # %% ../nbs/18_protocol.ipynb #56527639
@@ -167,70 +167,58 @@ def resampled_weights(rewards: np.ndarray, idx: np.ndarray, std: bool = True, ep
         w[:, live] = np.bincount(flat, weights=a.ravel(), minlength=c * len(live) * K).reshape(c, len(live), K)
     return w
 
-# %% ../nbs/18_protocol.ipynb #f1e2d3c4
-def live_gram(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = (32, 512)) -> np.ndarray:
-    """`det_matmul(a, b.T, block)`, byte for byte, computed on the nonzero rows of `a` and `b` only: a zero row's
-    entries are +0 either way (a sum of ±0 products from +0), and every other entry is the same one sequential sum
-    over the shared axis. A 1 x 1 output tile is the exception (einsum takes its dot-product loop, another order), so
-    the sub-product never has one and the full product's own (its last entry) is recomputed as det_matmul does."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.ndim != 2 or b.ndim != 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return det_matmul(a, b.T, block)
-    (I, K), (bi, bk) = (len(a), len(b)), block
-    ra, rb = np.flatnonzero(a.any(1)), np.flatnonzero(b.any(1))
-    if len(ra) % bi == 1 and len(rb) % bk == 1:  # pad one side with a zero row (its entries are +0 either way)
-        if len(ra) < I:
-            ra = np.sort(np.append(ra, np.setdiff1d(np.arange(I), ra)[0]))
-        elif len(rb) < K:
-            rb = np.sort(np.append(rb, np.setdiff1d(np.arange(K), rb)[0]))
-    out = np.zeros((I, K))
-    if len(ra) and len(rb):
-        out[np.ix_(ra, rb)] = det_matmul(a[ra], b[rb].T, block)
-    if I % bi == 1 and K % bk == 1:  # the full product's last tile is 1 x 1
-        out[-1, -1] = det_matmul(a[-1:], b[-1:].T, block)[0, 0]
-    return out
-
 # %% ../nbs/18_protocol.ipynb #1e06c136
+def cosine_of_parts(dot, nc2, nv2, nonzero):
+    "Cosines from their parts <g, g_val>, |g|^2 and |g_val|^2; 0 where a norm is 0 or `nonzero` is False."
+    ok = nonzero & (nc2 > 0) & (nv2 > 0)
+    return np.where(ok, dot / np.sqrt(np.where(ok, nc2 * nv2, 1.0)), 0.0)
+
+
 @dataclass
 class GramHalf:
-    "Gram matrices of one reference half: G [n,K,K], CT = (V W^T)^T [M, n*K], GW [M, M] (M = n_val*K')."
+    """One reference half as the replicates use it: candidate vectors V [n,K,d], their per-prompt Gram matrices
+    G [n,K,K], validation vectors W [M,d] (M = n_val*K')."""
 
+    V: np.ndarray
     G: np.ndarray
-    CT: np.ndarray
-    GW: np.ndarray
+    W: np.ndarray
     n_val: int
 
     @classmethod
     def build(cls, cand: Rollouts, val: Rollouts) -> GramHalf:
-        V = cand.vectors
-        W = val.vectors.reshape(-1, val.d)
-        return cls(np.einsum("nkd,nld->nkl", V, V), live_gram(W, V.reshape(-1, cand.d)), live_gram(W, W), val.n)
+        V = np.asarray(cand.vectors, dtype=np.float64)
+        return cls(
+            V, np.einsum("nkd,nld->nkl", V, V), np.asarray(val.vectors, dtype=np.float64).reshape(-1, val.d), val.n
+        )
 
-    def live(self, lv: np.ndarray, lc: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        "CT, G, GW restricted to live validation rollouts `lv` and candidate prompts `lc` (the last ones kept)."
+    def live(self, lv: np.ndarray, lc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        "W, V^T [d, n_l*K] and G restricted to live validation rollouts `lv` and candidate prompts `lc`."
         key = (lv.tobytes(), lc.tobytes())
         if getattr(self, "_live", (None,))[0] != key:  # the same rows in almost every chunk: copied once
-            cols = (lc[:, None] * K + np.arange(K)).ravel()
-            self._live = key, (self.CT[np.ix_(lv, cols)], self.G[lc], self.GW[np.ix_(lv, lv)])
+            VT = np.ascontiguousarray(self.V[lc].reshape(-1, self.V.shape[-1]).T)
+            self._live = key, (np.ascontiguousarray(self.W[lv]), VT, self.G[lc])
         return self._live[1]
 
-    def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine scores `[c, n]` and zero-gradient mask from candidate weights `wc [c,n,K]` and validation weights
-        `wv [c,n_val,K']`."""
+    def parts(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The cosine's parts <g*_i, g*_val>, |g*_i|^2 `[c, n]` and |g*_val|^2 `[c, 1]` from candidate weights
+        `wc [c,n,K]` and validation weights `wv [c,n_val,K']`."""
         c, n, K = wc.shape
         om = wv.reshape(c, -1) / self.n_val
         lv = np.flatnonzero((om != 0).any(0))  # validation rollouts with a weight in some replicate
         lc = np.flatnonzero((wc != 0).any((0, 2)))  # candidate prompts with a weight in some replicate
         om, w = om[:, lv], wc[:, lc]
+        W, VT, G = self.live(lv, lc)
+        gv = blas_matmul(om, W)  # g*_val [c, d]
         dot, nc2 = np.zeros((c, n)), np.zeros((c, n))
-        CT, G, GW = self.live(lv, lc, K)
-        dot[:, lc] = (blas_matmul(om, CT).reshape(c, len(lc), K) * w).sum(-1)
+        dot[:, lc] = (blas_matmul(gv, VT).reshape(c, len(lc), K) * w).sum(-1)
         nc2[:, lc] = (blas_matmul(w.transpose(1, 0, 2), G).transpose(1, 0, 2) * w).sum(-1)
-        nv2 = (blas_matmul(om, GW) * om).sum(-1)[:, None]
+        return dot, nc2, (gv * gv).sum(-1)[:, None]
+
+    def scores(self, wc: np.ndarray, wv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        "Cosine scores `[c, n]` and zero-gradient mask from weights as in `parts`."
+        dot, nc2, nv2 = self.parts(wc, wv)
         zero = ~(wc != 0).any(-1) | (nc2 <= 0)
-        ok = ~zero & (nv2 > 0)
-        den = np.sqrt(np.where(ok, nc2 * nv2, 1.0))
-        return np.where(ok, dot / den, 0.0), zero
+        return cosine_of_parts(dot, nc2, nv2, ~zero), zero
 
 # %% ../nbs/18_protocol.ipynb #38a2e3bf
 def bootstrap_gram(
@@ -431,12 +419,6 @@ def replicate_stats(
     return {nm: np.concatenate(v) for nm, v in out.items()}
 
 # %% ../nbs/18_protocol.ipynb #b8c9d0e1
-def cosine_of_parts(dot, nc2, nv2, nonzero):
-    "Cosines from their parts <g, g_val>, |g|^2 and |g_val|^2; 0 where a norm is 0 or `nonzero` is False."
-    ok = nonzero & (nc2 > 0) & (nv2 > 0)
-    return np.where(ok, dot / np.sqrt(np.where(ok, nc2 * nv2, 1.0)), 0.0)
-
-
 def deleted_weights(rewards: np.ndarray, std: bool = True, eps: float = 1e-6) -> np.ndarray:
     """Advantage weights [n, K, K] of every group with rollout y (axis 1) deleted: the GRPO advantages of the other K-1,
     0 at y."""
@@ -452,11 +434,11 @@ def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = 
     """Delete-one-rollout scores: sc [n, K] (prompt i without rollout y; only s_i changes), sv [n_val*K', n] (one
     validation rollout deleted)."""
     wc, wv = group_advantages(cand.rewards, std, eps), group_advantages(val.rewards, std, eps)
-    (n, K), (nv, Kv) = wc.shape, wv.shape
-    om = wv.ravel() / nv
-    P = det_matmul(om, half.CT).reshape(n, K)  # <v_ik, g_val>
-    nc2, gwo = np.einsum("nk,nkl,nl->n", wc, half.G, wc), det_matmul(half.GW, om)
-    nv2 = float(det_matmul(om, gwo))
+    n, (nv, Kv) = len(wc), wv.shape
+    gv = det_matmul(wv.ravel() / nv, half.W)  # g_val [d]
+    P = det_matmul(half.V, gv)  # <v_ik, g_val> [n, K]
+    nc2, gwo = np.einsum("nk,nkl,nl->n", wc, half.G, wc), det_matmul(half.W, gv)  # gwo: <v_m, g_val> [M]
+    nv2 = float(det_matmul(gv, gv))
     wd = deleted_weights(cand.rewards, std, eps)
     sc = cosine_of_parts(
         np.einsum("nyl,nl->ny", wd, P), np.einsum("nyl,nlm,nym->ny", wd, half.G, wd), nv2, (wd != 0).any(-1)
@@ -465,9 +447,10 @@ def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = 
     dw = (wvd - wv[:, None, :]) / nv  # change of omega inside block j
     live = (wv != 0).any(-1)
     alive = ((live.sum() - live)[:, None] > 0) | (wvd != 0).any(-1)  # some validation weight is left
-    Pv = (half.CT.reshape(nv, Kv, n, K) * wc).sum(-1)  # <v_jm, g_i>, [nv, Kv, n]
+    Pv = det_matmul(half.W, np.einsum("nk,nkd->dn", wc, half.V)).reshape(nv, Kv, n)  # <v_jm, g_i>
     dot = (P * wc).sum(-1) + np.einsum("jym,jmi->jyi", dw, Pv).reshape(nv * Kv, n)
-    GWd = np.einsum("jmjo->jmo", half.GW.reshape(nv, Kv, nv, Kv))
+    Wj = half.W.reshape(nv, Kv, -1)
+    GWd = np.einsum("jmd,jod->jmo", Wj, Wj)  # each validation group's own Gram matrix
     nvd = nv2 + 2 * np.einsum("jym,jm->jy", dw, gwo.reshape(nv, Kv)) + np.einsum("jym,jmo,jyo->jy", dw, GWd, dw)
     return sc, cosine_of_parts(dot, nc2[None], np.where(alive, nvd, 0.0).reshape(-1, 1), (wc != 0).any(-1)[None])
 
