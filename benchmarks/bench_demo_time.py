@@ -29,7 +29,7 @@ import numpy as np  # isort: skip
 
 from stalebook.core import Domain
 from stalebook.point import PointConfig, PointRun
-from stalebook.protocol import SPLITS, GramHalf, Rollouts, blas_matmul, bootstrap_gram, det_matmul
+from stalebook.protocol import SPLITS, GramHalf, Rollouts, blas_matmul, bootstrap_gram, cosine_of_parts, det_matmul
 
 
 def nonzero_gram(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -70,8 +70,7 @@ class CrossGramHalf:
         nc2[:, lc] = (blas_matmul(w.transpose(1, 0, 2), G).transpose(1, 0, 2) * w).sum(-1)
         nv2 = (blas_matmul(om, GW) * om).sum(-1)[:, None]
         zero = ~(wc != 0).any(-1) | (nc2 <= 0)
-        ok = ~zero & (nv2 > 0)
-        return np.where(ok, dot / np.sqrt(np.where(ok, nc2 * nv2, 1.0)), 0.0), zero
+        return cosine_of_parts(dot, nc2, nv2, ~zero), zero
 
 
 ARMS = {"before": CrossGramHalf.build, "after": GramHalf.build}

@@ -447,7 +447,7 @@ def jackknife_scores(half: GramHalf, cand: Rollouts, val: Rollouts, std: bool = 
     dw = (wvd - wv[:, None, :]) / nv  # change of omega inside block j
     live = (wv != 0).any(-1)
     alive = ((live.sum() - live)[:, None] > 0) | (wvd != 0).any(-1)  # some validation weight is left
-    Pv = det_matmul(half.W, np.einsum("nk,nkd->dn", wc, half.V)).reshape(nv, Kv, n)  # <v_jm, g_i>
+    Pv = det_matmul(half.W, prompt_gradients(cand, std, eps).T).reshape(nv, Kv, n)  # <v_jm, g_i>
     dot = (P * wc).sum(-1) + np.einsum("jym,jmi->jyi", dw, Pv).reshape(nv * Kv, n)
     Wj = half.W.reshape(nv, Kv, -1)
     GWd = np.einsum("jmd,jod->jmo", Wj, Wj)  # each validation group's own Gram matrix
