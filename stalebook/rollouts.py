@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -151,10 +152,13 @@ def lora_request_id(adapter_hash: str) -> int:
 
 class LoraFolders:
     """Adapters published for an inference engine: one peft folder per policy hash under `root` (the newest `keep`
-    kept), each with the integer id of its content hash; an id is never given to other weights (refused)."""
+    kept), each with the integer id of its content hash; an id is never given to other weights (refused). Without
+    `root`, a temporary folder that goes with the object."""
 
     def __init__(self, root=None, keep: int = 4):
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="stalebook-lora-"))
+        if root is None:  # a folder of its own: removed with the object (or at exit), never left in /tmp
+            weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self.keep, self.ids, self.order = keep, {}, []
 
     def publish(self, model) -> tuple[Path, str, int]:

@@ -6,6 +6,7 @@ in `nbs/`. About 10 tool runs of ~2 s each."""
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,9 +77,14 @@ def saved_run(tmp_path_factory):
     return (d / "nbs" / "fx.ipynb").read_text(), r.stderr
 
 
-def run(proj, *args):
+def run(proj, *args, env=None):
     return subprocess.run(
-        [sys.executable, str(TOOL), *args, "nbs/fx.ipynb"], cwd=proj, capture_output=True, text=True, timeout=300
+        [sys.executable, str(TOOL), *args, "nbs/fx.ipynb"],
+        cwd=proj,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -115,6 +121,17 @@ def test_save_then_check_passes_and_nbdev_clean_keeps_it(saved, saved_run):
     r = run(proj)
     assert r.returncode == 0, r.stderr
     assert "fx.ipynb: 4 of 4 cells with committed text outputs match" in r.stdout and "Success." in r.stdout
+
+
+def test_a_check_leaves_no_temporary_folder(saved, tmp_path):
+    """The fixture's first cell makes a folder with `tempfile.mkdtemp()`, and a check's figures go to a scratch folder:
+    both made under the check's $TMPDIR, both gone when it ends (and the check still passes: paths are normalised)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = run(saved, env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stderr
+    assert "fx.ipynb: 4 of 4 cells with committed text outputs match" in r.stdout
+    assert list(tmp.iterdir()) == []
 
 
 def test_hand_edited_output_fails_naming_notebook_and_cell(saved):

@@ -58,11 +58,13 @@ absolute path of the checkout (it differs on every clone: print paths relative t
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -315,6 +317,25 @@ def forget_package(name: str = "stalebook") -> None:
         del sys.modules[m]
 
 
+@contextlib.contextmanager
+def notebook_tempdir(name: str):
+    """Python's temporary folder (`tempfile.tempdir`, and `$TMPDIR` for the processes a notebook starts) set to a
+    fresh folder for one notebook and removed, with everything the notebook made there, when it ends: an example cell's
+    `tempfile.mkdtemp()` holds snapshots, stores and runs, and a check must not leave them behind in /tmp."""
+    d = tempfile.mkdtemp(prefix=f"nbcheck-{Path(name).stem}-")
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = d, d
+    try:
+        yield d
+    finally:
+        tempfile.tempdir = saved[0]
+        if saved[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[1]
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
     "nbdev's `test_nb` (its own `save` is never used), then the committed-output comparison, or with `write`"
     " the `--save` of the outputs. Returns `(passed, seconds)` as `test_nb` does."
@@ -323,7 +344,8 @@ def check_nb(fn, *args, write: bool = False, save: bool = False, **kwargs):
     mode = numerics_mode()
     _nbt.CaptureShell, RecordingShell.ran = RecordingShell, []
     try:
-        ok, secs = _orig_test_nb(fn, *args, save=False, **kwargs)
+        with notebook_tempdir(fn.name):
+            ok, secs = _orig_test_nb(fn, *args, save=False, **kwargs)
     finally:
         ran, RecordingShell.ran = RecordingShell.ran, None
         forget_package()
@@ -363,7 +385,7 @@ def main(argv=None):
     if save:
         argv.remove("--save")
     else:  # a check writes nothing tracked: the figures its notebooks save go to a scratch folder, not figures/
-        os.environ["STALEBOOK_FIGURES"] = tempfile.mkdtemp(prefix="nbcheck-figures-")
+        os.environ["STALEBOOK_FIGURES"] = tempfile.mkdtemp(prefix="nbcheck-figures-")  # removed when the check ends
     # Workers unpickle the function by module name; IPython replaces `__main__` in a worker once it has
     # run a notebook, so the function must come from the importable module `nbcheck`, not `__main__`.
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -375,6 +397,8 @@ def main(argv=None):
         _run_cli(nbdev_test.__wrapped__, False, ["path"])  # nbdev-test's own argument parsing
     finally:
         _nbt.test_nb, sys.argv = _orig_test_nb, prev
+        if not save:
+            shutil.rmtree(os.environ.pop("STALEBOOK_FIGURES"), ignore_errors=True)
 
 
 if __name__ == "__main__":
