@@ -948,8 +948,12 @@ def run_notebook(src, out, parameters: dict, cwd=None, env: dict | None = None) 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, sock = out.with_name(f".{out.stem}.tmp-run.ipynb"), Path(tempfile.mkdtemp(prefix="stalebook-kernel-"))
     # the async manager, as nbclient expects: with a blocking one a killed kernel is never noticed
-    # (a read blocks the loop)
-    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(sock / "k"))
+    # (a read blocks the loop). Its channels are Unix sockets in `sock`, or local TCP where $TMPDIR is so deep that
+    # a socket's path ("k-<port>") would pass the 107 bytes a Unix socket's name may hold
+    ipc = len(os.fsencode(sock / "k-65535")) <= 107
+    km = AsyncKernelManager(
+        kernel_name="python3", transport="ipc" if ipc else "tcp", ip=str(sock / "k") if ipc else "127.0.0.1"
+    )
     env = {"STALEBOOK_PROJECT": str(project_root() or Path.cwd()), **(env or {})}
     try:
         with environ(env):
