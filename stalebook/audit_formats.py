@@ -23,11 +23,12 @@ import torch
 from .core import StalebookError
 
 # %% auto #0
-__all__ = ['FORMATS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_SCHEMA', 'NEMO_FIELDS',
-           'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX', 'AREAL_FIELDS', 'AREAL_RX',
-           'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need', 'register_format',
-           'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl', 'read_nemo_rl',
-           'export_nemo_rl', 'read_slime', 'export_slime', 'read_areal', 'export_areal']
+__all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_SCHEMA',
+           'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX', 'SLIME_OPTIONS',
+           'AREAL_FIELDS', 'AREAL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
+           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
+           'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime', 'read_areal',
+           'export_areal']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -53,6 +54,13 @@ class LoggedSample:
     learner_logp: np.ndarray | None = None  # [W]
     dtype: str = "float32"  # the trainer's log-prob dtype (stalebook records it)
     loss: dict | None = None  # stalebook: the loss's off-policy settings
+    token_versions: np.ndarray | None = None  # [n_tokens] int: each loss token's generating version, in order
+    lag_in_flight: int | None = None  # updates published while it was generated (newest - oldest version)
+    lag_in_queue: int | None = None  # updates between its finishing and the step that consumed it
+    clipped: np.ndarray | None = None  # [W] bool: the framework's own loss masked (clipped) the token
+    clipped_high: np.ndarray | None = None  # [W] bool: ... on the up side (advantage > 0)
+    clipped_low: np.ndarray | None = None  # [W] bool: ... on the down side (advantage < 0)
+    reward_key: str | None = None  # which entry of a dict-valued reward `reward` is
 
 # %% ../nbs/39_audit_formats.ipynb #6f4f17e9
 def prompt_key(x) -> str:
@@ -70,6 +78,7 @@ class ReadLog:
     records: int = 0
     skipped: int = 0
     reasons: list = field(default_factory=list)
+    used: dict = field(default_factory=dict)  # reader options in force: name -> "value (where it came from)"
 
     def bad(self, where: str, why: str) -> None:
         "A bad record at `where`: raise (the default), or count and remember it under `keep_going`."
@@ -110,13 +119,16 @@ def need(rec: dict, keys, where: str, log: ReadLog) -> bool:
 
 # %% ../nbs/39_audit_formats.ipynb #cd5ec693
 FORMATS: dict[str, tuple[Callable, Callable]] = {}
+FORMAT_OPTIONS: dict[str, dict[str, str]] = {}  # format -> {option: what it sets}
 
 
-def register_format(name: str, detect: Callable[[Path], bool]):
-    "Decorator: `reader(path, log) -> Iterator[LoggedSample]` is format `name`, recognised by `detect(path)`."
+def register_format(name: str, detect: Callable[[Path], bool], options: dict[str, str] | None = None):
+    """Decorator: `reader(path, log, **options) -> Iterator[LoggedSample]` is format `name`, recognised by
+    `detect(path)`; `options` names the keyword options the reader takes and what each sets."""
 
     def deco(reader):
         FORMATS[name] = (reader, detect)
+        FORMAT_OPTIONS[name] = dict(options or {})
         return reader
 
     return deco
@@ -134,8 +146,9 @@ def detect_format(path) -> str:
     return hits[0]
 
 
-def read_samples(path, fmt: str = "auto", log: ReadLog | None = None) -> Iterator[LoggedSample]:
-    "Stream a logged run's samples (format `fmt`, or detected); bad records raise, or go to `log` under keep_going."
+def read_samples(path, fmt: str = "auto", log: ReadLog | None = None, **options) -> Iterator[LoggedSample]:
+    """Stream a logged run's samples (format `fmt`, or detected); bad records raise, or go to `log` under keep_going.
+    `options` (None: not given) go to the format's reader; one the format does not take is an error naming it."""
     path, log = Path(path), log or ReadLog()
     if fmt == "auto":
         fmt = detect_format(path)
@@ -143,7 +156,12 @@ def read_samples(path, fmt: str = "auto", log: ReadLog | None = None) -> Iterato
         raise AuditInputError(f"--format: unknown format '{fmt}' (known: auto, {', '.join(FORMATS)})")
     if not path.exists():
         raise AuditInputError(f"{path}: no such file or folder")
-    yield from FORMATS[fmt][0](path, log)
+    options = {k: v for k, v in options.items() if v is not None}
+    if extra := [k for k in options if k not in FORMAT_OPTIONS[fmt]]:
+        takes = ", ".join(FORMAT_OPTIONS[fmt]) or "none"
+        flag = "--" + extra[0].replace("_", "-")
+        raise AuditInputError(f"{flag}: format {fmt} takes no such option (its options: {takes})")
+    yield from FORMATS[fmt][0](path, log, **options)
 
 # %% ../nbs/39_audit_formats.ipynb #b69649dc
 STALEBOOK_FORMAT = "stalebook-token-export/1"  # `trainer.TOKEN_EXPORT_FORMAT` (the trainer is a floor above)
@@ -579,10 +597,27 @@ def _slime_train(d: Path, n: int, log: ReadLog) -> dict:
     return {}
 
 
-def _slime_versions(wv) -> tuple[int | None, int | None]:
-    "`weight_versions` ['3', ...] (slime's initial weights are 1) as updates before the weights: (oldest, newest)."
+@dataclass
+class SlimeSchedule:
+    """How slime's weight versions map to updates: `--update-weights-interval` (I), the resumed run's first rollout
+    id (S0) and `update_weight_start_version` (V0). The dumps record none of them: the defaults are a fresh run's."""
+
+    interval: int = 1
+    start_rollout_id: int = 0
+    start_version: int = 0
+
+    def updates(self, w: int) -> int:
+        "The updates made before the weights slime numbers `w`: V0+1 are S0's, the j-th push after them (S0//I + j)·I."
+        j = w - self.start_version - 1
+        if j < 0:
+            raise ValueError(f"weight version {w} older than the start version {self.start_version + 1}")
+        return self.start_rollout_id if j == 0 else (self.start_rollout_id // self.interval + j) * self.interval
+
+
+def _slime_versions(wv, sched: SlimeSchedule | None = None) -> tuple[int | None, int | None]:
+    "`weight_versions` ['3', ...] (slime's numbers, the initial weights V0+1) as updates before them: (oldest, newest)."
     try:
-        v = [int(x) - 1 for x in wv]
+        v = [(sched or SlimeSchedule()).updates(int(x)) for x in wv]
     except (TypeError, ValueError):
         return None, None
     return (min(v), max(v)) if v else (None, None)
@@ -607,12 +642,24 @@ def _slime_ok(where: str, s, tr: dict | None, log: ReadLog) -> bool:
     return not bad
 
 # %% ../nbs/39_audit_formats.ipynb #f82c5ed4
-def _slime_sample(where: str, s: dict, step: int, tr: dict | None) -> LoggedSample:
+def _slime_reward(rw, key: str | None) -> tuple[float | None, str | None]:
+    """A sample's reward as slime trains on it (`Sample.get_reward_value`: `reward[--reward-key]` when a key is set) and
+    the key used; a dict reward without `key` is a ValueError naming its keys."""
+    if not isinstance(rw, dict):
+        return (None if rw is None else float(rw)), None
+    if key not in rw:
+        raise ValueError(f"reward is a dict without key {key!r} (its keys: {', '.join(map(str, rw))})")
+    if not isinstance(rw[key], (int, float)):  # bool is an int: math_dapo's `acc`
+        raise ValueError(f"reward[{key!r}] is a {type(rw[key]).__name__}, not a number")
+    return float(rw[key]), key
+
+
+def _slime_sample(where: str, s: dict, step: int, tr: dict | None, key="score", sched=None) -> LoggedSample:
     "A sample's completion span [first trained response token:] of its response arrays [R] (the trainer's from `tr`)."
-    R, tokens, rw = s["response_length"], [int(t) for t in s["tokens"]], s["reward"]
+    R, tokens = s["response_length"], [int(t) for t in s["tokens"]]
     lm = np.ones(R, dtype=bool) if s["loss_mask"] is None else _floats(s["loss_mask"]).astype(bool)
-    i, (v, vt) = _span(lm), _slime_versions(s["weight_versions"])
-    lp = s["rollout_log_probs"]
+    i, (v, vt) = _span(lm), _slime_versions(s["weight_versions"], sched)
+    (reward, used), lp = _slime_reward(s["reward"], key), s["rollout_log_probs"]
     return LoggedSample(
         where=where,
         step=step,
@@ -620,12 +667,15 @@ def _slime_sample(where: str, s: dict, step: int, tr: dict | None) -> LoggedSamp
         version_tail=vt,
         prompt=prompt_key(tokens[: len(tokens) - R]),
         group=f"{step}/{s['group_index']}",
-        reward=float(rw) if isinstance(rw, (int, float)) else None,
+        reward=reward,
+        reward_key=used,
         advantage=float(tr["advantages"][i]) if tr and i < R else None,
         n_tokens=int(lm[i:].sum()),
         mask=lm[i:],
         inference_logp=None if lp is None else _floats(lp)[i:],
         trainer_logp=_floats(tr["log_probs"])[i:] if tr else None,
+        lag_in_flight=None if v is None else vt - v,
+        lag_in_queue=None if vt is None else step - vt,
     )
 
 # %% ../nbs/39_audit_formats.ipynb #eac85f6c
@@ -633,10 +683,40 @@ def _slime_detect(p: Path) -> bool:
     return p.is_dir() and bool(_numbered(_slime_dir(p), SLIME_RX))
 
 
-@register_format("slime", _slime_detect)
-def read_slime(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+SLIME_OPTIONS = {
+    "reward_key": "the run's --reward-key: the entry of a dict reward to read (default 'score', math_dapo's)",
+    "update_weights_interval": "the run's --update-weights-interval (default 1, slime's; the dumps do not record it)",
+    "start_rollout_id": "the rollout id a resumed run started at (default 0)",
+    "update_weight_start_version": "the run's update_weight_start_version (default 0)",
+}
+
+
+def _option(log: ReadLog, name: str, value, default, why: str):
+    "`value`, or `default` when not given; `log.used` says which, and why the default."
+    log.used[name] = f"{value!r} (given)" if value is not None else f"{default!r} (default: {why})"
+    return default if value is None else value
+
+
+@register_format("slime", _slime_detect, SLIME_OPTIONS)
+def read_slime(
+    path: Path,
+    log: ReadLog,
+    reward_key: str | None = None,
+    update_weights_interval: int | None = None,
+    start_rollout_id: int | None = None,
+    update_weight_start_version: int | None = None,
+) -> Iterator[LoggedSample]:
     """A slime dump folder (`--dump-details D`: D, D/rollout_data/ or one {rollout_id}.pt): the rollout dumps in step
-    order, each joined to `D/train_data/{rollout_id}.pt` when there is one; one step's samples in memory at a time."""
+    order, each joined to `D/train_data/{rollout_id}.pt` when there is one; one step's samples in memory at a time.
+    The run's settings the dumps lack are options; `log.used` says which values were used."""
+    key = _option(log, "reward_key", reward_key, "score", "not recorded in the dumps; math_dapo's primary reward")
+    sched = SlimeSchedule(
+        int(_option(log, "update_weights_interval", update_weights_interval, 1, "slime's; not recorded in the dumps")),
+        int(_option(log, "start_rollout_id", start_rollout_id, 0, "a run not resumed")),
+        int(_option(log, "update_weight_start_version", update_weight_start_version, 0, "slime's")),
+    )
+    if sched.interval < 1:
+        raise AuditInputError(f"--update-weights-interval: {sched.interval} is not a positive interval")
     d = _slime_dir(path) if path.is_dir() else path.parent
     files = _listing(path if path.is_file() else d, SLIME_RX)
     if not files:
@@ -647,7 +727,7 @@ def read_slime(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
         for k, s in enumerate(samples or []):
             log.records += 1
             where, tr = f"{f}#{k}", train.get(k)
-            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr)):
+            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr, key, sched)):
                 yield x
 
 # %% ../nbs/39_audit_formats.ipynb #8a476b08

@@ -196,3 +196,36 @@ def test_prime_rl_unstable_step(tmp_path):
         list(read_samples(root, "prime-rl"))
     log = ReadLog(keep_going=True)
     assert len(list(read_samples(root, "prime-rl", log))) == TOTAL["prime-rl"] - 2 and log.skipped == 1
+
+
+def test_slime_dict_reward_read_by_its_key():
+    "math_dapo's reward {'score', 'acc', 'pred'}: read by `reward_key` (default 'score'), never dropped."
+    log = ReadLog()
+    xs = list(read_samples(FIX / "slime", "slime", log))
+    dapo = [x for x in xs if x.reward_key is not None]
+    assert [(x.where.split("slime/")[1], x.reward, x.reward_key) for x in dapo] == [
+        ("rollout_data/1.pt#3", 1.0, "score")
+    ]
+    assert all(x.reward is not None for x in xs) and log.used["reward_key"].startswith("'score' (default")
+    acc = list(read_samples(FIX / "slime", "slime", reward_key="acc"))
+    assert [x.reward for x in acc] == [x.reward for x in xs]  # acc True and score 1.0 agree on this sample
+    with pytest.raises(AuditInputError, match=r"1\.pt#3: .*reward\['pred'\] is a str"):
+        list(read_samples(FIX / "slime", "slime", reward_key="pred"))
+    with pytest.raises(AuditInputError, match="--reward-key: format nemo-rl takes no such option"):
+        list(read_samples(FIX / "nemo-rl", "nemo-rl", reward_key="acc"))
+
+
+def test_slime_lag_follows_the_update_interval():
+    "The lag of a weight version depends on --update-weights-interval; `log.used` says which interval was used."
+    base, log = list(read_samples(FIX / "slime", "slime")), ReadLog()
+    two = list(read_samples(FIX / "slime", "slime", log, update_weights_interval=2))
+    # versions '1' -> 0 updates either way; '2' -> 1 update at I = 1, 2 updates at I = 2
+    assert [(x.version, x.version_tail) for x in base[:2]] == [(0, 0), (0, 1)]
+    assert [(x.version, x.version_tail) for x in two[:2]] == [(0, 0), (0, 2)]
+    assert [x.step - x.version for x in base[4:6]] == [1, 1] and [x.step - x.version for x in two[4:6]] == [0, 0]
+    assert log.used["update_weights_interval"] == "2 (given)"
+    for x in two:
+        if x.version is not None:
+            assert x.lag_in_flight + x.lag_in_queue == x.step - x.version
+    with pytest.raises(AuditInputError, match="--update-weights-interval: 0"):
+        list(read_samples(FIX / "slime", "slime", update_weights_interval=0))
