@@ -23,12 +23,12 @@ import torch
 from .core import StalebookError
 
 # %% auto #0
-__all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_SCHEMA',
-           'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX', 'SLIME_OPTIONS',
-           'AREAL_FIELDS', 'AREAL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
-           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
-           'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime', 'read_areal',
-           'export_areal']
+__all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_MASKS',
+           'PRIME_SCHEMA', 'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX',
+           'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog',
+           'json_lines', 'need', 'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl',
+           'export_prime_rl', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime',
+           'read_areal', 'export_areal']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -283,7 +283,9 @@ def _write_lines(path: Path, lines) -> Path:
 # %% ../nbs/39_audit_formats.ipynb #840d114b
 PRIME_FIELDS = ("schema_version", "step", "token_ids", "loss_mask", "advantages", "inference_logprobs",
                 "trainer_logprobs")  # fmt: skip
-PRIME_ARRAYS = PRIME_FIELDS[2:] + ("position_ids", "entropy", "mismatch_kl", "importance_ratio", "is_masked", "rewards")
+PRIME_ARRAYS = PRIME_FIELDS[2:] + ("position_ids", "entropy", "mismatch_kl", "importance_ratio", "rewards")
+PRIME_MASKS = ("is_masked", "is_masked_high", "is_masked_low")  # the DPPO loss's own masks: LoggedSample.clipped*
+PRIME_ARRAYS += PRIME_MASKS
 PRIME_SCHEMA = 1
 
 
@@ -346,17 +348,26 @@ def _prime_ok(where: str, r: dict, step: int, log: ReadLog) -> bool:
     return False
 
 # %% ../nbs/39_audit_formats.ipynb #75070b07
+def _prime_mask(r: dict, k: str, i: int) -> np.ndarray | None:
+    "A mask column [T] from position `i` on as bool [W]; None when the loss wrote none (all `null`: not a DPPO loss)."
+    col = r.get(k)
+    return None if col is None or all(x is None for x in col) else np.array([bool(x) for x in col[i:]])
+
+
 def _prime_sample(where: str, r: dict, step: int, idx: dict) -> LoggedSample:
     "A record's sample: its arrays' completion span [first trained token:], joined to its episode when there is one."
     i, ids = _span(r["loss_mask"]), r["token_ids"]
     hits = idx.get(tuple(ids))
     ep, key = hits.pop(0) if hits else {}, prompt_key(ids[:i])
     m, old = np.asarray(r["loss_mask"][i:], dtype=bool), r.get("rewards")  # per-token rewards: before prime-rl #2746
+    v, vt = ep.get("version"), ep.get("version_tail")
     return LoggedSample(
         where=where,
         step=step - 1,
-        version=ep.get("version"),
-        version_tail=ep.get("version_tail"),
+        version=v,
+        version_tail=vt,
+        lag_in_flight=None if v is None or vt is None else vt - v,
+        lag_in_queue=None if vt is None else step - 1 - vt,
         prompt=ep.get("prompt") or key,
         group=f"{step - 1}/{ep.get('group') or key}",
         reward=ep.get("reward", old[i] if old and i < len(old) else None),
@@ -365,6 +376,9 @@ def _prime_sample(where: str, r: dict, step: int, idx: dict) -> LoggedSample:
         mask=m,
         inference_logp=_floats(r["inference_logprobs"][i:]),
         trainer_logp=_floats(r["trainer_logprobs"][i:]),
+        clipped=_prime_mask(r, "is_masked", i),
+        clipped_high=_prime_mask(r, "is_masked_high", i),
+        clipped_low=_prime_mask(r, "is_masked_low", i),
     )
 
 # %% ../nbs/39_audit_formats.ipynb #1c87952e

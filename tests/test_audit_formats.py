@@ -229,3 +229,21 @@ def test_slime_lag_follows_the_update_interval():
             assert x.lag_in_flight + x.lag_in_queue == x.step - x.version
     with pytest.raises(AuditInputError, match="--update-weights-interval: 0"):
         list(read_samples(FIX / "slime", "slime", update_weights_interval=0))
+
+
+def test_prime_rl_own_clip_mask_read():
+    "prime-rl's is_masked* are read as clipped*: equal to the DPPO rule recomputed from the two log-probs (0.05 here)."
+    import numpy as np
+
+    xs = list(read_samples(FIX / "prime-rl", "prime-rl"))
+    n_clipped = 0
+    for x in xs:
+        delta = np.exp(x.trainer_logp) - np.exp(x.inference_logp)
+        high = x.mask & (x.advantage > 0) & (delta > 0.05)
+        low = x.mask & (x.advantage < 0) & (delta < -0.05)
+        assert x.clipped_high.tolist() == high.tolist() and x.clipped_low.tolist() == low.tolist(), x.where
+        assert x.clipped.tolist() == (high | low).tolist(), x.where
+        n_clipped += int(x.clipped.sum())
+    assert n_clipped > 0  # the fixture holds masked tokens (without them this test would check nothing)
+    flight = [(x.lag_in_flight, x.lag_in_queue, x.step - x.version) for x in xs if x.version is not None]
+    assert all(a + b == c for a, b, c in flight) and flight[0] == (1, 0, 1)
