@@ -816,28 +816,53 @@ def _areal_ok(where: str, r: dict, version: int, task: int, log: ReadLog) -> boo
         return False
     if not all(isinstance(r[k], int) for k in AREAL_FIELDS[:6]):
         log.bad(where, "a count or version that is not an integer")
-    elif r["tail_version"] != version:
+    elif r["tail_version"] > version if "version_rle" in r else r["tail_version"] != version:
         log.bad(where, f"tail_version {r['tail_version']} in the folder of version {version}")
     elif r["task_id"] != task:
         log.bad(where, f"task_id {r['task_id']} in the file of task {task}")
     elif not 0 <= r["prompt_len"] < r["seqlen"]:
         log.bad(where, f"prompt_len {r['prompt_len']} and seqlen {r['seqlen']} leave no completion token")
     else:
+        return "version_rle" not in r or _areal_rle_ok(where, r, log)
+    return False
+
+
+def _areal_rle_ok(where: str, r: dict, log: ReadLog) -> bool:
+    "Is `r['version_rle']` [[version, count], ...] over at most the completion's tokens, spanning head to tail?"
+    rle = r["version_rle"]
+    if not isinstance(rle, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p) and p[1] > 0 for p in rle
+    ):
+        log.bad(where, "version_rle is not a list of [version, count > 0] integer pairs")
+    elif sum(c for _, c in rle) > r["seqlen"] - r["prompt_len"]:
+        log.bad(
+            where, f"version_rle counts {sum(c for _, c in rle)} tokens, the completion {r['seqlen'] - r['prompt_len']}"
+        )
+    elif rle and (min(v for v, _ in rle), max(v for v, _ in rle)) != (r["head_version"], r["tail_version"]):
+        log.bad(
+            where, f"version_rle spans other versions than head_version {r['head_version']}, tail {r['tail_version']}"
+        )
+    else:
         return True
     return False
 
 # %% ../nbs/39_audit_formats.ipynb #5de5aab8
-def _areal_sample(where: str, r: dict) -> LoggedSample:
-    "A line's sample: versions, prompt, group, reward and completion length (AReaL logs no per-token arrays)."
-    h, v = r["head_version"], r["tail_version"]
+def _areal_sample(where: str, r: dict, folder: int | None = None) -> LoggedSample:
+    """A line's sample: versions, prompt, group, reward and completion length (AReaL logs no per-token arrays); with
+    `version_rle` (AReaL #1408) each loss token's version, and the loss tokens counted exactly. The group is named by
+    the `folder` version (the task's newest, default `tail_version`: the same before #1408)."""
+    h, v, rle = r["head_version"], r["tail_version"], r.get("version_rle")
+    tv = np.repeat([a for a, _ in rle], [c for _, c in rle]).astype(np.int64) if rle else None
     return LoggedSample(
         where=where,
         version=h if h >= 0 else None,
         version_tail=v,
         prompt=prompt_key(r["prompt"]),
-        group=f"{v}/{r['task_id']}",
+        group=f"{v if folder is None else folder}/{r['task_id']}",
         reward=float(r["reward"]),
-        n_tokens=r["seqlen"] - r["prompt_len"],
+        n_tokens=len(tv) if tv is not None else r["seqlen"] - r["prompt_len"],
+        token_versions=tv,
+        lag_in_flight=v - h if h >= 0 else None,
     )
 
 # %% ../nbs/39_audit_formats.ipynb #abdda1a7
@@ -857,7 +882,7 @@ def read_areal(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
             log.bad(f"{txt}:1", "AReaL's plain-text dump from before 5c45a6f2f (no versions or token counts)")
         for task, f in _numbered(d, AREAL_RX):
             for where, r in json_lines(f, log):
-                if _areal_ok(where, r, v, task, log) and (x := _make(log, _areal_sample, where, r)):
+                if _areal_ok(where, r, v, task, log) and (x := _make(log, _areal_sample, where, r, v)):
                     yield x
 
 # %% ../nbs/39_audit_formats.ipynb #3879480b

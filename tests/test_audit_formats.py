@@ -247,3 +247,26 @@ def test_prime_rl_own_clip_mask_read():
     assert n_clipped > 0  # the fixture holds masked tokens (without them this test would check nothing)
     flight = [(x.lag_in_flight, x.lag_in_queue, x.step - x.version) for x in xs if x.version is not None]
     assert all(a + b == c for a, b, c in flight) and flight[0] == (1, 0, 1)
+
+
+def test_areal_version_rle_read_exactly(tmp_path):
+    "AReaL after #1408: version_rle gives each loss token's version; a bad run-length record is FILE:LINE, skipped."
+    log = ReadLog()
+    xs = list(read_samples(FIX / "areal-rle", log=log))
+    assert detect_format(FIX / "areal-rle") == "areal" and log.skipped == 0 and len(xs) == 5
+    for x, line in zip(
+        xs, [ln for f in sorted((FIX / "areal-rle").rglob("*.jsonl")) for ln in f.read_text().split("\n") if ln]
+    ):
+        r = json.loads(line)
+        expanded = [v for v, c in r["version_rle"] for _ in range(c)]  # the run-length code undone by hand
+        assert x.token_versions.tolist() == expanded and x.n_tokens == len(expanded)
+        assert (x.version, x.version_tail) == (min(expanded), max(expanded))
+    root = tmp_path / "areal-rle"
+    shutil.copytree(FIX / "areal-rle", root)
+    edit_line(root / "rollout/4/0.jsonl", 2, lambda r: {**r, "version_rle": [[3, 2], [4, 30]]})
+    edit_line(root / "rollout/6/2.jsonl", 1, lambda r: {**r, "tail_version": 7, "version_rle": [[5, 2], [7, 2]]})
+    with pytest.raises(AuditInputError, match=r"0\.jsonl:2: version_rle counts 32 tokens"):
+        list(read_samples(root, "areal"))
+    log = ReadLog(keep_going=True)
+    assert len(list(read_samples(root, "areal", log))) == 3 and log.skipped == 2
+    assert "2.jsonl:1: tail_version 7 in the folder of version 6" in log.reasons[1]
