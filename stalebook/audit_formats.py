@@ -1,7 +1,9 @@
 """The token-level logs that asynchronous RL frameworks write (prime-rl's token exports, NeMo-RL's
 `train_data_step{N}.jsonl`, slime's debug rollout dumps, AReaL's rollout dumps) and stalebook's own, read as one
 stream of samples: which learner step consumed a completion, which weights generated it, its reward and advantage,
-and the log-probs the sampler and the trainer gave its tokens.
+and the log-probs the sampler and the trainer gave its tokens. Reward-only dumps (verl's `rollout_data_dir`, TRL's
+logged completions, ROLL's rollout dumps, SkyRL's dumped evaluations) are read too, for rewards and pass rates, with
+every lag and log-prob field not available.
 
 Docs: https://stalebook.github.io/stalebook/audit_formats.html.md"""
 
@@ -25,10 +27,11 @@ from .core import StalebookError
 # %% auto #0
 __all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_MASKS',
            'PRIME_SCHEMA', 'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX',
-           'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog',
-           'json_lines', 'need', 'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl',
-           'export_prime_rl', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime',
-           'read_areal', 'export_areal']
+           'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'VERL_FIELDS', 'VERL_RX', 'TRL_RX', 'TRL_NOT_REWARDS',
+           'ROLL_RX', 'SKYRL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
+           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
+           'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime', 'read_areal',
+           'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -907,3 +910,186 @@ def export_areal(run_dir, out_dir) -> Path:
             _write_lines(out / "rollout" / str(tail) / f"{task}.jsonl", lines)
             task += 1
     return out
+
+# %% ../nbs/39_audit_formats.ipynb #1c8a278e
+def _reward_sample(
+    where: str, step: int | None, prompt, reward, advantage=None, key: str | None = None
+) -> LoggedSample:
+    "A sample of a reward-only dump: its step, prompt (text or messages, keyed) and reward; no lag or IS field."
+    p = prompt_key(prompt)
+    if not isinstance(reward, (int, float)):  # a bool counts (a reward function's `acc`)
+        raise ValueError(f"reward {reward!r} is not a number")
+    return LoggedSample(
+        where=where,
+        step=step,
+        prompt=p,
+        group=f"{step}/{p}",
+        reward=float(reward),
+        advantage=None if advantage is None else float(advantage),
+        reward_key=key,
+    )
+
+
+def _first_record(f: Path) -> dict:
+    "The first line of a JSON-lines file as a dict ({} if it is not one): what a `detect` may peek at."
+    try:
+        with open(f, "rb") as h:
+            rec = json.loads(h.readline())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+# %% ../nbs/39_audit_formats.ipynb #62990c55
+VERL_FIELDS = ("input", "output", "score", "step")
+VERL_RX = r"(\d+)\.jsonl"
+
+
+def _verl_detect(p: Path) -> bool:
+    files = _numbered(p, VERL_RX) if p.is_dir() else []
+    return bool(files) and all(k in _first_record(files[0][1]) for k in VERL_FIELDS)
+
+
+@register_format("verl", _verl_detect, {"reward_key": "the column read as the reward (default 'score')"})
+def read_verl(path: Path, log: ReadLog, reward_key: str | None = None) -> Iterator[LoggedSample]:
+    "A verl `trainer.rollout_data_dir` (or one `{step}.jsonl` of it): the step files in order, a line at a time."
+    key = _option(log, "reward_key", reward_key, "score", "verl's own score, the reward before KL shaping")
+    files = _listing(path, VERL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no <step>.jsonl files (verl rollout_data_dir)")
+    for n, f in files:
+        for where, r in json_lines(f, log):
+            if not need(r, ("input", "step", key), where, log):
+                continue
+            if r["step"] != n:
+                log.bad(where, f"step {r['step']!r} in the file of step {n}")
+            elif x := _make(log, _reward_sample, where, n - 1, r["input"], r[key], None, key):
+                yield x
+
+# %% ../nbs/39_audit_formats.ipynb #abf926e0
+TRL_RX = r"completions_(\d+)\.parquet"
+TRL_NOT_REWARDS = ("step", "prompt", "completion", "advantage", "image", "images")
+
+
+def _trl_dir(p: Path) -> Path:
+    return p / "completions" if (p / "completions").is_dir() else p
+
+
+def _trl_reward_columns(columns, reward_key: str | None) -> list[str]:
+    "The columns summed into the reward: `reward_key`'s (comma-separated), or every column that is not TRL's own."
+    cols = (
+        [c.strip() for c in reward_key.split(",")] if reward_key else [c for c in columns if c not in TRL_NOT_REWARDS]
+    )
+    if not cols:
+        raise AuditInputError("no reward column (the columns: " + ", ".join(columns) + ")")
+    return cols
+
+
+def _trl_sample(where: str, row: dict, cols: list[str]) -> LoggedSample:
+    "A row's sample: the sum of its reward columns (NaN and None left out, as TRL's nansum)."
+    vals = [row[c] for c in cols]
+    if any(not isinstance(v, (int, float)) for v in vals if v is not None):
+        raise ValueError(f"a reward column that is not a number ({', '.join(cols)})")
+    reward = float(np.nansum([np.nan if v is None else v for v in vals]))
+    return _reward_sample(where, int(row["step"]) - 1, row["prompt"], reward, row.get("advantage"), ",".join(cols))
+
+# %% ../nbs/39_audit_formats.ipynb #bb2100f7
+def _trl_rows(f: Path, log: ReadLog) -> Iterator[tuple[str, dict, list]]:
+    "(`FILE#row`, row, columns) of a TRL completions file, a row group at a time (pyarrow); a bad file to `log`."
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f)
+        cols, k = pf.schema_arrow.names, 0
+        for batch in pf.iter_batches():
+            for row in batch.to_pylist():
+                log.records += 1
+                yield f"{f}#{k}", row, cols
+                k += 1
+    except Exception as e:  # not parquet, or cut short
+        log.bad(str(f), f"not a readable parquet file ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+    log.files += 1
+
+
+def _trl_detect(p: Path) -> bool:
+    return p.is_dir() and bool(_numbered(_trl_dir(p), TRL_RX))
+
+
+@register_format("trl", _trl_detect, {"reward_key": "the reward columns summed (comma-separated; default: all)"})
+def read_trl(path: Path, log: ReadLog, reward_key: str | None = None) -> Iterator[LoggedSample]:
+    "A TRL output_dir (or its completions/, or one completions_NNNNN.parquet): the files in step order."
+    files = _listing(path if path.is_file() else _trl_dir(path), TRL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no completions/completions_<step>.parquet files (TRL log_completions)")
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise AuditInputError(
+            f"{path}: reading TRL's parquet files needs the package pyarrow (not installed)"
+        ) from None
+    for n, f in files:
+        for where, row, cols in _trl_rows(f, log):
+            try:
+                rcols = _trl_reward_columns(cols, reward_key)
+            except AuditInputError as e:
+                log.bad(where, str(e))
+                continue
+            how = "given" if reward_key else "default: every column that is not TRL's own"
+            log.used["reward_key"] = f"{','.join(rcols)!r} ({how})"
+            if not need(row, ("step", "prompt", *rcols), where, log):
+                continue
+            if row["step"] != n:
+                log.bad(where, f"step {row['step']!r} in the file of step {n}")
+            elif x := _make(log, _trl_sample, where, row, rcols):
+                yield x
+
+# %% ../nbs/39_audit_formats.ipynb #16b29a32
+ROLL_RX = r"rollout_dump_data\.step_(\d+)\.jsonl"
+
+
+@register_format("roll", lambda p: p.is_dir() and bool(_numbered(p, ROLL_RX)))
+def read_roll(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A ROLL `rollout_dump_dir` (or one dump file): the step files in order, each one column-oriented object."
+    files = _listing(path, ROLL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no rollout_dump_data.step_<N>.jsonl files (ROLL)")
+    for n, f in files:
+        for where, r in json_lines(f, log):
+            pk = next((k for k in ("id", "prompt", "messages") if k in r), "prompt")
+            if not need(r, ("global_step", "scores", pk), where, log):
+                continue
+            cols = {k: r[k] for k in ("global_step", "scores", pk)}
+            if not _same_lengths(cols, cols, where, log):
+                continue
+            for i, (step, prompt, score) in enumerate(zip(r["global_step"], r[pk], r["scores"])):
+                if step != n:
+                    log.bad(f"{where}#{i}", f"global_step {step!r} in the file of step {n}")
+                elif x := _make(log, _reward_sample, f"{where}#{i}", n, prompt, score):
+                    yield x
+
+# %% ../nbs/39_audit_formats.ipynb #f0e9be0c
+SKYRL_RX = r"global_step_(\d+)_evals"
+
+
+def _skyrl_dir(p: Path) -> Path:
+    return p / "dumped_evals" if (p / "dumped_evals").is_dir() else p
+
+
+def _skyrl_sample(where: str, r: dict, step: int) -> LoggedSample:
+    "An eval line's sample: the score (a per-token list summed), keyed by prompt within its data source."
+    s = r["score"]
+    x = _reward_sample(where, step, r["input_prompt"], float(np.sum(s)) if isinstance(s, list) else s)
+    x.group = f"{step}/{r.get('data_source')}/{x.prompt}"
+    return x
+
+
+@register_format("skyrl", lambda p: p.is_dir() and bool(_numbered(_skyrl_dir(p), SKYRL_RX)))
+def read_skyrl(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A SkyRL export_path (or its dumped_evals/): the evaluations in step order, each data source's file in name order."
+    evals = [(n, d) for n, d in _numbered(_skyrl_dir(path), SKYRL_RX) if d.is_dir()]
+    if not evals:
+        raise AuditInputError(f"{path}: no dumped_evals/global_step_<N>_evals/ folders (SkyRL)")
+    for n, d in evals:
+        for f in sorted(g for g in d.glob("*.jsonl") if g.name != "aggregated_results.jsonl"):
+            for where, r in json_lines(f, log):
+                if need(r, ("input_prompt", "score"), where, log) and (x := _make(log, _skyrl_sample, where, r, n)):
+                    yield x
