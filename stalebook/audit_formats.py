@@ -30,8 +30,8 @@ __all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 
            'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'VERL_FIELDS', 'VERL_RX', 'TRL_RX', 'TRL_NOT_REWARDS',
            'ROLL_RX', 'SKYRL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
            'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
-           'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime', 'read_areal',
-           'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
+           'read_prime_rl_traces', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime',
+           'read_areal', 'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -165,6 +165,12 @@ def read_samples(path, fmt: str = "auto", log: ReadLog | None = None, **options)
         flag = "--" + extra[0].replace("_", "-")
         raise AuditInputError(f"{flag}: format {fmt} takes no such option (its options: {takes})")
     yield from FORMATS[fmt][0](path, log, **options)
+
+
+def _option(log: ReadLog, name: str, value, default, why: str):
+    "`value`, or `default` when not given; `log.used` says which, and why the default."
+    log.used[name] = f"{value!r} (given)" if value is not None else f"{default!r} (default: {why})"
+    return default if value is None else value
 
 # %% ../nbs/39_audit_formats.ipynb #b69649dc
 STALEBOOK_FORMAT = "stalebook-token-export/1"  # `trainer.TOKEN_EXPORT_FORMAT` (the trainer is a floor above)
@@ -386,7 +392,9 @@ def _prime_sample(where: str, r: dict, step: int, idx: dict) -> LoggedSample:
 
 # %% ../nbs/39_audit_formats.ipynb #1c87952e
 def _prime_detect(p: Path) -> bool:
-    return p.is_dir() and any(d.is_dir() for _, d in _numbered(_prime_dir(p), r"step_(\d+)"))
+    "A folder of token-export step folders (each with rank files or STABLE), or a run folder holding one."
+    steps = _numbered(_prime_dir(p), r"step_(\d+)") if p.is_dir() else []
+    return any(d.is_dir() and ((d / "STABLE").exists() or any(d.glob("rank_*.jsonl"))) for _, d in steps)
 
 
 @register_format("prime-rl", _prime_detect)
@@ -467,6 +475,59 @@ def export_prime_rl(run_dir, out_dir) -> Path:
         traces = out / "rollouts" / f"step_{step + 1}" / "train" / "effective" / "traces.jsonl"
         _write_lines(traces, (json.dumps(_prime_trace_episode(r)) for r in rows))
     return out
+
+# %% ../nbs/39_audit_formats.ipynb #bbb1e547
+def _traces_dir(p: Path) -> Path:
+    return p / "rollouts" if (p / "rollouts").is_dir() else p
+
+
+def _trace_sample(where: str, ep: dict, tr: dict, step: int) -> LoggedSample:
+    "One trace of an episode as a sample of trainer step `step` (the file's `step_<step+1>`): versions, lag split, reward."
+    info = _prime_episode(ep)
+    v, vt = info["version"], info["version_tail"]
+    if (v is None) != (vt is None) or not all(isinstance(x, int) for x in (v, vt) if x is not None):
+        raise ValueError(f"run.work.policy {v!r}..{vt!r} is not a span of two integer versions")
+    key = info["prompt"] or prompt_key(json.dumps((ep.get("task") or {}).get("data"), sort_keys=True, default=str))
+    return LoggedSample(
+        where=where,
+        step=step,
+        version=v,
+        version_tail=vt,
+        lag_in_flight=None if v is None else vt - v,
+        lag_in_queue=None if vt is None else step - vt,
+        prompt=key,
+        group=f"{step}/{info['group'] or key}",
+        reward=_prime_reward(tr),
+        n_tokens=sum(sum(bool(b) for b in n.get("mask") or []) for n in tr.get("nodes") or [] if n.get("sampled")),
+    )
+
+
+def _traces_detect(p: Path) -> bool:
+    steps = _numbered(_traces_dir(p), r"step_(\d+)") if p.is_dir() and not (p / "token_exports").is_dir() else []
+    return any(any(d.glob("*/*/traces.jsonl")) for _, d in steps)
+
+
+@register_format("prime-rl-traces", _traces_detect, {"kind": "train or eval (default train)",
+                                                     "subset": "effective or all (default effective)"})  # fmt: skip
+def read_prime_rl_traces(path: Path, log: ReadLog, kind: str | None = None, subset: str | None = None):
+    "A prime-rl run folder (or its rollouts/) by its traces alone: the steps in order, an episode at a time."
+    kind = _option(log, "kind", kind, "train", "the trained episodes")
+    subset = _option(log, "subset", subset, "effective", "the batch each step trained on")
+    if kind not in ("train", "eval") or subset not in ("effective", "all"):
+        raise AuditInputError(f"--kind/--subset: {kind}/{subset} is not a traces folder (train|eval / effective|all)")
+    steps = [(n, d) for n, d in _numbered(_traces_dir(path), r"step_(\d+)") if d.is_dir()]
+    if not steps:
+        raise AuditInputError(f"{path}: no rollouts/step_<N>/ folders (prime-rl traces)")
+    for n, d in steps:
+        f = d / kind / subset / "traces.jsonl"
+        if not f.is_file():
+            continue
+        for where, ep in json_lines(f, log):
+            if not need(ep, ("run", "traces"), where, log):
+                continue
+            for k, tr in enumerate(ep["traces"] or []):
+                if x := _make(log, _trace_sample, f"{where}#{k}" if len(ep["traces"]) > 1 else where, ep, tr, n - 1):
+                    yield x
 
 # %% ../nbs/39_audit_formats.ipynb #8c150fa4
 NEMO_FIELDS = ("rewards", "input_lengths", "token_ids", "token_loss_mask", "sample_loss_mask", "advantages",
@@ -706,12 +767,6 @@ SLIME_OPTIONS = {
     "start_rollout_id": "the rollout id a resumed run started at (default 0)",
     "update_weight_start_version": "the run's update_weight_start_version (default 0)",
 }
-
-
-def _option(log: ReadLog, name: str, value, default, why: str):
-    "`value`, or `default` when not given; `log.used` says which, and why the default."
-    log.used[name] = f"{value!r} (given)" if value is not None else f"{default!r} (default: {why})"
-    return default if value is None else value
 
 
 @register_format("slime", _slime_detect, SLIME_OPTIONS)
@@ -967,7 +1022,7 @@ def read_verl(path: Path, log: ReadLog, reward_key: str | None = None) -> Iterat
 
 # %% ../nbs/39_audit_formats.ipynb #abf926e0
 TRL_RX = r"completions_(\d+)\.parquet"
-TRL_NOT_REWARDS = ("step", "prompt", "completion", "advantage", "image", "images")
+TRL_NOT_REWARDS = ("step", "prompt", "completion", "advantage", "image", "images", "__index_level_0__")
 
 
 def _trl_dir(p: Path) -> Path:

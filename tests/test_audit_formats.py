@@ -365,3 +365,26 @@ def test_reward_only_formats_leave_lag_and_is_unavailable():
     for x in read_samples(FIX / "skyrl"):
         got.setdefault(x.prompt, []).append(x.reward)
     assert sorted(got.values()) == sorted(by_hand.values())
+
+
+def test_prime_rl_traces_alone(tmp_path):
+    "prime-rl's traces without token exports: the lag split from run.work.policy; a bad policy span is FILE:LINE."
+    root = tmp_path / "run"
+    shutil.copytree(FIX / "prime-rl" / "rollouts", root / "rollouts")
+    assert detect_format(root) == "prime-rl-traces"
+    xs = list(read_samples(root))
+    eps = [json.loads(ln) for n in (2, 3) for ln in (root / f"rollouts/step_{n}/train/effective/traces.jsonl").open()]
+    assert len(xs) == len(eps) == 6
+    for x, ep in zip(xs, eps):
+        p = ep["run"]["work"]["policy"]
+        assert (x.lag_in_flight, x.lag_in_queue) == (p["end"] - p["start"], ep["run"]["work"]["step"] - p["end"])
+    assert [x.reward for x in xs][:3] == [1.25, 0.25, 0.0]
+    assert list(read_samples(root, "prime-rl-traces", subset="all")) == []  # the fixture has no all/ subset
+    edit_line(root / "rollouts/step_3/train/effective/traces.jsonl", 2,
+              lambda r: {**r, "run": {**r["run"], "work": {"step": 2, "policy": {"start": "v2", "end": 2}}}})  # fmt: skip
+    with pytest.raises(AuditInputError, match=r"traces.jsonl:2: .*not a span of two integer versions"):
+        list(read_samples(root))
+    log = ReadLog(keep_going=True)
+    assert len(list(read_samples(root, log=log))) == 5 and log.skipped == 1
+    with pytest.raises(AuditInputError, match="--kind/--subset"):
+        list(read_samples(root, "prime-rl-traces", kind="nope"))
