@@ -482,7 +482,7 @@ def _traces_dir(p: Path) -> Path:
 
 
 def _trace_sample(where: str, ep: dict, tr: dict, step: int) -> LoggedSample:
-    "One trace of an episode as a sample of trainer step `step` (the file's `step_<step+1>`): versions, lag split, reward."
+    "One trace of an episode as a sample of trainer step `step` (file `step_<step+1>`): versions, lag split, reward."
     info = _prime_episode(ep)
     v, vt = info["version"], info["version_tail"]
     if (v is None) != (vt is None) or not all(isinstance(x, int) for x in (v, vt) if x is not None):

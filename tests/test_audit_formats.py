@@ -380,8 +380,10 @@ def test_prime_rl_traces_alone(tmp_path):
         assert (x.lag_in_flight, x.lag_in_queue) == (p["end"] - p["start"], ep["run"]["work"]["step"] - p["end"])
     assert [x.reward for x in xs][:3] == [1.25, 0.25, 0.0]
     assert list(read_samples(root, "prime-rl-traces", subset="all")) == []  # the fixture has no all/ subset
-    edit_line(root / "rollouts/step_3/train/effective/traces.jsonl", 2,
-              lambda r: {**r, "run": {**r["run"], "work": {"step": 2, "policy": {"start": "v2", "end": 2}}}})  # fmt: skip
+    bad_span = {"step": 2, "policy": {"start": "v2", "end": 2}}
+    edit_line(
+        root / "rollouts/step_3/train/effective/traces.jsonl", 2, lambda r: {**r, "run": {**r["run"], "work": bad_span}}
+    )
     with pytest.raises(AuditInputError, match=r"traces.jsonl:2: .*not a span of two integer versions"):
         list(read_samples(root))
     log = ReadLog(keep_going=True)
