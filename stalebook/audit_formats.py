@@ -660,7 +660,8 @@ def _slime_samples(f: Path, n: int, log: ReadLog) -> list | None:
 # %% ../nbs/39_audit_formats.ipynb #8d2c5ba9
 def _slime_train(d: Path, n: int, log: ReadLog) -> dict:
     """The train-data dump of step `n` beside the rollout dumps (`D/train_data/{n}.pt`), indexed by `rollout_position`:
-    the trainer's sample (`log_probs` [R], `advantages` [R], ...); {} without one."""
+    the trainer's sample (`log_probs` [R], `advantages` [R], ..., and its entry of the batch's `raw_reward`); {}
+    without one."""
     f = d.parent / "train_data" / f"{n}.pt"
     t = _torch_load(f, log) if f.is_file() else None
     if t is None:
@@ -671,7 +672,15 @@ def _slime_train(d: Path, n: int, log: ReadLog) -> dict:
     elif t.get("rollout_id") != n:
         log.bad(str(f), f"rollout_id {t.get('rollout_id')!r} in the train-data file of rollout {n}")
     else:
-        return {s["rollout_position"]: s for s in t.get("samples", []) if "rollout_position" in s}
+        raw = t.get("raw_reward")  # the whole batch's rewards as trained (`--reward-key` applied), in rollout order
+        raw = raw if isinstance(raw, list) else []
+        return {
+            s["rollout_position"]: dict(s, raw_reward=raw[s["rollout_position"]])
+            if isinstance(s["rollout_position"], int) and 0 <= s["rollout_position"] < len(raw)
+            else s
+            for s in t.get("samples", [])
+            if "rollout_position" in s
+        }
     return {}
 
 
@@ -720,11 +729,15 @@ def _slime_ok(where: str, s, tr: dict | None, log: ReadLog) -> bool:
     return not bad
 
 # %% ../nbs/39_audit_formats.ipynb #f82c5ed4
-def _slime_reward(rw, key: str | None) -> tuple[float | None, str | None]:
+def _slime_reward(rw, key: str | None, raw=None) -> tuple[float | None, str | None]:
     """A sample's reward as slime trains on it (`Sample.get_reward_value`: `reward[--reward-key]` when a key is set) and
-    the key used; a dict reward without `key` is a ValueError naming its keys."""
+    the key used. A dict reward takes `key` when given; else the entry equal to the train dump's `raw_reward` (what
+    slime trained on) when one alone is, else "score". A dict without that key is a ValueError naming its keys."""
     if not isinstance(rw, dict):
         return (None if rw is None else float(rw)), None
+    if key is None:
+        hits = [k for k, v in rw.items() if isinstance(v, (int, float)) and raw is not None and float(v) == float(raw)]
+        key = hits[0] if len(hits) == 1 else "score"
     if key not in rw:
         raise ValueError(f"reward is a dict without key {key!r} (its keys: {', '.join(map(str, rw))})")
     if not isinstance(rw[key], (int, float)):  # bool is an int: math_dapo's `acc`
@@ -732,12 +745,12 @@ def _slime_reward(rw, key: str | None) -> tuple[float | None, str | None]:
     return float(rw[key]), key
 
 
-def _slime_sample(where: str, s: dict, step: int, tr: dict | None, key="score", sched=None) -> LoggedSample:
+def _slime_sample(where: str, s: dict, step: int, tr: dict | None, key=None, sched=None) -> LoggedSample:
     "A sample's completion span [first trained response token:] of its response arrays [R] (the trainer's from `tr`)."
     R, tokens = s["response_length"], [int(t) for t in s["tokens"]]
     lm = np.ones(R, dtype=bool) if s["loss_mask"] is None else _floats(s["loss_mask"]).astype(bool)
     i, (v, vt) = _span(lm), _slime_versions(s["weight_versions"], sched)
-    (reward, used), lp = _slime_reward(s["reward"], key), s["rollout_log_probs"]
+    (reward, used), lp = _slime_reward(s["reward"], key, (tr or {}).get("raw_reward")), s["rollout_log_probs"]
     return LoggedSample(
         where=where,
         step=step,
@@ -781,7 +794,7 @@ def read_slime(
     """A slime dump folder (`--dump-details D`: D, D/rollout_data/ or one {rollout_id}.pt): the rollout dumps in step
     order, each joined to `D/train_data/{rollout_id}.pt` when there is one; one step's samples in memory at a time.
     The run's settings the dumps lack are options; `log.used` says which values were used."""
-    key = _option(log, "reward_key", reward_key, "score", "not recorded in the dumps; math_dapo's primary reward")
+    _option(log, "reward_key", reward_key, "score", "the rollout dump does not record it; math_dapo's primary reward")
     sched = SlimeSchedule(
         int(_option(log, "update_weights_interval", update_weights_interval, 1, "slime's; not recorded in the dumps")),
         int(_option(log, "start_rollout_id", start_rollout_id, 0, "a run not resumed")),
@@ -799,7 +812,9 @@ def read_slime(
         for k, s in enumerate(samples or []):
             log.records += 1
             where, tr = f"{f}#{k}", train.get(k)
-            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr, key, sched)):
+            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr, reward_key, sched)):
+                if reward_key is None and x.reward_key and tr and "raw_reward" in tr:
+                    log.used["reward_key"] = f"{x.reward_key!r} (matched against the train dump's raw_reward)"
                 yield x
 
 # %% ../nbs/39_audit_formats.ipynb #8a476b08

@@ -226,15 +226,23 @@ def test_prime_rl_unstable_step(tmp_path):
     assert len(list(read_samples(root, "prime-rl", log))) == TOTAL["prime-rl"] - 2 and log.skipped == 1
 
 
-def test_slime_dict_reward_read_by_its_key():
-    "math_dapo's reward {'score', 'acc', 'pred'}: read by `reward_key` (default 'score'), never dropped."
+def test_slime_dict_reward_read_by_its_key(tmp_path):
+    """math_dapo's reward {'score', 'acc', 'pred'}: read by `reward_key`, else the entry the train dump's raw_reward
+    matches, else 'score'; never dropped."""
     log = ReadLog()
     xs = list(read_samples(FIX / "slime", "slime", log))
     dapo = [x for x in xs if x.reward_key is not None]
     assert [(x.where.split("slime/")[1], x.reward, x.reward_key) for x in dapo] == [
         ("rollout_data/1.pt#3", 1.0, "score")
     ]
-    assert all(x.reward is not None for x in xs) and log.used["reward_key"].startswith("'score' (default")
+    assert (
+        all(x.reward is not None for x in xs)
+        and log.used["reward_key"] == "'score' (matched against the train dump's raw_reward)"
+    )
+    shutil.copytree(FIX / "slime" / "rollout_data", tmp_path / "rollout_data")  # no train dumps: the default
+    log = ReadLog()
+    assert [x.reward for x in read_samples(tmp_path, "slime", log)] == [x.reward for x in xs]
+    assert log.used["reward_key"].startswith("'score' (default: the rollout dump does not record it")
     acc = list(read_samples(FIX / "slime", "slime", reward_key="acc"))
     assert [x.reward for x in acc] == [x.reward for x in xs]  # acc True and score 1.0 agree on this sample
     with pytest.raises(AuditInputError, match=r"1\.pt#3: .*reward\['pred'\] is a str"):
