@@ -775,7 +775,7 @@ def _slime_detect(p: Path) -> bool:
 
 
 SLIME_OPTIONS = {
-    "reward_key": "the run's --reward-key: the entry of a dict reward to read (default 'score', math_dapo's)",
+    "reward_key": "the run's --reward-key (default: the entry the train dump's raw_reward matches, else 'score')",
     "update_weights_interval": "the run's --update-weights-interval (default 1, slime's; the dumps do not record it)",
     "start_rollout_id": "the rollout id a resumed run started at (default 0)",
     "update_weight_start_version": "the run's update_weight_start_version (default 0)",
