@@ -1,7 +1,9 @@
 """The token-level logs that asynchronous RL frameworks write (prime-rl's token exports, NeMo-RL's
 `train_data_step{N}.jsonl`, slime's debug rollout dumps, AReaL's rollout dumps) and stalebook's own, read as one
 stream of samples: which learner step consumed a completion, which weights generated it, its reward and advantage,
-and the log-probs the sampler and the trainer gave its tokens.
+and the log-probs the sampler and the trainer gave its tokens. Reward-only dumps (verl's `rollout_data_dir`, TRL's
+logged completions, ROLL's rollout dumps, SkyRL's dumped evaluations) are read too, for rewards and pass rates, with
+every lag and log-prob field not available.
 
 Docs: https://stalebook.github.io/stalebook/audit_formats.html.md"""
 
@@ -23,11 +25,13 @@ import torch
 from .core import StalebookError
 
 # %% auto #0
-__all__ = ['FORMATS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_SCHEMA', 'NEMO_FIELDS',
-           'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX', 'AREAL_FIELDS', 'AREAL_RX',
-           'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need', 'register_format',
-           'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl', 'read_nemo_rl',
-           'export_nemo_rl', 'read_slime', 'export_slime', 'read_areal', 'export_areal']
+__all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 'PRIME_FIELDS', 'PRIME_ARRAYS', 'PRIME_MASKS',
+           'PRIME_SCHEMA', 'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX',
+           'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'VERL_FIELDS', 'VERL_RX', 'TRL_RX', 'TRL_NOT_REWARDS',
+           'ROLL_RX', 'SKYRL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
+           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
+           'read_prime_rl_traces', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime',
+           'read_areal', 'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -53,6 +57,13 @@ class LoggedSample:
     learner_logp: np.ndarray | None = None  # [W]
     dtype: str = "float32"  # the trainer's log-prob dtype (stalebook records it)
     loss: dict | None = None  # stalebook: the loss's off-policy settings
+    token_versions: np.ndarray | None = None  # [n_tokens] int: each loss token's generating version, in order
+    lag_in_flight: int | None = None  # updates published while it was generated (newest - oldest version)
+    lag_in_queue: int | None = None  # updates between its finishing and the step that consumed it
+    clipped: np.ndarray | None = None  # [W] bool: the framework's own loss masked (clipped) the token
+    clipped_high: np.ndarray | None = None  # [W] bool: ... on the up side (advantage > 0)
+    clipped_low: np.ndarray | None = None  # [W] bool: ... on the down side (advantage < 0)
+    reward_key: str | None = None  # which entry of a dict-valued reward `reward` is
 
 # %% ../nbs/39_audit_formats.ipynb #6f4f17e9
 def prompt_key(x) -> str:
@@ -70,6 +81,7 @@ class ReadLog:
     records: int = 0
     skipped: int = 0
     reasons: list = field(default_factory=list)
+    used: dict = field(default_factory=dict)  # reader options in force: name -> "value (where it came from)"
 
     def bad(self, where: str, why: str) -> None:
         "A bad record at `where`: raise (the default), or count and remember it under `keep_going`."
@@ -110,13 +122,16 @@ def need(rec: dict, keys, where: str, log: ReadLog) -> bool:
 
 # %% ../nbs/39_audit_formats.ipynb #cd5ec693
 FORMATS: dict[str, tuple[Callable, Callable]] = {}
+FORMAT_OPTIONS: dict[str, dict[str, str]] = {}  # format -> {option: what it sets}
 
 
-def register_format(name: str, detect: Callable[[Path], bool]):
-    "Decorator: `reader(path, log) -> Iterator[LoggedSample]` is format `name`, recognised by `detect(path)`."
+def register_format(name: str, detect: Callable[[Path], bool], options: dict[str, str] | None = None):
+    """Decorator: `reader(path, log, **options) -> Iterator[LoggedSample]` is format `name`, recognised by
+    `detect(path)`; `options` names the keyword options the reader takes and what each sets."""
 
     def deco(reader):
         FORMATS[name] = (reader, detect)
+        FORMAT_OPTIONS[name] = dict(options or {})
         return reader
 
     return deco
@@ -134,8 +149,9 @@ def detect_format(path) -> str:
     return hits[0]
 
 
-def read_samples(path, fmt: str = "auto", log: ReadLog | None = None) -> Iterator[LoggedSample]:
-    "Stream a logged run's samples (format `fmt`, or detected); bad records raise, or go to `log` under keep_going."
+def read_samples(path, fmt: str = "auto", log: ReadLog | None = None, **options) -> Iterator[LoggedSample]:
+    """Stream a logged run's samples (format `fmt`, or detected); bad records raise, or go to `log` under keep_going.
+    `options` (None: not given) go to the format's reader; one the format does not take is an error naming it."""
     path, log = Path(path), log or ReadLog()
     if fmt == "auto":
         fmt = detect_format(path)
@@ -143,7 +159,18 @@ def read_samples(path, fmt: str = "auto", log: ReadLog | None = None) -> Iterato
         raise AuditInputError(f"--format: unknown format '{fmt}' (known: auto, {', '.join(FORMATS)})")
     if not path.exists():
         raise AuditInputError(f"{path}: no such file or folder")
-    yield from FORMATS[fmt][0](path, log)
+    options = {k: v for k, v in options.items() if v is not None}
+    if extra := [k for k in options if k not in FORMAT_OPTIONS[fmt]]:
+        takes = ", ".join(FORMAT_OPTIONS[fmt]) or "none"
+        flag = "--" + extra[0].replace("_", "-")
+        raise AuditInputError(f"{flag}: format {fmt} takes no such option (its options: {takes})")
+    yield from FORMATS[fmt][0](path, log, **options)
+
+
+def _option(log: ReadLog, name: str, value, default, why: str):
+    "`value`, or `default` when not given; `log.used` says which, and why the default."
+    log.used[name] = f"{value!r} (given)" if value is not None else f"{default!r} (default: {why})"
+    return default if value is None else value
 
 # %% ../nbs/39_audit_formats.ipynb #b69649dc
 STALEBOOK_FORMAT = "stalebook-token-export/1"  # `trainer.TOKEN_EXPORT_FORMAT` (the trainer is a floor above)
@@ -265,7 +292,9 @@ def _write_lines(path: Path, lines) -> Path:
 # %% ../nbs/39_audit_formats.ipynb #840d114b
 PRIME_FIELDS = ("schema_version", "step", "token_ids", "loss_mask", "advantages", "inference_logprobs",
                 "trainer_logprobs")  # fmt: skip
-PRIME_ARRAYS = PRIME_FIELDS[2:] + ("position_ids", "entropy", "mismatch_kl", "importance_ratio", "is_masked", "rewards")
+PRIME_ARRAYS = PRIME_FIELDS[2:] + ("position_ids", "entropy", "mismatch_kl", "importance_ratio", "rewards")
+PRIME_MASKS = ("is_masked", "is_masked_high", "is_masked_low")  # the DPPO loss's own masks: LoggedSample.clipped*
+PRIME_ARRAYS += PRIME_MASKS
 PRIME_SCHEMA = 1
 
 
@@ -328,17 +357,26 @@ def _prime_ok(where: str, r: dict, step: int, log: ReadLog) -> bool:
     return False
 
 # %% ../nbs/39_audit_formats.ipynb #75070b07
+def _prime_mask(r: dict, k: str, i: int) -> np.ndarray | None:
+    "A mask column [T] from position `i` on as bool [W]; None when the loss wrote none (all `null`: not a DPPO loss)."
+    col = r.get(k)
+    return None if col is None or all(x is None for x in col) else np.array([bool(x) for x in col[i:]])
+
+
 def _prime_sample(where: str, r: dict, step: int, idx: dict) -> LoggedSample:
     "A record's sample: its arrays' completion span [first trained token:], joined to its episode when there is one."
     i, ids = _span(r["loss_mask"]), r["token_ids"]
     hits = idx.get(tuple(ids))
     ep, key = hits.pop(0) if hits else {}, prompt_key(ids[:i])
     m, old = np.asarray(r["loss_mask"][i:], dtype=bool), r.get("rewards")  # per-token rewards: before prime-rl #2746
+    v, vt = ep.get("version"), ep.get("version_tail")
     return LoggedSample(
         where=where,
         step=step - 1,
-        version=ep.get("version"),
-        version_tail=ep.get("version_tail"),
+        version=v,
+        version_tail=vt,
+        lag_in_flight=None if v is None or vt is None else vt - v,
+        lag_in_queue=None if vt is None else step - 1 - vt,
         prompt=ep.get("prompt") or key,
         group=f"{step - 1}/{ep.get('group') or key}",
         reward=ep.get("reward", old[i] if old and i < len(old) else None),
@@ -347,11 +385,16 @@ def _prime_sample(where: str, r: dict, step: int, idx: dict) -> LoggedSample:
         mask=m,
         inference_logp=_floats(r["inference_logprobs"][i:]),
         trainer_logp=_floats(r["trainer_logprobs"][i:]),
+        clipped=_prime_mask(r, "is_masked", i),
+        clipped_high=_prime_mask(r, "is_masked_high", i),
+        clipped_low=_prime_mask(r, "is_masked_low", i),
     )
 
 # %% ../nbs/39_audit_formats.ipynb #1c87952e
 def _prime_detect(p: Path) -> bool:
-    return p.is_dir() and any(d.is_dir() for _, d in _numbered(_prime_dir(p), r"step_(\d+)"))
+    "A folder of token-export step folders (each with rank files or STABLE), or a run folder holding one."
+    steps = _numbered(_prime_dir(p), r"step_(\d+)") if p.is_dir() else []
+    return any(d.is_dir() and ((d / "STABLE").exists() or any(d.glob("rank_*.jsonl"))) for _, d in steps)
 
 
 @register_format("prime-rl", _prime_detect)
@@ -432,6 +475,59 @@ def export_prime_rl(run_dir, out_dir) -> Path:
         traces = out / "rollouts" / f"step_{step + 1}" / "train" / "effective" / "traces.jsonl"
         _write_lines(traces, (json.dumps(_prime_trace_episode(r)) for r in rows))
     return out
+
+# %% ../nbs/39_audit_formats.ipynb #bbb1e547
+def _traces_dir(p: Path) -> Path:
+    return p / "rollouts" if (p / "rollouts").is_dir() else p
+
+
+def _trace_sample(where: str, ep: dict, tr: dict, step: int) -> LoggedSample:
+    "One trace of an episode as a sample of trainer step `step` (file `step_<step+1>`): versions, lag split, reward."
+    info = _prime_episode(ep)
+    v, vt = info["version"], info["version_tail"]
+    if (v is None) != (vt is None) or not all(isinstance(x, int) for x in (v, vt) if x is not None):
+        raise ValueError(f"run.work.policy {v!r}..{vt!r} is not a span of two integer versions")
+    key = info["prompt"] or prompt_key(json.dumps((ep.get("task") or {}).get("data"), sort_keys=True, default=str))
+    return LoggedSample(
+        where=where,
+        step=step,
+        version=v,
+        version_tail=vt,
+        lag_in_flight=None if v is None else vt - v,
+        lag_in_queue=None if vt is None else step - vt,
+        prompt=key,
+        group=f"{step}/{info['group'] or key}",
+        reward=_prime_reward(tr),
+        n_tokens=sum(sum(bool(b) for b in n.get("mask") or []) for n in tr.get("nodes") or [] if n.get("sampled")),
+    )
+
+
+def _traces_detect(p: Path) -> bool:
+    steps = _numbered(_traces_dir(p), r"step_(\d+)") if p.is_dir() and not (p / "token_exports").is_dir() else []
+    return any(any(d.glob("*/*/traces.jsonl")) for _, d in steps)
+
+
+@register_format("prime-rl-traces", _traces_detect, {"kind": "train or eval (default train)",
+                                                     "subset": "effective or all (default effective)"})  # fmt: skip
+def read_prime_rl_traces(path: Path, log: ReadLog, kind: str | None = None, subset: str | None = None):
+    "A prime-rl run folder (or its rollouts/) by its traces alone: the steps in order, an episode at a time."
+    kind = _option(log, "kind", kind, "train", "the trained episodes")
+    subset = _option(log, "subset", subset, "effective", "the batch each step trained on")
+    if kind not in ("train", "eval") or subset not in ("effective", "all"):
+        raise AuditInputError(f"--kind/--subset: {kind}/{subset} is not a traces folder (train|eval / effective|all)")
+    steps = [(n, d) for n, d in _numbered(_traces_dir(path), r"step_(\d+)") if d.is_dir()]
+    if not steps:
+        raise AuditInputError(f"{path}: no rollouts/step_<N>/ folders (prime-rl traces)")
+    for n, d in steps:
+        f = d / kind / subset / "traces.jsonl"
+        if not f.is_file():
+            continue
+        for where, ep in json_lines(f, log):
+            if not need(ep, ("run", "traces"), where, log):
+                continue
+            for k, tr in enumerate(ep["traces"] or []):
+                if x := _make(log, _trace_sample, f"{where}#{k}" if len(ep["traces"]) > 1 else where, ep, tr, n - 1):
+                    yield x
 
 # %% ../nbs/39_audit_formats.ipynb #8c150fa4
 NEMO_FIELDS = ("rewards", "input_lengths", "token_ids", "token_loss_mask", "sample_loss_mask", "advantages",
@@ -564,7 +660,8 @@ def _slime_samples(f: Path, n: int, log: ReadLog) -> list | None:
 # %% ../nbs/39_audit_formats.ipynb #8d2c5ba9
 def _slime_train(d: Path, n: int, log: ReadLog) -> dict:
     """The train-data dump of step `n` beside the rollout dumps (`D/train_data/{n}.pt`), indexed by `rollout_position`:
-    the trainer's sample (`log_probs` [R], `advantages` [R], ...); {} without one."""
+    the trainer's sample (`log_probs` [R], `advantages` [R], ..., and its entry of the batch's `raw_reward`); {}
+    without one."""
     f = d.parent / "train_data" / f"{n}.pt"
     t = _torch_load(f, log) if f.is_file() else None
     if t is None:
@@ -575,14 +672,39 @@ def _slime_train(d: Path, n: int, log: ReadLog) -> dict:
     elif t.get("rollout_id") != n:
         log.bad(str(f), f"rollout_id {t.get('rollout_id')!r} in the train-data file of rollout {n}")
     else:
-        return {s["rollout_position"]: s for s in t.get("samples", []) if "rollout_position" in s}
+        raw = t.get("raw_reward")  # the whole batch's rewards as trained (`--reward-key` applied), in rollout order
+        raw = raw if isinstance(raw, list) else []
+        return {
+            s["rollout_position"]: dict(s, raw_reward=raw[s["rollout_position"]])
+            if isinstance(s["rollout_position"], int) and 0 <= s["rollout_position"] < len(raw)
+            else s
+            for s in t.get("samples", [])
+            if "rollout_position" in s
+        }
     return {}
 
 
-def _slime_versions(wv) -> tuple[int | None, int | None]:
-    "`weight_versions` ['3', ...] (slime's initial weights are 1) as updates before the weights: (oldest, newest)."
+@dataclass
+class SlimeSchedule:
+    """How slime's weight versions map to updates: `--update-weights-interval` (I), the resumed run's first rollout
+    id (S0) and `update_weight_start_version` (V0). The dumps record none of them: the defaults are a fresh run's."""
+
+    interval: int = 1
+    start_rollout_id: int = 0
+    start_version: int = 0
+
+    def updates(self, w: int) -> int:
+        "The updates made before the weights slime numbers `w`: V0+1 are S0's, the j-th push after them (S0//I + j)·I."
+        j = w - self.start_version - 1
+        if j < 0:
+            raise ValueError(f"weight version {w} older than the start version {self.start_version + 1}")
+        return self.start_rollout_id if j == 0 else (self.start_rollout_id // self.interval + j) * self.interval
+
+
+def _slime_versions(wv, sched: SlimeSchedule | None = None) -> tuple[int | None, int | None]:
+    "`weight_versions` ['3', ...] (slime's numbers, the initial weights V0+1) as updates before them: (oldest, newest)."
     try:
-        v = [int(x) - 1 for x in wv]
+        v = [(sched or SlimeSchedule()).updates(int(x)) for x in wv]
     except (TypeError, ValueError):
         return None, None
     return (min(v), max(v)) if v else (None, None)
@@ -607,12 +729,28 @@ def _slime_ok(where: str, s, tr: dict | None, log: ReadLog) -> bool:
     return not bad
 
 # %% ../nbs/39_audit_formats.ipynb #f82c5ed4
-def _slime_sample(where: str, s: dict, step: int, tr: dict | None) -> LoggedSample:
+def _slime_reward(rw, key: str | None, raw=None) -> tuple[float | None, str | None]:
+    """A sample's reward as slime trains on it (`Sample.get_reward_value`: `reward[--reward-key]` when a key is set) and
+    the key used. A dict reward takes `key` when given; else the entry equal to the train dump's `raw_reward` (what
+    slime trained on) when one alone is, else "score". A dict without that key is a ValueError naming its keys."""
+    if not isinstance(rw, dict):
+        return (None if rw is None else float(rw)), None
+    if key is None:
+        hits = [k for k, v in rw.items() if isinstance(v, (int, float)) and raw is not None and float(v) == float(raw)]
+        key = hits[0] if len(hits) == 1 else "score"
+    if key not in rw:
+        raise ValueError(f"reward is a dict without key {key!r} (its keys: {', '.join(map(str, rw))})")
+    if not isinstance(rw[key], (int, float)):  # bool is an int: math_dapo's `acc`
+        raise ValueError(f"reward[{key!r}] is a {type(rw[key]).__name__}, not a number")
+    return float(rw[key]), key
+
+
+def _slime_sample(where: str, s: dict, step: int, tr: dict | None, key=None, sched=None) -> LoggedSample:
     "A sample's completion span [first trained response token:] of its response arrays [R] (the trainer's from `tr`)."
-    R, tokens, rw = s["response_length"], [int(t) for t in s["tokens"]], s["reward"]
+    R, tokens = s["response_length"], [int(t) for t in s["tokens"]]
     lm = np.ones(R, dtype=bool) if s["loss_mask"] is None else _floats(s["loss_mask"]).astype(bool)
-    i, (v, vt) = _span(lm), _slime_versions(s["weight_versions"])
-    lp = s["rollout_log_probs"]
+    i, (v, vt) = _span(lm), _slime_versions(s["weight_versions"], sched)
+    (reward, used), lp = _slime_reward(s["reward"], key, (tr or {}).get("raw_reward")), s["rollout_log_probs"]
     return LoggedSample(
         where=where,
         step=step,
@@ -620,12 +758,15 @@ def _slime_sample(where: str, s: dict, step: int, tr: dict | None) -> LoggedSamp
         version_tail=vt,
         prompt=prompt_key(tokens[: len(tokens) - R]),
         group=f"{step}/{s['group_index']}",
-        reward=float(rw) if isinstance(rw, (int, float)) else None,
+        reward=reward,
+        reward_key=used,
         advantage=float(tr["advantages"][i]) if tr and i < R else None,
         n_tokens=int(lm[i:].sum()),
         mask=lm[i:],
         inference_logp=None if lp is None else _floats(lp)[i:],
         trainer_logp=_floats(tr["log_probs"])[i:] if tr else None,
+        lag_in_flight=None if v is None else vt - v,
+        lag_in_queue=None if vt is None else step - vt,
     )
 
 # %% ../nbs/39_audit_formats.ipynb #eac85f6c
@@ -633,10 +774,34 @@ def _slime_detect(p: Path) -> bool:
     return p.is_dir() and bool(_numbered(_slime_dir(p), SLIME_RX))
 
 
-@register_format("slime", _slime_detect)
-def read_slime(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+SLIME_OPTIONS = {
+    "reward_key": "the run's --reward-key (default: the entry the train dump's raw_reward matches, else 'score')",
+    "update_weights_interval": "the run's --update-weights-interval (default 1, slime's; the dumps do not record it)",
+    "start_rollout_id": "the rollout id a resumed run started at (default 0)",
+    "update_weight_start_version": "the run's update_weight_start_version (default 0)",
+}
+
+
+@register_format("slime", _slime_detect, SLIME_OPTIONS)
+def read_slime(
+    path: Path,
+    log: ReadLog,
+    reward_key: str | None = None,
+    update_weights_interval: int | None = None,
+    start_rollout_id: int | None = None,
+    update_weight_start_version: int | None = None,
+) -> Iterator[LoggedSample]:
     """A slime dump folder (`--dump-details D`: D, D/rollout_data/ or one {rollout_id}.pt): the rollout dumps in step
-    order, each joined to `D/train_data/{rollout_id}.pt` when there is one; one step's samples in memory at a time."""
+    order, each joined to `D/train_data/{rollout_id}.pt` when there is one; one step's samples in memory at a time.
+    The run's settings the dumps lack are options; `log.used` says which values were used."""
+    _option(log, "reward_key", reward_key, "score", "the rollout dump does not record it; math_dapo's primary reward")
+    sched = SlimeSchedule(
+        int(_option(log, "update_weights_interval", update_weights_interval, 1, "slime's; not recorded in the dumps")),
+        int(_option(log, "start_rollout_id", start_rollout_id, 0, "a run not resumed")),
+        int(_option(log, "update_weight_start_version", update_weight_start_version, 0, "slime's")),
+    )
+    if sched.interval < 1:
+        raise AuditInputError(f"--update-weights-interval: {sched.interval} is not a positive interval")
     d = _slime_dir(path) if path.is_dir() else path.parent
     files = _listing(path if path.is_file() else d, SLIME_RX)
     if not files:
@@ -647,7 +812,9 @@ def read_slime(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
         for k, s in enumerate(samples or []):
             log.records += 1
             where, tr = f"{f}#{k}", train.get(k)
-            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr)):
+            if _slime_ok(where, s, tr, log) and (x := _make(log, _slime_sample, where, s, n, tr, reward_key, sched)):
+                if reward_key is None and x.reward_key and tr and "raw_reward" in tr:
+                    log.used["reward_key"] = f"{x.reward_key!r} (matched against the train dump's raw_reward)"
                 yield x
 
 # %% ../nbs/39_audit_formats.ipynb #8a476b08
@@ -722,28 +889,53 @@ def _areal_ok(where: str, r: dict, version: int, task: int, log: ReadLog) -> boo
         return False
     if not all(isinstance(r[k], int) for k in AREAL_FIELDS[:6]):
         log.bad(where, "a count or version that is not an integer")
-    elif r["tail_version"] != version:
+    elif r["tail_version"] > version if "version_rle" in r else r["tail_version"] != version:
         log.bad(where, f"tail_version {r['tail_version']} in the folder of version {version}")
     elif r["task_id"] != task:
         log.bad(where, f"task_id {r['task_id']} in the file of task {task}")
     elif not 0 <= r["prompt_len"] < r["seqlen"]:
         log.bad(where, f"prompt_len {r['prompt_len']} and seqlen {r['seqlen']} leave no completion token")
     else:
+        return "version_rle" not in r or _areal_rle_ok(where, r, log)
+    return False
+
+
+def _areal_rle_ok(where: str, r: dict, log: ReadLog) -> bool:
+    "Is `r['version_rle']` [[version, count], ...] over at most the completion's tokens, spanning head to tail?"
+    rle = r["version_rle"]
+    if not isinstance(rle, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p) and p[1] > 0 for p in rle
+    ):
+        log.bad(where, "version_rle is not a list of [version, count > 0] integer pairs")
+    elif sum(c for _, c in rle) > r["seqlen"] - r["prompt_len"]:
+        log.bad(
+            where, f"version_rle counts {sum(c for _, c in rle)} tokens, the completion {r['seqlen'] - r['prompt_len']}"
+        )
+    elif rle and (min(v for v, _ in rle), max(v for v, _ in rle)) != (r["head_version"], r["tail_version"]):
+        log.bad(
+            where, f"version_rle spans other versions than head_version {r['head_version']}, tail {r['tail_version']}"
+        )
+    else:
         return True
     return False
 
 # %% ../nbs/39_audit_formats.ipynb #5de5aab8
-def _areal_sample(where: str, r: dict) -> LoggedSample:
-    "A line's sample: versions, prompt, group, reward and completion length (AReaL logs no per-token arrays)."
-    h, v = r["head_version"], r["tail_version"]
+def _areal_sample(where: str, r: dict, folder: int | None = None) -> LoggedSample:
+    """A line's sample: versions, prompt, group, reward and completion length (AReaL logs no per-token arrays); with
+    `version_rle` (AReaL #1408) each loss token's version, and the loss tokens counted exactly. The group is named by
+    the `folder` version (the task's newest, default `tail_version`: the same before #1408)."""
+    h, v, rle = r["head_version"], r["tail_version"], r.get("version_rle")
+    tv = np.repeat([a for a, _ in rle], [c for _, c in rle]).astype(np.int64) if rle else None
     return LoggedSample(
         where=where,
         version=h if h >= 0 else None,
         version_tail=v,
         prompt=prompt_key(r["prompt"]),
-        group=f"{v}/{r['task_id']}",
+        group=f"{v if folder is None else folder}/{r['task_id']}",
         reward=float(r["reward"]),
-        n_tokens=r["seqlen"] - r["prompt_len"],
+        n_tokens=len(tv) if tv is not None else r["seqlen"] - r["prompt_len"],
+        token_versions=tv,
+        lag_in_flight=v - h if h >= 0 else None,
     )
 
 # %% ../nbs/39_audit_formats.ipynb #abdda1a7
@@ -763,7 +955,7 @@ def read_areal(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
             log.bad(f"{txt}:1", "AReaL's plain-text dump from before 5c45a6f2f (no versions or token counts)")
         for task, f in _numbered(d, AREAL_RX):
             for where, r in json_lines(f, log):
-                if _areal_ok(where, r, v, task, log) and (x := _make(log, _areal_sample, where, r)):
+                if _areal_ok(where, r, v, task, log) and (x := _make(log, _areal_sample, where, r, v)):
                     yield x
 
 # %% ../nbs/39_audit_formats.ipynb #3879480b
@@ -788,3 +980,186 @@ def export_areal(run_dir, out_dir) -> Path:
             _write_lines(out / "rollout" / str(tail) / f"{task}.jsonl", lines)
             task += 1
     return out
+
+# %% ../nbs/39_audit_formats.ipynb #1c8a278e
+def _reward_sample(
+    where: str, step: int | None, prompt, reward, advantage=None, key: str | None = None
+) -> LoggedSample:
+    "A sample of a reward-only dump: its step, prompt (text or messages, keyed) and reward; no lag or IS field."
+    p = prompt_key(prompt)
+    if not isinstance(reward, (int, float)):  # a bool counts (a reward function's `acc`)
+        raise ValueError(f"reward {reward!r} is not a number")
+    return LoggedSample(
+        where=where,
+        step=step,
+        prompt=p,
+        group=f"{step}/{p}",
+        reward=float(reward),
+        advantage=None if advantage is None else float(advantage),
+        reward_key=key,
+    )
+
+
+def _first_record(f: Path) -> dict:
+    "The first line of a JSON-lines file as a dict ({} if it is not one): what a `detect` may peek at."
+    try:
+        with open(f, "rb") as h:
+            rec = json.loads(h.readline())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+# %% ../nbs/39_audit_formats.ipynb #62990c55
+VERL_FIELDS = ("input", "output", "score", "step")
+VERL_RX = r"(\d+)\.jsonl"
+
+
+def _verl_detect(p: Path) -> bool:
+    files = _numbered(p, VERL_RX) if p.is_dir() else []
+    return bool(files) and all(k in _first_record(files[0][1]) for k in VERL_FIELDS)
+
+
+@register_format("verl", _verl_detect, {"reward_key": "the column read as the reward (default 'score')"})
+def read_verl(path: Path, log: ReadLog, reward_key: str | None = None) -> Iterator[LoggedSample]:
+    "A verl `trainer.rollout_data_dir` (or one `{step}.jsonl` of it): the step files in order, a line at a time."
+    key = _option(log, "reward_key", reward_key, "score", "verl's own score, the reward before KL shaping")
+    files = _listing(path, VERL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no <step>.jsonl files (verl rollout_data_dir)")
+    for n, f in files:
+        for where, r in json_lines(f, log):
+            if not need(r, ("input", "step", key), where, log):
+                continue
+            if r["step"] != n:
+                log.bad(where, f"step {r['step']!r} in the file of step {n}")
+            elif x := _make(log, _reward_sample, where, n - 1, r["input"], r[key], None, key):
+                yield x
+
+# %% ../nbs/39_audit_formats.ipynb #abf926e0
+TRL_RX = r"completions_(\d+)\.parquet"
+TRL_NOT_REWARDS = ("step", "prompt", "completion", "advantage", "image", "images", "__index_level_0__")
+
+
+def _trl_dir(p: Path) -> Path:
+    return p / "completions" if (p / "completions").is_dir() else p
+
+
+def _trl_reward_columns(columns, reward_key: str | None) -> list[str]:
+    "The columns summed into the reward: `reward_key`'s (comma-separated), or every column that is not TRL's own."
+    cols = (
+        [c.strip() for c in reward_key.split(",")] if reward_key else [c for c in columns if c not in TRL_NOT_REWARDS]
+    )
+    if not cols:
+        raise AuditInputError("no reward column (the columns: " + ", ".join(columns) + ")")
+    return cols
+
+
+def _trl_sample(where: str, row: dict, cols: list[str]) -> LoggedSample:
+    "A row's sample: the sum of its reward columns (NaN and None left out, as TRL's nansum)."
+    vals = [row[c] for c in cols]
+    if any(not isinstance(v, (int, float)) for v in vals if v is not None):
+        raise ValueError(f"a reward column that is not a number ({', '.join(cols)})")
+    reward = float(np.nansum([np.nan if v is None else v for v in vals]))
+    return _reward_sample(where, int(row["step"]) - 1, row["prompt"], reward, row.get("advantage"), ",".join(cols))
+
+# %% ../nbs/39_audit_formats.ipynb #bb2100f7
+def _trl_rows(f: Path, log: ReadLog) -> Iterator[tuple[str, dict, list]]:
+    "(`FILE#row`, row, columns) of a TRL completions file, a row group at a time (pyarrow); a bad file to `log`."
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f)
+        cols, k = pf.schema_arrow.names, 0
+        for batch in pf.iter_batches():
+            for row in batch.to_pylist():
+                log.records += 1
+                yield f"{f}#{k}", row, cols
+                k += 1
+    except Exception as e:  # not parquet, or cut short
+        log.bad(str(f), f"not a readable parquet file ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+    log.files += 1
+
+
+def _trl_detect(p: Path) -> bool:
+    return p.is_dir() and bool(_numbered(_trl_dir(p), TRL_RX))
+
+
+@register_format("trl", _trl_detect, {"reward_key": "the reward columns summed (comma-separated; default: all)"})
+def read_trl(path: Path, log: ReadLog, reward_key: str | None = None) -> Iterator[LoggedSample]:
+    "A TRL output_dir (or its completions/, or one completions_NNNNN.parquet): the files in step order."
+    files = _listing(path if path.is_file() else _trl_dir(path), TRL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no completions/completions_<step>.parquet files (TRL log_completions)")
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise AuditInputError(
+            f"{path}: reading TRL's parquet files needs the package pyarrow (not installed)"
+        ) from None
+    for n, f in files:
+        for where, row, cols in _trl_rows(f, log):
+            try:
+                rcols = _trl_reward_columns(cols, reward_key)
+            except AuditInputError as e:
+                log.bad(where, str(e))
+                continue
+            how = "given" if reward_key else "default: every column that is not TRL's own"
+            log.used["reward_key"] = f"{','.join(rcols)!r} ({how})"
+            if not need(row, ("step", "prompt", *rcols), where, log):
+                continue
+            if row["step"] != n:
+                log.bad(where, f"step {row['step']!r} in the file of step {n}")
+            elif x := _make(log, _trl_sample, where, row, rcols):
+                yield x
+
+# %% ../nbs/39_audit_formats.ipynb #16b29a32
+ROLL_RX = r"rollout_dump_data\.step_(\d+)\.jsonl"
+
+
+@register_format("roll", lambda p: p.is_dir() and bool(_numbered(p, ROLL_RX)))
+def read_roll(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A ROLL `rollout_dump_dir` (or one dump file): the step files in order, each one column-oriented object."
+    files = _listing(path, ROLL_RX)
+    if not files:
+        raise AuditInputError(f"{path}: no rollout_dump_data.step_<N>.jsonl files (ROLL)")
+    for n, f in files:
+        for where, r in json_lines(f, log):
+            pk = next((k for k in ("id", "prompt", "messages") if k in r), "prompt")
+            if not need(r, ("global_step", "scores", pk), where, log):
+                continue
+            cols = {k: r[k] for k in ("global_step", "scores", pk)}
+            if not _same_lengths(cols, cols, where, log):
+                continue
+            for i, (step, prompt, score) in enumerate(zip(r["global_step"], r[pk], r["scores"])):
+                if step != n:
+                    log.bad(f"{where}#{i}", f"global_step {step!r} in the file of step {n}")
+                elif x := _make(log, _reward_sample, f"{where}#{i}", n, prompt, score):
+                    yield x
+
+# %% ../nbs/39_audit_formats.ipynb #f0e9be0c
+SKYRL_RX = r"global_step_(\d+)_evals"
+
+
+def _skyrl_dir(p: Path) -> Path:
+    return p / "dumped_evals" if (p / "dumped_evals").is_dir() else p
+
+
+def _skyrl_sample(where: str, r: dict, step: int) -> LoggedSample:
+    "An eval line's sample: the score (a per-token list summed), keyed by prompt within its data source."
+    s = r["score"]
+    x = _reward_sample(where, step, r["input_prompt"], float(np.sum(s)) if isinstance(s, list) else s)
+    x.group = f"{step}/{r.get('data_source')}/{x.prompt}"
+    return x
+
+
+@register_format("skyrl", lambda p: p.is_dir() and bool(_numbered(_skyrl_dir(p), SKYRL_RX)))
+def read_skyrl(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A SkyRL export_path (or its dumped_evals/): the evaluations in step order, each data source's file in name order."
+    evals = [(n, d) for n, d in _numbered(_skyrl_dir(path), SKYRL_RX) if d.is_dir()]
+    if not evals:
+        raise AuditInputError(f"{path}: no dumped_evals/global_step_<N>_evals/ folders (SkyRL)")
+    for n, d in evals:
+        for f in sorted(g for g in d.glob("*.jsonl") if g.name != "aggregated_results.jsonl"):
+            for where, r in json_lines(f, log):
+                if need(r, ("input_prompt", "score"), where, log) and (x := _make(log, _skyrl_sample, where, r, n)):
+                    yield x
