@@ -213,10 +213,17 @@ def test_committed_outputs_render(driver, tmp_path):
         json.dumps(
             nb(
                 [
-                    md("t0", "# A theorem\n\n## A claim\n\n![figure](../figures/f.png) and [back](index.ipynb)."),
+                    md(
+                        "t0",
+                        "# A theorem\n\n## A claim\n\n![figure](../figures/f.png) and [back](index.ipynb).\n\n"
+                        "If $\\Delta_k>2e$ the top-$k$ set is certified:\n\n$$\\hat S=\\arg\\max_i s_i$$\n\n"
+                        "Code keeps its dollars: `echo $HOME`.",
+                    ),
                     code("t1", "#| hide\nimport secret_helper", []),
                     code(
-                        "t2", "print(7 * 6)", [{"name": "stdout", "output_type": "stream", "text": ["forty-two: 42\n"]}]
+                        "t2",
+                        "print(7 * 6)",
+                        [{"name": "stdout", "output_type": "stream", "text": ["forty-two: 42 ($5 and $6)\n"]}],
                     ),
                     code(
                         "t3",
@@ -255,6 +262,34 @@ def test_committed_outputs_render(driver, tmp_path):
     assert not check_site(tmp_path / "_docs", pages)
     thm = pages[(tmp_path / "_docs" / "10_thm.html").resolve()]
     assert sorted(w for _, _, w in thm["imgs"]) == [8, 20]
+    # the math is MathML the browser draws (no script, no network): inline and display, each with a size on screen;
+    # no TeX is left in the text a reader sees, and code and outputs keep their dollars
+    assert not any(w in html for w in ("MathJax.js", "libs/mathjax", "x-mathjax-config"))
+    driver.get((tmp_path / "_docs" / "10_thm.html").as_uri())
+    maths, text = driver.execute_script(MATH_JS)
+    assert [m[0] for m in maths] == ["inline", "inline", "block"] and all(w > 0 and h > 0 for _, w, h, _ in maths)
+    assert maths[0][3] == "\u0394k>2e"  # the formula's glyphs: Delta, k, >, 2, e
+    assert not docs.MATH.search(text.replace("$5 and $6", "")), text
+    assert "echo $HOME" in text and "forty-two: 42 ($5 and $6)" in text
+
+
+MATH_JS = """
+const maths = [...document.querySelectorAll('math')].map(m => {const r = m.getBoundingClientRect();
+  return [m.getAttribute('display'), r.width, r.height, m.textContent];});
+return [maths, document.body.innerText];
+"""
+
+
+# slow: the real site's build (test_links_and_figures_are_rewritten's); the small site above checks the same in the
+# default run
+@pytest.mark.slow
+def test_a_theory_page_shows_its_math_offline(driver, site):
+    "12_margin's formulas (its certificate: Delta_k > 2e) drawn as MathML; no raw $...$ on the page."
+    driver.get((site.out / "12_margin.html").as_uri())
+    maths, text = driver.execute_script(MATH_JS)
+    assert len(maths) >= 20 and all(w > 0 and h > 0 for _, w, h, _ in maths)
+    assert not docs.MATH.search(text), docs.MATH.search(text)
+    assert any("\u0394" in m[3] for m in maths)  # the certificate's Delta_k, as a glyph, not as TeX
 
 
 def test_readme_starts_with_what_it_is():

@@ -17,8 +17,9 @@ without `In [ ]:` prompts), showing the notebook's *committed* outputs (nothing 
   a relative link or image to a file of the repository (e.g. `../figures/x.png`) is copied into the site
   (files under `nbs/` keep their path relative to `nbs/`, others their path relative to the repo root);
   images in outputs are embedded (data URIs, as the notebook stores them);
-* math by MathJax 2: copied into the site from a local install (Debian's `libjs-mathjax`,
-  `/usr/share/javascript/mathjax`) when one is there, else loaded from nbconvert's default CDN;
+* math rendered at build time: the TeX between `$…$` and `$$…$$` in Markdown (cells and Markdown outputs; never
+  in code) becomes MathML (latex2mathml), which browsers draw natively, so a page shows its math offline, with no
+  script and no CDN (a formula latex2mathml cannot read stays as its TeX in `<code>`, with a warning);
 * one shared stylesheet (`lab.css`, nbconvert's JupyterLab styles) plus `site.css` (layout).
 """
 
@@ -36,19 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
-MATHJAX_DIRS = [Path("/usr/share/javascript/mathjax"), Path("/usr/share/mathjax")]
-MATHJAX_PARTS = [
-    "MathJax.js",
-    "config/TeX-AMS_CHTML-full.js",
-    "config/Safe.js",
-    "extensions",
-    "jax/input/TeX",
-    "jax/output/CommonHTML",
-    "jax/element",
-    "localization/en",
-    "fonts/HTML-CSS/TeX/woff",
-]
-MATHJAX_QUERY = "?config=TeX-AMS_CHTML-full,Safe"
+# TeX in rendered Markdown: $$display$$, or $inline$ (not `$ 5`, `\\$`, `$5 and $6`: no space inside the delimiters,
+# no digit or word character after the closing one)
+MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$\w])\$(?=\S)([^$\n]+?)(?<![\s\\])\$(?![\w$])", re.S)
+TEX_FIXES = [(re.compile(r"\\arg(?![A-Za-z])"), r"\\operatorname{arg}")]  # commands latex2mathml does not know
 ASSET_CAP = 5_000_000  # bytes: a linked file larger than this is not copied into the site
 
 SITE_CSS = """
@@ -178,15 +170,12 @@ def _rel(target: str, page: str) -> str:
 
 
 class Site:
-    def __init__(self, out: Path, nbs: Path = NBS, root: Path = ROOT, mathjax: Path | None = None, jobs: int = 2):
+    def __init__(self, out: Path, nbs: Path = NBS, root: Path = ROOT, jobs: int = 2):
         self.out, self.nbs, self.root, self.jobs = Path(out), Path(nbs), Path(root), jobs
         self.order = load_sidebar(self.nbs)
         self.pages = [p for _, ps in self.order for p in ps]
         self.titles = {}
         self.assets, self.warnings = {}, []
-        self.mathjax = (
-            mathjax if mathjax is not None else next((d for d in MATHJAX_DIRS if (d / "MathJax.js").exists()), None)
-        )
         self.lab_css = None
 
     # -- links and assets
@@ -219,21 +208,48 @@ class Site:
         self.assets[dest] = f
         return _rel(dest, page) + ("#" + frag if frag else "")
 
+    # -- math
+    def render_math(self, soup, name: str) -> int:
+        "Replace the TeX in `soup`'s rendered Markdown by MathML (in place); how many formulas were replaced."
+        from bs4 import BeautifulSoup
+        from latex2mathml.converter import convert
+
+        n = 0
+        for node in list(soup.find_all(string=MATH)):
+            if node.find_parent(["code", "pre", "script", "style", "math"]) or not node.find_parent(
+                class_="jp-RenderedMarkdown"
+            ):
+                continue
+            parts, last = [], 0
+            for m in MATH.finditer(node):
+                tex = m.group(1) if m.group(1) is not None else m.group(2)
+                for pat, rep in TEX_FIXES:
+                    tex = pat.sub(rep, tex)
+                parts.append(soup.new_string(node[last : m.start()]))
+                try:
+                    mathml = convert(tex.strip(), display="block" if m.group(1) is not None else "inline")
+                    parts.append(BeautifulSoup(mathml, "html.parser"))
+                    n += 1
+                except Exception as e:  # latex2mathml's own errors have no common base class
+                    self.warnings.append(f"{name}: formula ${tex}$ not converted ({type(e).__name__}): kept as TeX")
+                    code = soup.new_tag("code")
+                    code.string = m.group(0)
+                    parts.append(code)
+                last = m.end()
+            parts.append(soup.new_string(node[last:]))
+            node.replace_with(*parts)
+        return n
+
     # -- one page
     def render(self, nb_path: Path) -> str:
         import nbformat
-        from bs4 import BeautifulSoup
+        from bs4 import BeautifulSoup, Comment
         from nbconvert import HTMLExporter
         from nbconvert.preprocessors import TagRemovePreprocessor
 
         page = page_of(nb_path, self.nbs)
         nb = reader_cells(nbformat.read(nb_path, as_version=4))
-        mj = (
-            _rel("mathjax/MathJax.js", page)
-            if self.mathjax
-            else "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js"
-        ) + MATHJAX_QUERY
-        ex = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True, mathjax_url=mj)
+        ex = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
         ex.register_preprocessor(
             TagRemovePreprocessor(
                 remove_input_tags={"site-hide-input"}, remove_all_outputs_tags={"site-hide-output"}, enabled=True
@@ -244,8 +260,13 @@ class Site:
         soup = BeautifulSoup(html, "html.parser")
         title = self.titles[nb_path]
         soup.title.string = f"{title} – stalebook"
-        for s in soup.find_all("script", src=re.compile("require")):
-            s.decompose()  # widgets loader: none here
+        for s in soup.find_all("script", src=re.compile("require|mathjax", re.I)):
+            s.decompose()  # widgets loader: none here; MathJax: the math is MathML already
+        for s in soup.find_all("script", type="text/x-mathjax-config"):
+            s.decompose()
+        for c in soup.find_all(string=lambda t: isinstance(t, Comment) and "mathjax" in t.lower()):
+            c.extract()
+        self.render_math(soup, nb_path.name)
         styles = soup.head.find_all("style")  # nbconvert's styles, the same on every page: one shared file
         css = "\n".join(s.string or "" for s in styles)
         for s in styles:
@@ -353,14 +374,6 @@ class Site:
         for dest, src in self.assets.items():
             (self.out / dest).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, self.out / dest)
-        if self.mathjax:
-            for part in MATHJAX_PARTS:
-                s, d = self.mathjax / part, self.out / "mathjax" / part
-                if s.is_dir():
-                    shutil.copytree(s, d, dirs_exist_ok=True)
-                elif s.exists():
-                    d.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(s, d)
         return written
 
 
@@ -389,7 +402,7 @@ def main(argv=None):
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(
         f"static site (no quarto): {len(written)} pages, {len(site.assets)} copied files, "
-        f"mathjax {'local' if site.mathjax else 'from CDN'}, {size / 1e6:.1f} MB in {args.out}; "
+        f"math as MathML, {size / 1e6:.1f} MB in {args.out}; "
         f"open {Path(args.out) / 'index.html'}"
     )
     return 0
