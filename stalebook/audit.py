@@ -309,6 +309,7 @@ def _min(ss, attr, f=min):
 def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score) -> dict:
     "The audit's JSON: what was read, per-step rows, run-wide lag, ratio and fraction summaries, trends, ranking."
     mean = lambda k: (lambda v: float(np.mean(v)) if v else None)([r[k] for r in steps if r.get(k) is not None])
+    total = lambda k: (lambda v: sum(v) if v else None)([r[k] for r in steps if r.get(k) is not None])  # None: no step has it
     tok = sum(lag_t.values())
     run = dict(
         steps=len(steps),
@@ -332,8 +333,8 @@ def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_
                 "reward_mean",
             )
         },
-        zero_adv_groups=sum(r.get("zero_adv_groups", 0) for r in steps),
-        n_groups=sum(r.get("n_groups", 0) for r in steps),
+        zero_adv_groups=total("zero_adv_groups"),
+        n_groups=total("n_groups"),
     )
     return dict(
         format=fmt,

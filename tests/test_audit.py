@@ -152,3 +152,37 @@ def test_a_run_exported_to_each_format_audits_to_its_own_numbers(pipelined_run, 
     for r, a in zip(recs, res["steps"]):
         got = {k: a["lag_mean"] if k == "lag" else a.get(k) for k in CARRIED[fmt]}
         assert got == {k: r[k] for k in CARRIED[fmt]}, (fmt, r["step"])
+
+
+def test_a_format_without_rewards_reports_groups_as_not_available(tmp_path, monkeypatch):
+    "Issue 55 item 0: without rewards n_groups and zero_adv_groups are None in audit.json and 'n/a' in text, never 0."
+    import numpy as np
+
+    import stalebook.audit_formats as af
+    from stalebook.audit import audit_markdown
+
+    def read(path, log):
+        for step in range(3):
+            for i in range(2):
+                m = np.ones(3, bool)
+                yield af.LoggedSample(
+                    where=f"{path}:{2 * step + i + 1}",
+                    step=step,
+                    version=step,
+                    version_tail=step,
+                    prompt=f"p{i}",
+                    n_tokens=3,
+                    mask=m,
+                    inference_logp=np.full(3, -1.0),
+                    trainer_logp=np.full(3, -1.0 + 0.01 * i),
+                )
+
+    monkeypatch.setitem(af.FORMATS, "no-rewards", (read, lambda p: False))
+    res = audit(tmp_path, "no-rewards", progress=False)
+    assert res["run"]["samples"] == 6 and res["run"]["n_groups"] is None and res["run"]["zero_adv_groups"] is None
+    assert res["run"]["reward_mean_mean"] is None
+    out = write_audit(res, tmp_path / "out", report=False)
+    got = json.loads((out / "audit.json").read_text())["run"]
+    assert got["n_groups"] is None and got["zero_adv_groups"] is None
+    md = audit_markdown(res)
+    assert "| n_groups | n/a |" in md and "| zero_adv_groups | n/a |" in md
