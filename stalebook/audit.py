@@ -12,7 +12,11 @@ Docs: https://stalebook.github.io/stalebook/audit.html.md"""
 # %% ../nbs/40_audit.ipynb #07f7702e
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import sqlite3
+import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,7 +26,14 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .audit_formats import AuditInputError, LoggedSample, ReadLog, detect_format, read_samples
+from stalebook.audit_formats import (
+    AuditInputError,
+    LoggedSample,
+    ReadLog,
+    detect_format,
+    read_samples,
+    register_format,
+)
 from stalebook.core import (
     Domain,
     Progress,
@@ -36,10 +47,12 @@ from .objectives import mismatch_stats, offpolicy_stats
 from .theory.margin import margin_certificate
 
 # %% auto #0
-__all__ = ['QUANTILES', 'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms',
-           'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'trend', 'audit', 'plot_lags',
-           'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown',
-           'write_audit']
+__all__ = ['QUANTILES', 'CLIP_EPS', 'RATIO_QUANTILES', 'MAX_EXP', 'CONFIDENT_LOGP', 'CONFIDENT_GAP', 'EXACT_CAP', 'MARTINGALE_DB',
+           'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms', 'token_stats',
+           'RatioSketch', 'prompt_occurrences', 'ranking_question', 'lag_terms', 'revisions_spanned', 'LagBucket',
+           'lag_buckets', 'attribute', 'staleness_row', 'staleness_summary', 'mg_float', 'read_martingale', 'trend',
+           'audit', 'export_martingale', 'plot_lags', 'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking',
+           'audit_figure', 'audit_markdown', 'write_audit']
 
 # %% ../nbs/40_audit.ipynb #4061ebea
 def steps_of(samples: Iterable[LoggedSample], log: ReadLog | None = None) -> Iterator[list[LoggedSample]]:
@@ -283,8 +296,294 @@ def ranking_question(occ: dict, top_frac: float = 0.25, score: str = "pass", B: 
         fresh=fresh.tolist(),
     )
 
+# %% ../nbs/40_audit.ipynb #30f02db5
+CLIP_EPS = (0.1, 0.2)  # the clip radii of the per-lag table (`stalebook audit --clip`)
+RATIO_QUANTILES = (0.5, 0.95, 0.99)  # nearest-rank quantiles of w per lag bucket
+MAX_EXP = (
+    700.0  # |log w| beyond this has no float64 exp(): counted as overflow (clipped), left out of ESS and quantiles
+)
+CONFIDENT_LOGP = -0.7  # sampler log-prob >= -0.7 (the nearest double above -7/10): the engine was >= 50 % sure
+CONFIDENT_GAP = 2.0  # ... and the trainer scores it more than 2 nats lower
+EXACT_CAP = (
+    1 << 20
+)  # log w a run-wide bucket keeps for exact quantiles; past it, a RatioSketch (within a factor e^0.001)
+
+
+def _fit(a, W: int) -> np.ndarray:
+    "A per-token array as float64 [W]: cut to W, padded with NaN."
+    a = np.asarray(a, dtype=np.float64)[:W]
+    return np.pad(a, (0, W - len(a)), constant_values=np.nan)
+
+
+def lag_terms(s: LoggedSample):
+    """A sample's loss tokens that have both log-probs and a version: (log w [n], lag [n] int, sampler log-prob [n]);
+    log w = learner (else trainer) log-prob minus the sampler's; the lag from the token's own version (`token_versions`,
+    where the format logs it) or the sample's. None without a step, a version or the log-probs."""
+    tr = s.learner_logp if s.learner_logp is not None else s.trainer_logp
+    tv = getattr(s, "token_versions", None)
+    if s.step is None or tr is None or s.inference_logp is None or s.mask is None or (tv is None and s.version is None):
+        return None
+    W = len(s.mask)
+    t, b = _fit(tr, W), _fit(s.inference_logp, W)
+    v = _fit(tv, W) if tv is not None else np.full(W, float(s.version))
+    m = np.asarray(s.mask, bool) & np.isfinite(t) & np.isfinite(b) & np.isfinite(v)
+    return t[m] - b[m], (s.step - v[m]).astype(np.int64), b[m]
+
+
+def revisions_spanned(s: LoggedSample) -> int | None:
+    "How many versions generated a sample's tokens (per-token versions where logged, else version .. version_tail)."
+    tv = getattr(s, "token_versions", None)
+    if tv is not None:
+        v = np.asarray(tv, dtype=np.float64)
+        return len(np.unique(v[np.isfinite(v)]))
+    if s.version is None:
+        return None
+    return 1 + int(s.version_tail is not None and s.version_tail != s.version)
+
+# %% ../nbs/40_audit.ipynb #1898374a
+class LagBucket:
+    "One lag's tokens: exact sums, sequence counts, and log w for the quantiles (exact up to EXACT_CAP, then a sketch)."
+
+    def __init__(self, lag: int, eps=CLIP_EPS, keep: bool = True):
+        self.lag, self.eps, self.keep = lag, tuple(eps), keep
+        self.n = self.seqs = self.spanning = self.over = self.confident = 0
+        self.s = self.sa = self.mx = self.s1 = self.s2 = 0.0
+        self.xmax, self.clip, self.vals, self.sketch = -np.inf, np.zeros(len(self.eps), np.int64), [], None
+
+    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> None:
+        "Add log-ratios x [n] and the sampler's log-probs beh [n] of some tokens (and the sequences they belong to)."
+        ok = np.abs(x) <= MAX_EXP
+        xf = x[ok]
+        w = np.exp(xf)
+        self.n, self.seqs, self.spanning = self.n + len(x), self.seqs + seqs, self.spanning + spanning
+        self.over += int((~ok).sum())
+        self.s, self.sa = self.s + x.sum(), self.sa + np.abs(x).sum()
+        self.s1, self.s2 = self.s1 + w.sum(), self.s2 + (w * w).sum()
+        self.mx = max(self.mx, float(np.abs(x).max(initial=0.0)))
+        self.xmax = max(self.xmax, float(xf.max(initial=-np.inf)))
+        self.clip += [int(((w < 1 - e) | (w > 1 + e)).sum()) for e in self.eps]
+        self.confident += int(((beh >= CONFIDENT_LOGP) & (x < -CONFIDENT_GAP)).sum())
+        if not self.keep:
+            return
+        if self.sketch is None and sum(map(len, self.vals)) + len(xf) <= EXACT_CAP:
+            self.vals.append(xf)
+            return
+        if self.sketch is None:
+            self.sketch, old, self.vals = RatioSketch(), self.vals, []
+            for v in old:
+                self.sketch.add(torch.from_numpy(v))
+        self.sketch.add(torch.from_numpy(xf))
+
+    def quantile(self, q: float) -> float | None:
+        "The nearest-rank q-quantile of the finite ratios w (from the sketch past EXACT_CAP; None if not kept)."
+        if self.sketch is not None:
+            return self.sketch.quantile(q)
+        if not self.keep or not self.vals:
+            return None
+        x = np.sort(np.concatenate(self.vals))
+        return float(np.exp(x[min(len(x) - 1, max(0, math.ceil(q * len(x)) - 1))]))
+
+    def summary(self) -> dict:
+        n = self.n
+        ess = float(self.s1**2 / self.s2) if self.s2 > 0 and math.isfinite(self.s2) else 0.0
+        return dict(
+            lag=self.lag,
+            tokens=n,
+            sequences=self.seqs,
+            sequences_spanning=self.spanning,
+            overflow_tokens=self.over,
+            confident_disagreements=self.confident,
+            mean_log_ratio=float(self.s / n),
+            mean_abs_log_ratio=float(self.sa / n),
+            max_abs_log_ratio=self.mx,
+            ratio_mean=float(self.s1 / n),
+            **{f"ratio_q{qname(q)}": self.quantile(q) for q in RATIO_QUANTILES},
+            ratio_max=float(np.exp(self.xmax)) if self.xmax > -np.inf else None,
+            quantiles_exact=None if not self.keep else self.sketch is None,
+            ess=ess,
+            ess_frac=float(ess / n),
+            clipped={f"{e:g}": (int(c) + self.over) / n for e, c in zip(self.eps, self.clip)},
+        )
+
+# %% ../nbs/40_audit.ipynb #2eee2113
+def lag_buckets(ss: list[LoggedSample], eps=CLIP_EPS, into: dict | None = None) -> dict[int, LagBucket]:
+    "A step's tokens bucketed by lag (also added to `into`, the run's buckets); {} where no sample has lags."
+    out = {}
+    for s in ss:
+        t = lag_terms(s)
+        if t is None or not len(t[0]):
+            continue
+        x, lag, beh = t
+        spanning = int((revisions_spanned(s) or 1) > 1)
+        for g in np.unique(lag).tolist():
+            k = lag == g
+            out.setdefault(g, LagBucket(g, eps, keep=False)).add(x[k], beh[k], 1, spanning)
+            if into is not None:
+                into.setdefault(g, LagBucket(g, eps)).add(x[k], beh[k], 1, spanning)
+    return out
+
+
+def attribute(buckets: dict[int, LagBucket]) -> dict:
+    "The lag-0 floor F = m_0 and the staleness / engine shares of the |log w| mass at lag >= 1 (None: not measurable)."
+    b0 = buckets.get(0)
+    floor = float(b0.sa / b0.n) if b0 is not None and b0.n else None
+    stale = [b for g, b in buckets.items() if g > 0 and b.n]
+    total = sum(b.sa for b in stale)
+    why = None
+    if floor is None:
+        why = "no lag-0 tokens: the engine floor cannot be measured (no token was scored by the weights that made it)"
+    elif not total:
+        why = "no tokens at lag >= 1 (or all with log w = 0): nothing to attribute"
+    share = None if why else float(sum(b.n * max(0.0, b.sa / b.n - floor) for b in stale) / total)
+    return dict(
+        floor=floor,
+        staleness_share=share,
+        engine_share=None if share is None else 1 - share,
+        stale_tokens=sum(b.n for b in stale),
+        negative_lag_tokens=sum(b.n for g, b in buckets.items() if g < 0),
+        why=why,
+    )
+
+# %% ../nbs/40_audit.ipynb #b48f9343
+def staleness_row(buckets: dict[int, LagBucket]) -> dict:
+    "A step's floor, shares and per-lag table ({} where the step has no lags)."
+    if not buckets:
+        return {}
+    a = attribute(buckets)
+    return dict(
+        floor=a["floor"],
+        staleness_share=a["staleness_share"],
+        engine_share=a["engine_share"],
+        negative_lag_tokens=a["negative_lag_tokens"],
+        lag_table=[buckets[g].summary() for g in sorted(buckets)],
+    )
+
+
+def staleness_summary(buckets: dict[int, LagBucket], eps=CLIP_EPS) -> dict:
+    "The run-wide per-lag table, floor and shares."
+    if not buckets:
+        why = "no sample has a version, a consuming step and both log-probs: no lag buckets"
+        return dict(eps=list(eps), by_lag=[], floor=None, staleness_share=None, engine_share=None, why=why)
+    return dict(eps=list(eps), by_lag=[buckets[g].summary() for g in sorted(buckets)], **attribute(buckets))
+
+# %% ../nbs/40_audit.ipynb #baa94a2b
+MARTINGALE_DB = "tokens.db"
+
+
+def mg_float(bits) -> float:
+    "A martingale bit string ('f32:<8 hex>' or 'f64:<16 hex>', big-endian IEEE-754) as the finite float it encodes."
+    kind, h = bits.split(":", 1)
+    fmt, width = {"f32": (">f", 8), "f64": (">d", 16)}[kind]
+    if len(h) != width:
+        raise ValueError(f"{bits!r}: {kind} needs {width} hex digits")
+    x = struct.unpack(fmt, bytes.fromhex(h))[0]
+    if not math.isfinite(x):
+        raise ValueError(f"{bits!r} is not finite")
+    return x
+
+
+def _mg_sample(where: str, step: int, seq: dict, scores: list[dict], rev_step: dict) -> LoggedSample:
+    "One sequence's sample as consumed at `step` (its scores under one train revision)."
+    toks = seq["tokens"]
+    tv = np.array([rev_step[t["revision_digest"]] for t in toks], dtype=np.float64)
+    tr, mask = np.full(len(toks), np.nan), np.zeros(len(toks), bool)
+    for sc in scores:
+        tr[sc["position"]], mask[sc["position"]] = mg_float(sc["logprob_bits"]), True
+    pk = seq["prompt_digest"][:16]
+    s = LoggedSample(
+        where=where,
+        step=step,
+        version=int(tv.min()),
+        version_tail=int(tv.max()),
+        prompt=pk,
+        group=f"{step}/{pk}",
+        reward=None if seq.get("reward_bits") is None else mg_float(seq["reward_bits"]),
+        n_tokens=int(mask.sum()),
+        mask=mask,
+        inference_logp=np.array([mg_float(t["logprob_bits"]) for t in toks]),
+        trainer_logp=tr,
+        dtype="float64",
+    )
+    s.token_versions = tv
+    return s
+
+# %% ../nbs/40_audit.ipynb #9592154f
+def _mg_connect(db: Path) -> sqlite3.Connection:
+    "tokens.db read-only; `immutable` (no sidecar files) when no writer holds it (no -wal beside it)."
+    quiet = not db.with_name(db.name + "-wal").exists()
+    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro" + ("&immutable=1" if quiet else ""), uri=True)
+
+
+_MG_SCORES = """SELECT r.step, s.train_revision_digest, s.sequence_digest, q.actor_id, q.sequence_index,
+s.record_json FROM scores s JOIN llm_revisions r ON r.digest = s.train_revision_digest
+JOIN sequences q ON q.digest = s.sequence_digest
+ORDER BY r.step, q.actor_id, q.sequence_index, s.train_revision_digest, s.rowid"""
+
+
+def _mg_db_rows(db: Path, log: ReadLog):
+    "(where, step, sequence record, its scores under one train revision, revision steps) from tokens.db, by step."
+    con = _mg_connect(db)
+    try:
+        rev_step = {d: int(s) for d, s in con.execute("SELECT digest, step FROM llm_revisions")}
+        log.files += 1
+        key = lambda r: r[:5]
+        for (step, rev, digest, actor, index), rows in itertools.groupby(con.execute(_MG_SCORES), key=key):
+            seq = json.loads(con.execute("SELECT record_json FROM sequences WHERE digest=?", (digest,)).fetchone()[0])
+            log.records += 1
+            yield f"{db}#actor{actor}/seq{index}@{rev[:12]}", step, seq, [json.loads(r[5]) for r in rows], rev_step
+    except sqlite3.DatabaseError as e:
+        raise AuditInputError(f"{db}: not a martingale token record ({e})") from None
+    finally:
+        con.close()
+
+
+def _mg_export_rows(ex: Path, log: ReadLog):
+    "The same rows from `export/`: the sequence files indexed by train step first, then read a step at a time."
+    rev_step = {}
+    for f in sorted((ex / "revisions").glob("*.json")):
+        r = json.loads(f.read_text())
+        rev_step[r["digest"]] = int(r["step"])
+    index = defaultdict(list)
+    for f in sorted((ex / "sequences").glob("actor*_seq*.json")):
+        for rev in dict.fromkeys(sc["train_revision_digest"] for sc in json.loads(f.read_text()).get("scores", [])):
+            index[rev_step[rev]].append((f, rev))
+    for step in sorted(index):
+        for f, rev in index[step]:
+            seq = json.loads(f.read_text())
+            log.files, log.records = log.files + 1, log.records + 1
+            yield (
+                f"{f}@{rev[:12]}",
+                step,
+                seq,
+                [s for s in seq["scores"] if s["train_revision_digest"] == rev],
+                rev_step,
+            )
+
+# %% ../nbs/40_audit.ipynb #288721d9
+def _mg_detect(p: Path) -> bool:
+    return p.is_dir() and ((p / MARTINGALE_DB).is_file() or (p / "export" / "sequences").is_dir())
+
+
+@register_format("martingale", _mg_detect)
+def read_martingale(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A martingale workspace (its tokens.db, else its export/): one sample per sequence and train revision, by step."
+    db = path / MARTINGALE_DB
+    rows = _mg_db_rows(db, log) if db.is_file() else _mg_export_rows(path / "export", log)
+    for where, step, seq, scores, rev_step in rows:
+        try:
+            yield _mg_sample(where, step, seq, scores, rev_step)
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            log.bad(where, f"malformed record ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+
 # %% ../nbs/40_audit.ipynb #f3feefd7
-TRENDED = ("mismatch/k1_kl", "mismatch/k3_kl", "mismatch/logp_abs_diff_mean", "lag_token_weighted", "kl_behav_k3")
+TRENDED = (
+    "mismatch/k1_kl",
+    "mismatch/k3_kl",
+    "mismatch/logp_abs_diff_mean",
+    "lag_token_weighted",
+    "kl_behav_k3",
+    "floor",
+)
 
 
 def trend(steps: list[dict], key: str) -> dict | None:
@@ -306,10 +605,14 @@ def _min(ss, attr, f=min):
     return f(v) if v else None
 
 # %% ../nbs/40_audit.ipynb #c58f2139
-def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score) -> dict:
+def _summarise(
+    path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score, lags=None, eps=CLIP_EPS
+) -> dict:
     "The audit's JSON: what was read, per-step rows, run-wide lag, ratio and fraction summaries, trends, ranking."
     mean = lambda k: (lambda v: float(np.mean(v)) if v else None)([r[k] for r in steps if r.get(k) is not None])
-    total = lambda k: (lambda v: sum(v) if v else None)([r[k] for r in steps if r.get(k) is not None])  # None: no step has it
+    total = lambda k: (lambda v: sum(v) if v else None)(
+        [r[k] for r in steps if r.get(k) is not None]
+    )  # None: no step has it
     tok = sum(lag_t.values())
     run = dict(
         steps=len(steps),
@@ -340,9 +643,14 @@ def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_
         format=fmt,
         path=str(path),
         read=dict(files=log.files, records=log.records, skipped=log.skipped, reasons=log.reasons),
-        settings=dict(is_threshold=threshold, top_frac=top_frac, score=score, quantiles=list(QUANTILES)),
-        available=sorted({k.split("/")[0] if k.startswith("mismatch/") else k for r in steps for k in r}),
+        settings=dict(
+            is_threshold=threshold, top_frac=top_frac, score=score, quantiles=list(QUANTILES), clip=list(eps)
+        ),
+        available=sorted(
+            {k.split("/")[0] if k.startswith("mismatch/") else k for r in steps for k in r if r[k] is not None}
+        ),
         run=run,
+        staleness=staleness_summary(lags or {}, eps),
         trend={k: trend(steps, k) for k in TRENDED},
         ranking=ranking_question(occ, top_frac, score),
         steps=steps,
@@ -357,11 +665,12 @@ def audit(
     top_frac: float = 0.25,
     score: str = "pass",
     progress: bool = True,
+    eps=CLIP_EPS,
 ) -> dict:
     "Every number of the audit of a logged run (format `fmt`, or detected), streamed step by step."
     path, log = Path(path), ReadLog(keep_going=keep_going)
     fmt = detect_format(path) if fmt == "auto" else fmt
-    steps, occ, sketch = [], defaultdict(list), RatioSketch(threshold=threshold)
+    steps, occ, sketch, lags = [], defaultdict(list), RatioSketch(threshold=threshold), {}
     lag_s, lag_t, bar, files = (
         Counter(),
         Counter(),
@@ -377,7 +686,12 @@ def audit(
             n_tokens=int(sum(s.n_tokens or 0 for s in ss)),
         )
         t = step_tensors(ss)
-        rec.update(lag_stats(ss), **reward_stats(ss), **token_stats(ss, threshold, t))
+        rec.update(
+            lag_stats(ss),
+            **reward_stats(ss),
+            **token_stats(ss, threshold, t),
+            **staleness_row(lag_buckets(ss, eps, lags)),
+        )
         lag_s.update({int(k): v for k, v in rec.get("lag_hist", {}).items()})
         lag_t.update({int(k): v for k, v in rec.get("lag_hist_tokens", {}).items()})
         d = logratio_terms(t)
@@ -391,7 +705,35 @@ def audit(
     bar.close()
     if not steps:
         raise AuditInputError(f"{path}: no complete record ({log.skipped} skipped)")
-    return _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score)
+    return _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score, lags, eps)
+
+# %% ../nbs/40_audit.ipynb #434a9af1
+def export_martingale(run_dir, workspace) -> Path:
+    "A stalebook run's token exports recorded into a martingale workspace with martingale's Recorder (and exported)."
+    import hashlib
+
+    from martingale.record import Recorder, SamplerConfig
+
+    from stalebook.audit_formats import _stalebook_steps
+
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, max_tokens=0, logprobs_mode="processed_logprobs",
+                            dtype="float32", engine="stalebook", engine_version="0", seed_policy="stalebook",
+                            logprobs_source="engine_sampling", temperature_applied=True)  # fmt: skip
+    steps = sorted({v for step, rows in _stalebook_steps(run_dir) for v in (step, *(r["version"] for r in rows))})
+    rec = Recorder(Path(workspace))
+    rev = {s: rec.publish_revision(hashlib.blake2b(f"stalebook-{s}".encode(), digest_size=32).hexdigest(),
+                                   b"stalebook tokenizer", sampler, step=s).digest for s in steps}  # fmt: skip
+    for step, rows in _stalebook_steps(run_dir):
+        for r in rows:
+            C = len(r["completion_ids"])
+            with rec.sequence(actor_id=0, sequence_id=f"{step}-{r['row']}", prompt_ids=r["prompt_ids"]) as s:
+                for tok, lp in zip(r["completion_ids"], r["sampler_logp"][:C]):
+                    s.token(rev[r["version"]], int(tok), float(lp), dtype="f64")
+                s.reward(float(r["reward"]), dtype="f64")
+            rec.score(s.record.digest, rev[step], [float(x) for x in r["learner_logp"][:C]], dtype="f64")
+    rec.export_for_checker(Path(workspace) / "export")
+    rec.ledger.close()
+    return Path(workspace)
 
 # %% ../nbs/40_audit.ipynb #46a5dbe1
 def _missing(ax, what: str) -> None:

@@ -106,11 +106,12 @@ def test_cli_reads_a_run_and_names_bad_lines(pipelined_run, tmp_path):
 
 
 def test_every_format_has_a_reader_and_an_exporter():
+    import stalebook.audit as au
     import stalebook.audit_formats as af
 
-    assert set(FORMATS) == {"stalebook", "prime-rl", "nemo-rl", "slime", "areal"}
+    assert set(FORMATS) >= {"stalebook", "prime-rl", "nemo-rl", "slime", "areal", "martingale"}
     for name in set(FORMATS) - {"stalebook"}:
-        assert callable(getattr(af, f"export_{name.replace('-', '_')}")), name
+        assert callable(getattr(af, f"export_{name.replace('-', '_')}", None) or getattr(au, f"export_{name}")), name
 
 
 MISMATCH = (
@@ -186,3 +187,104 @@ def test_a_format_without_rewards_reports_groups_as_not_available(tmp_path, monk
     assert got["n_groups"] is None and got["zero_adv_groups"] is None
     md = audit_markdown(res)
     assert "| n_groups | n/a |" in md and "| zero_adv_groups | n/a |" in md
+
+
+MG_FLOATS = dict(
+    mean_log_ratio="mean_log_ratio",
+    mean_abs_log_ratio="mean_abs_log_ratio",
+    ratio_mean="ratio_mean",
+    max_abs_log_ratio="max_abs_log_ratio",
+    ratio_p50="ratio_q50",
+    ratio_p95="ratio_q95",
+    ratio_max="ratio_max",
+    ess="ess",
+    ess_fraction="ess_frac",
+)
+MG_COUNTS = dict(
+    lag="lag",
+    n_tokens="tokens",
+    n_sequences="sequences",
+    n_mixed_sequences="sequences_spanning",
+    n_confident_disagreements="confident_disagreements",
+    n_overflow_tokens="overflow_tokens",
+)
+
+
+def _doctor(ws: Path, tmp_path: Path, eps=("0.1", "0.2")) -> dict:
+    "`martingale doctor --json` of a workspace, run as the command a user runs."
+    js = tmp_path / f"doctor-{ws.name}.json"
+    mg = str(Path(sys.executable).parent / "martingale")
+    r = subprocess.run(
+        [mg, "doctor", "--dir", str(ws), "--json", str(js), *(a for e in eps for a in ("--eps", e))],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(js.read_text())
+
+
+def _assert_equal_to_doctor(d: dict, st: dict) -> None:
+    "The audit's per-lag table, floor and shares equal martingale doctor's (float_informational) to 1e-9."
+    assert len(d["by_lag"]) == len(st["by_lag"]) > 1
+    for a, b in zip(d["by_lag"], st["by_lag"]):
+        assert {k: a[k] for k in MG_COUNTS} == {k: b[v] for k, v in MG_COUNTS.items()}
+        f = a["float_informational"]
+        for k, v in MG_FLOATS.items():
+            assert abs(f[k] - b[v]) <= 1e-9, (a["lag"], k, f[k], b[v])
+        assert f["clipped_fraction"].keys() == b["clipped"].keys()
+        for e, x in f["clipped_fraction"].items():
+            assert abs(x - b["clipped"][e]) <= 1e-9, (a["lag"], e)
+    at = d["attribution"]["float_informational"]
+    for k in ("floor", "staleness_share", "engine_share"):
+        assert at[k] is not None and abs(at[k] - st[k]) <= 1e-9, (k, at[k], st[k])
+    assert d["n_negative_lag_tokens"] == st["negative_lag_tokens"]
+
+
+def test_the_martingale_demo_audits_to_what_martingale_doctor_says(tmp_path):
+    "Issue 55 item 2: `martingale demo --dir`'s workspace, read from tokens.db and from export/ alone."
+    ws = tmp_path / "demo"
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "martingale"), "demo", "--dir", str(ws)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    res = audit(ws, progress=False)
+    assert res["format"] == "martingale" and res["read"]["skipped"] == 0
+    _assert_equal_to_doctor(_doctor(ws, tmp_path), res["staleness"])
+    assert [b["lag"] for b in res["staleness"]["by_lag"]] == [0, 2, 3, 4]  # revisions at steps 0, 1, 2, 4; scored at 4
+    only_export = tmp_path / "exported"
+    shutil.copytree(ws / "export", only_export / "export")
+    res2 = audit(only_export, progress=False)
+    assert res2["format"] == "martingale" and res2["staleness"] == res["staleness"]
+    # the clip radii the user names reach the table (doctor with the same radii)
+    res3 = audit(ws, progress=False, eps=(0.05, 0.3))
+    _assert_equal_to_doctor(_doctor(ws, tmp_path, ("0.05", "0.3")), res3["staleness"])
+
+
+def test_a_run_recorded_with_martingales_recorder_audits_to_what_martingale_doctor_says(pipelined_run, tmp_path):
+    "The pipelined run recorded through martingale's Recorder API: doctor's table is the audit's, read two ways."
+    from stalebook.audit import export_martingale
+
+    run, recs = pipelined_run
+    ws = export_martingale(run, tmp_path / "ws")
+    res = audit(ws, progress=False)
+    assert res["format"] == "martingale" and res["run"]["samples"] == 12 * 12
+    st = res["staleness"]
+    _assert_equal_to_doctor(_doctor(ws, tmp_path), st)
+    # the same tokens read from stalebook's own export give the same table (learner log-probs, sample versions)
+    own = audit(run, progress=False)["staleness"]
+    assert [b["tokens"] for b in own["by_lag"]] == [b["tokens"] for b in st["by_lag"]]
+    for a, b in zip(own["by_lag"], st["by_lag"]):
+        assert abs(a["mean_abs_log_ratio"] - b["mean_abs_log_ratio"]) <= 1e-12 and a["clipped"] == b["clipped"]
+    # per step: each step's shares come from its own lag-0 tokens, None where it has none
+    for r in res["steps"]:
+        lags = {b["lag"] for b in r["lag_table"]}
+        assert (r["floor"] is None) == (0 not in lags)
+        assert (r["staleness_share"] is None) == (0 not in lags or not lags - {0})
+
+
+def test_no_lag_zero_tokens_means_no_floor_not_a_guess():
+    "The slime fixture is consumed one step after generation: its floor and shares are None, with the reason."
+    res = audit(Path(__file__).parent / "fixtures" / "audit" / "slime", progress=False)
+    st = res["staleness"]
+    assert [b["lag"] for b in st["by_lag"]] == [1] and st["floor"] is None and st["staleness_share"] is None
+    assert "no lag-0 tokens" in st["why"] and all(r.get("floor") is None for r in res["steps"])
