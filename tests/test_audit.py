@@ -288,3 +288,90 @@ def test_no_lag_zero_tokens_means_no_floor_not_a_guess():
     st = res["staleness"]
     assert [b["lag"] for b in st["by_lag"]] == [1] and st["floor"] is None and st["staleness_share"] is None
     assert "no lag-0 tokens" in st["why"] and all(r.get("floor") is None for r in res["steps"])
+
+
+# --- alarms (issue 55 item 3): each fired by a record made to trip it, silent on a healthy one -----------------------
+
+
+def _synthetic(trip: str | None = None, steps: int = 8):
+    """A reader of a made-up run: per step 8 samples of 40 loss tokens, half at lag 0 (log w ~ N(0, 0.01)), half at
+    lag 1 (~ N(0, 0.05)), rewards mixed in two groups of 4; `trip` damages it in the one way that alarm names."""
+    import numpy as np
+
+    from stalebook.audit_formats import LoggedSample
+
+    def read(path, log):
+        g = np.random.default_rng(0)
+        for t in range(steps):
+            for i in range(8):
+                lag = i % 2
+                x = g.normal(0, 0.05 if lag else 0.01 * (1 + t if trip == "mismatch_trend" else 1), 40)
+                beh = np.full(40, -1.0)
+                if trip == "stale_server" and t == 5 and i == 0:
+                    beh[3], x[3] = -0.1, -3.0  # the engine 90 % sure, the trainer 2.9 nats lower
+                if trip == "ess_collapse" and t == 4 and lag:
+                    x = g.normal(0, 2.0, 40)
+                if trip == "floor_jump" and t == 6 and not lag:
+                    x = x * 10
+                v = t - lag + (2 if trip == "negative_lag" and t == 3 and i == 1 else 0)
+                r = 1.0 if trip == "zero_advantage" and t >= 2 else float(i % 3 == 0)  # steps 2-7: 12 groups
+                s = LoggedSample(where=f"{path}:{8 * t + i + 1}", step=t, version=v, version_tail=v,
+                                 prompt=f"p{i // 4}", group=f"{t}/{i // 4}", reward=r, n_tokens=40,
+                                 mask=np.ones(40, bool), inference_logp=beh, trainer_logp=beh + x)  # fmt: skip
+                if trip == "span" and t == 7 and i == 0:  # one sequence in 8 across 3 versions
+                    s.token_versions = np.repeat([t - 2, t - 1, t], [14, 13, 13]).astype(float)
+                yield s
+
+    return read
+
+
+ALARM_AT = {"stale_server": 5, "negative_lag": 3, "ess_collapse": 4, "floor_jump": 6, "mismatch_trend": 7, "span": 7,
+            "zero_advantage": 7}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", [None, *ALARM_AT])
+def test_each_alarm_fires_on_a_record_made_to_trip_it_and_only_there(kind, tmp_path, monkeypatch):
+    import stalebook.audit_formats as af
+
+    monkeypatch.setitem(af.FORMATS, "synthetic", (_synthetic(kind), lambda p: False))
+    res = audit(tmp_path, "synthetic", progress=False)
+    got = sorted({(a["kind"], a["step"]) for a in res["alarms"]})
+    assert got == ([] if kind is None else [(kind, ALARM_AT[kind])]), got
+    if kind:
+        a = next(a for a in res["alarms"] if a["kind"] == kind)
+        assert a["level"] in ("warn", "error") and a["evidence"] and a["message"]
+    if kind == "stale_server":
+        assert res["alarms"][0]["evidence"]["confident_disagreements"] == 1 and res["alarms"][0]["level"] == "error"
+    if kind == "ess_collapse":
+        assert res["alarms"][0]["evidence"]["lag"] == 1 and res["alarms"][0]["evidence"]["ess_frac"] < 0.3
+    if kind == "mismatch_trend":
+        ev = res["alarms"][0]["evidence"]
+        assert ev["series"] == "floor" and ev["spearman"] > 0.9 and ev["p"] < 0.01 and ev["n"] == 8
+
+
+def test_alarms_on_stalebook_runs_lag_bound_and_lr_zero(pipelined_run, tmp_path):
+    "The healthy pipelined run is silent (bound 2); a bound of 1 fires where it lagged 2; lr 0 stops the weights."
+    from stalebook.audit import AlarmConfig
+    from stalebook.model import default_snapshot
+    from stalebook.trainer import Trainer
+
+    run, recs = pipelined_run
+    assert audit(run, progress=False, alarms=AlarmConfig(max_lag=2))["alarms"] == []
+    res = audit(run, progress=False, alarms=AlarmConfig(max_lag=1))
+    assert {a["step"] for a in res["alarms"]} == {r["step"] for r in recs if r["lag"] > 1} != set()
+    assert {a["kind"] for a in res["alarms"]} == {"lag_bound"}
+    cfg = TrainConfig(out=str(tmp_path / "lr0"), snapshot=str(default_snapshot()), n_tasks=8, steps=5, lr=0.0,
+                      prompts_per_step=3, sampling=SamplingConfig(group_size=4, max_new_tokens=6), lineage_steps=(0,),
+                      token_export=True, async_training=AsyncConfig(staleness=1, mode="fixed-lag"))  # fmt: skip
+    Trainer(cfg).run(progress=False)
+    res = audit(cfg.out, progress=False)
+    assert {(a["kind"], a["step"]) for a in res["alarms"]} == {("weights_unchanged", t) for t in range(1, 5)}
+    # the CLI: --fail-on error exits 3 on the lr-0 run, 0 on the healthy one; warn-only alarms pass --fail-on error
+    r = _cli(cfg.out, "--out", tmp_path / "a0", "--no-report", "--quiet", "--fail-on", "error")
+    assert r.returncode == 3 and "weights_unchanged" in r.stdout, r.stderr
+    assert json.loads((tmp_path / "a0" / "audit.json").read_text())["alarm_counts"]["error"] == 4
+    r = _cli(run, "--out", tmp_path / "a1", "--no-report", "--quiet", "--fail-on", "warn", "--max-lag", "2")
+    assert r.returncode == 0 and "No alarm fired." in r.stdout, r.stdout
+    r = _cli(run, "--out", tmp_path / "a2", "--no-report", "--quiet", "--fail-on", "warn", "--max-lag", "1")
+    assert r.returncode == 3 and "[error] lag_bound" in r.stdout
+    assert _cli(run, "--out", tmp_path / "a3", "--clip", "0.1,x").returncode == 2
