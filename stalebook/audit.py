@@ -55,8 +55,8 @@ __all__ = ['QUANTILES', 'CLIP_EPS', 'RATIO_QUANTILES', 'MAX_EXP', 'CONFIDENT_LOG
            'LagBucket', 'lag_buckets', 'attribute', 'staleness_row', 'staleness_summary', 'mg_float', 'read_martingale',
            'AlarmConfig', 'alarm', 'step_alarms', 'run_alarms', 'advise', 'trend', 'audit', 'export_martingale',
            'plot_lags', 'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure',
-           'audit_markdown', 'write_audit', 'diagnosis', 'lag_table', 'audit_text', 'plot_lag_table', 'plot_floor',
-           'plot_trend', 'report_figures', 'audit_html']
+           'audit_markdown', 'diagnosis', 'lag_table', 'audit_text', 'plot_lag_table', 'plot_floor', 'plot_trend',
+           'report_figures', 'audit_html', 'write_audit']
 
 # %% ../nbs/40_audit.ipynb #4061ebea
 def steps_of(samples: Iterable[LoggedSample], log: ReadLog | None = None) -> Iterator[list[LoggedSample]]:
@@ -1054,19 +1054,6 @@ def audit_markdown(res: dict) -> str:
         ]
     )
 
-# %% ../nbs/40_audit.ipynb #892ecc0b
-def write_audit(result: dict, out, report: bool = True) -> Path:
-    """`out`/audit.json (atomic) and the self-contained `out`/audit.html, then the executed report `out`/report.ipynb
-    with its figures in `out`/figures/."""
-    out = Path(out)
-    atomic_write_json(out / "audit.json", result)
-    atomic_write(out / "audit.html", audit_html(result))
-    if report:
-        run_notebook(
-            experiment_notebook("audit"), out / "report.ipynb", dict(audit_json="audit.json", out="."), cwd=out
-        )
-    return out
-
 # %% ../nbs/40_audit.ipynb #71041680
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.0f} %"
@@ -1155,12 +1142,12 @@ def plot_floor(ax, res: dict) -> None:
     f = _series(res, "floor")
     if f is None:
         return _missing(ax, "lag-0 tokens (the engine floor)")
-    ax.plot(*f, color="C0", label="lag-0 floor")
+    ax.plot(*f, ".-", color="C0", label="lag-0 floor")
     ax.set(xlabel="step", ylabel="floor (mean |log w| at lag 0)", yscale="log", title="floor and shares per step")
     s = _series(res, "staleness_share")
     if s is not None:
         ax2 = ax.twinx()
-        ax2.plot(*s, color="C1", label="staleness share")
+        ax2.plot(*s, ".-", color="C1", label="staleness share")
         ax2.set(ylim=(0, 1.05), ylabel="share")
         ax2.legend(loc="lower right", fontsize=7)
     ax.legend(loc="upper left", fontsize=7)
@@ -1172,7 +1159,7 @@ def plot_trend(ax, res: dict) -> None:
     s = _series(res, key)
     if s is None:
         return _missing(ax, "a per-step mismatch series")
-    ax.plot(*s, color="C2", lw=1, label=key)
+    ax.plot(*s, ".-", color="C2", lw=1, label=key)
     for i, a in enumerate(res.get("alarms", [])):
         if a["step"] is not None:
             ax.axvline(a["step"], color="C3" if a["level"] == "error" else "C1", lw=0.8, alpha=0.7,
@@ -1230,3 +1217,16 @@ pre{{background:#f6f6f6;padding:8px}}</style>
 <h2>Figures</h2>{figs}
 {"<h2>Advice</h2><pre>" + escape(json.dumps(adv, indent=1)) + "</pre>" if adv else ""}
 </body></html>"""
+
+# %% ../nbs/40_audit.ipynb #892ecc0b
+def write_audit(result: dict, out, report: bool = True) -> Path:
+    """`out`/audit.json (atomic) and the self-contained `out`/audit.html, then the executed report `out`/report.ipynb
+    with its figures in `out`/figures/."""
+    out = Path(out)
+    atomic_write_json(out / "audit.json", result)
+    atomic_write(out / "audit.html", audit_html(result))
+    if report:
+        run_notebook(
+            experiment_notebook("audit"), out / "report.ipynb", dict(audit_json="audit.json", out="."), cwd=out
+        )
+    return out
