@@ -3,7 +3,9 @@ the run already wrote (`39_audit_formats`): the realised lag of every consumed s
 staleness per step, the token importance ratios w = π_train / π_sampler before and after truncation with their
 effective sample size, the k1 and k3 estimates of KL(π_sampler ‖ π_train) and their trend over training, the clip,
 mask and zero-advantage fractions, and, where prompts recur, the ranking question on the run itself: would prompt
-scores from the earlier (stale) rollouts have chosen the same top-k as the later ones?
+scores from the earlier (stale) rollouts have chosen the same top-k as the later ones? Per lag bucket, the lag-0
+engine floor tells staleness from engine mismatch; named alarms make a run fail a CI job; the two-constraint rule
+gives advice; martingale's records are read too, and its doctor's numbers are reproduced.
 
 Docs: https://stalebook.github.io/stalebook/audit.html.md"""
 

@@ -76,6 +76,7 @@ def test_audit_of_a_pipelined_run_equals_its_step_log(pipelined_run, tmp_path):
     out = write_audit(res, tmp_path / "aud")
     assert json.loads((out / "audit.json").read_text())["run"] == res["run"]
     assert (out / "report.ipynb").is_file() and (out / "figures" / "audit.png").stat().st_size > 10_000
+    assert (out / "figures" / "staleness.png").stat().st_size > 10_000 and (out / "audit.html").stat().st_size > 10_000
 
 
 def test_cli_reads_a_run_and_names_bad_lines(pipelined_run, tmp_path):
