@@ -14,6 +14,9 @@ Docs: https://stalebook.github.io/stalebook/audit.html.md"""
 # %% ../nbs/40_audit.ipynb #07f7702e
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import itertools
 import json
 import math
@@ -22,6 +25,7 @@ import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from html import escape
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -33,6 +37,7 @@ from stalebook.audit_formats import (
     AuditInputError,
     LoggedSample,
     ReadLog,
+    _stalebook_steps,
     detect_format,
     read_samples,
     register_format,
@@ -52,13 +57,13 @@ from .theory.margin import margin_certificate
 
 # %% auto #0
 __all__ = ['QUANTILES', 'CLIP_EPS', 'RATIO_QUANTILES', 'MAX_EXP', 'CONFIDENT_LOGP', 'CONFIDENT_GAP', 'EXACT_CAP', 'MARTINGALE_DB',
-           'LEVELS', 'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms',
-           'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'lag_terms', 'revisions_spanned',
-           'LagBucket', 'lag_buckets', 'attribute', 'staleness_row', 'staleness_summary', 'mg_float', 'read_martingale',
-           'AlarmConfig', 'alarm', 'step_alarms', 'run_alarms', 'advise', 'trend', 'audit', 'export_martingale',
-           'plot_lags', 'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure',
-           'audit_markdown', 'diagnosis', 'lag_table', 'audit_text', 'plot_lag_table', 'plot_floor', 'plot_trend',
-           'report_figures', 'audit_html', 'write_audit']
+           'LEVELS', 'TRENDED', 'MEANED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname',
+           'logratio_terms', 'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'lag_terms',
+           'revisions_spanned', 'LagSums', 'LagBucket', 'lag_buckets', 'attribute', 'staleness_row',
+           'staleness_summary', 'mg_float', 'read_martingale', 'AlarmConfig', 'alarm', 'token_alarms', 'sample_alarms',
+           'step_alarms', 'run_alarms', 'advise', 'trend', 'audit', 'export_martingale', 'plot_lags', 'plot_staleness',
+           'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown', 'diagnosis', 'lag_table',
+           'audit_text', 'plot_lag_table', 'plot_floor', 'plot_trend', 'report_figures', 'audit_html', 'write_audit']
 
 # %% ../nbs/40_audit.ipynb #4061ebea
 def steps_of(samples: Iterable[LoggedSample], log: ReadLog | None = None) -> Iterator[list[LoggedSample]]:
@@ -346,18 +351,18 @@ def revisions_spanned(s: LoggedSample) -> int | None:
         return None
     return 1 + int(s.version_tail is not None and s.version_tail != s.version)
 
-# %% ../nbs/40_audit.ipynb #1898374a
-class LagBucket:
-    "One lag's tokens: exact sums, sequence counts, and log w for the quantiles (exact up to EXACT_CAP, then a sketch)."
+# %% ../nbs/40_audit.ipynb #b903acdf
+class LagSums:
+    "One lag's tokens as exact running sums: counts, sum log w, sum |log w|, max |log w|, sum w, sum w^2, clips."
 
-    def __init__(self, lag: int, eps=CLIP_EPS, keep: bool = True):
-        self.lag, self.eps, self.keep = lag, tuple(eps), keep
+    def __init__(self, lag: int, eps=CLIP_EPS):
+        self.lag, self.eps = lag, tuple(eps)
         self.n = self.seqs = self.spanning = self.over = self.confident = 0
         self.s = self.sa = self.mx = self.s1 = self.s2 = 0.0
-        self.xmax, self.clip, self.vals, self.sketch = -np.inf, np.zeros(len(self.eps), np.int64), [], None
+        self.xmax, self.clip = -np.inf, np.zeros(len(self.eps), np.int64)
 
-    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> None:
-        "Add log-ratios x [n] and the sampler's log-probs beh [n] of some tokens (and the sequences they belong to)."
+    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> np.ndarray:
+        "Add log-ratios x [n] and the sampler's log-probs beh [n] (and their sequences); returns the finite x."
         ok = np.abs(x) <= MAX_EXP
         xf = x[ok]
         w = np.exp(xf)
@@ -369,6 +374,23 @@ class LagBucket:
         self.xmax = max(self.xmax, float(xf.max(initial=-np.inf)))
         self.clip += [int(((w < 1 - e) | (w > 1 + e)).sum()) for e in self.eps]
         self.confident += int(((beh >= CONFIDENT_LOGP) & (x < -CONFIDENT_GAP)).sum())
+        return xf
+
+    @property
+    def ess_frac(self) -> float:
+        "(sum w)^2 / (n sum w^2); 0 without a finite ratio."
+        return float(self.s1**2 / self.s2 / self.n) if self.s2 > 0 and math.isfinite(self.s2) else 0.0
+
+# %% ../nbs/40_audit.ipynb #10bdec41
+class LagBucket(LagSums):
+    "LagSums plus log w kept for the quantiles (exact up to EXACT_CAP values, then a RatioSketch), and the summary."
+
+    def __init__(self, lag: int, eps=CLIP_EPS, keep: bool = True):
+        super().__init__(lag, eps)
+        self.keep, self.vals, self.sketch = keep, [], None
+
+    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> None:
+        xf = super().add(x, beh, seqs, spanning)
         if not self.keep:
             return
         if self.sketch is None and sum(map(len, self.vals)) + len(xf) <= EXACT_CAP:
@@ -390,26 +412,16 @@ class LagBucket:
         return float(np.exp(x[min(len(x) - 1, max(0, math.ceil(q * len(x)) - 1))]))
 
     def summary(self) -> dict:
-        n = self.n
-        ess = float(self.s1**2 / self.s2) if self.s2 > 0 and math.isfinite(self.s2) else 0.0
-        return dict(
-            lag=self.lag,
-            tokens=n,
-            sequences=self.seqs,
-            sequences_spanning=self.spanning,
-            overflow_tokens=self.over,
-            confident_disagreements=self.confident,
-            mean_log_ratio=float(self.s / n),
-            mean_abs_log_ratio=float(self.sa / n),
-            max_abs_log_ratio=self.mx,
-            ratio_mean=float(self.s1 / n),
-            **{f"ratio_q{qname(q)}": self.quantile(q) for q in RATIO_QUANTILES},
-            ratio_max=float(np.exp(self.xmax)) if self.xmax > -np.inf else None,
-            quantiles_exact=None if not self.keep else self.sketch is None,
-            ess=ess,
-            ess_frac=float(ess / n),
-            clipped={f"{e:g}": (int(c) + self.over) / n for e, c in zip(self.eps, self.clip)},
-        )
+        n, ess_frac = self.n, self.ess_frac
+        clipped = {f"{e:g}": (int(c) + self.over) / n for e, c in zip(self.eps, self.clip)}
+        return dict(lag=self.lag, tokens=n, sequences=self.seqs, sequences_spanning=self.spanning,
+                    overflow_tokens=self.over, confident_disagreements=self.confident,
+                    mean_log_ratio=float(self.s / n), mean_abs_log_ratio=float(self.sa / n),
+                    max_abs_log_ratio=self.mx, ratio_mean=float(self.s1 / n),
+                    **{f"ratio_q{qname(q)}": self.quantile(q) for q in RATIO_QUANTILES},
+                    ratio_max=float(np.exp(self.xmax)) if self.xmax > -np.inf else None,
+                    quantiles_exact=None if not self.keep else self.sketch is None, ess=ess_frac * n,
+                    ess_frac=ess_frac, clipped=clipped)  # fmt: skip
 
 # %% ../nbs/40_audit.ipynb #2eee2113
 def lag_buckets(ss: list[LoggedSample], eps=CLIP_EPS, into: dict | None = None) -> dict[int, LagBucket]:
@@ -608,27 +620,21 @@ def alarm(kind: str, level: str, step, message: str, **evidence) -> dict:
     "One alarm as audit.json lists it."
     return dict(kind=kind, level=level, step=step, message=message, evidence=evidence)
 
-# %% ../nbs/40_audit.ipynb #51efa74b
+# %% ../nbs/40_audit.ipynb #23579196
 def _unchanged(ss: list[LoggedSample]) -> tuple[int, int]:
     "(lag >= 1 samples with learner and behaviour log-probs, those whose two are identical on the loss tokens)."
     n = same = 0
     for s in ss:
-        if (
-            s.learner_logp is None
-            or s.trainer_logp is None
-            or s.step is None
-            or s.version is None
-            or s.step <= s.version
-        ):
+        if s.learner_logp is None or s.trainer_logp is None or s.version is None or not s.step > s.version:
             continue
         m = np.asarray(s.mask, bool)
         a, b = _fit(s.learner_logp, len(m))[m], _fit(s.trainer_logp, len(m))[m]
         n, same = n + 1, same + int(np.array_equal(a, b, equal_nan=True))
     return n, same
 
-
-def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConfig, hist: dict) -> list[dict]:
-    "The alarms of one step (`rec` its row, `buckets` its lag buckets); `hist`: the trailing floors and group counts."
+# %% ../nbs/40_audit.ipynb #0ea773f2
+def token_alarms(rec: dict, buckets: dict, cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "A step's alarms from its lag buckets: stale_server, negative_lag, ess_collapse, floor_jump, lag_bound."
     t, out = rec["step"], []
     b0 = buckets.get(0)
     if b0 is not None and b0.confident >= cfg.confident_min_tokens:
@@ -642,7 +648,7 @@ def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConf
                          tokens=neg, lag_min=low))  # fmt: skip
     total = sum(b.n for b in buckets.values())
     for g, b in sorted(buckets.items()):
-        ess = b.s1**2 / b.s2 / b.n if b.s2 > 0 else 0.0
+        ess = b.ess_frac
         if g > 0 and b.n >= cfg.ess_min_token_share * total and ess < cfg.ess_warn:
             out.append(alarm("ess_collapse", "error" if ess < cfg.ess_error else "warn", t,
                              f"lag {g}: ESS is {100 * ess:.0f} % of its {b.n} tokens", lag=g, ess_frac=float(ess),
@@ -661,6 +667,12 @@ def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConf
         over = sum(b.n for g, b in buckets.items() if g > cfg.max_lag)
         out.append(alarm("lag_bound", "error", t, f"lag {lag_max} exceeds the declared bound {cfg.max_lag}",
                          lag_max=int(lag_max), max_lag=cfg.max_lag, tokens_over=over))  # fmt: skip
+    return out
+
+# %% ../nbs/40_audit.ipynb #0daad313
+def sample_alarms(rec: dict, ss: list[LoggedSample], cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "A step's alarms from its samples and row: span, zero_advantage (over a window of groups), weights_unchanged."
+    t, out = rec["step"], []
     spans = [r for r in map(revisions_spanned, ss) if r is not None]
     over = sum(r > 2 for r in spans)
     if spans and over / len(spans) > cfg.span_max_fraction:
@@ -680,6 +692,11 @@ def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConf
         out.append(alarm("weights_unchanged", "error", t, f"all {n} stale samples have learner log-probs identical to "
                          "their behaviour recompute: the weights did not move", samples=n))  # fmt: skip
     return out
+
+
+def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "The alarms of one step (`rec` its row, `buckets` its lag buckets); `hist`: the trailing floors and groups."
+    return token_alarms(rec, buckets, cfg, hist) + sample_alarms(rec, ss, cfg, hist)
 
 
 def run_alarms(steps: list[dict], cfg: AlarmConfig) -> list[dict]:
@@ -763,23 +780,12 @@ def _min(ss, attr, f=min):
     return f(v) if v else None
 
 # %% ../nbs/40_audit.ipynb #c58f2139
-def _summarise(
-    path,
-    fmt,
-    log,
-    steps,
-    lag_s,
-    lag_t,
-    sketch,
-    occ,
-    threshold,
-    top_frac,
-    score,
-    lags=None,
-    eps=CLIP_EPS,
-    alarms=(),
-    cfg=None,
-) -> dict:
+MEANED = ("mismatch/k1_kl", "mismatch/k3_kl", "mismatch/logp_abs_diff_mean", "clip_frac", "mask_frac", "zero_adv_frac",
+          "reward_mean")  # fmt: skip
+
+
+def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score, lags=None, eps=CLIP_EPS,
+               alarms=(), cfg=None) -> dict:  # fmt: skip
     "The audit's JSON: what was read, per-step rows, run-wide lag, ratio and fraction summaries, trends, ranking."
     present = lambda k: [r[k] for r in steps if r.get(k) is not None]
     total = lambda k: sum(present(k)) if present(k) else None  # None: no step has it, never 0
@@ -795,18 +801,7 @@ def _summarise(
         lag_max=max(lag_s) if lag_s else None,
         lag_token_weighted=float(sum(k * v for k, v in lag_t.items()) / tok) if tok else None,
         **{f"mismatch/{k}": v for k, v in sketch.summary().items()},
-        **{
-            f"{k}_mean": mean(k)
-            for k in (
-                "mismatch/k1_kl",
-                "mismatch/k3_kl",
-                "mismatch/logp_abs_diff_mean",
-                "clip_frac",
-                "mask_frac",
-                "zero_adv_frac",
-                "reward_mean",
-            )
-        },
+        **{f"{k}_mean": mean(k) for k in MEANED},
         zero_adv_groups=total("zero_adv_groups"),
         n_groups=total("n_groups"),
     )
@@ -821,7 +816,7 @@ def _summarise(
             quantiles=list(QUANTILES),
             clip=list(eps),
             alarms=asdict(cfg or AlarmConfig()),
-        ),
+        ),  # fmt: skip
         available=sorted(
             {k.split("/")[0] if k.startswith("mismatch/") else k for r in steps for k in r if r[k] is not None}
         ),
@@ -894,11 +889,7 @@ def audit(
 # %% ../nbs/40_audit.ipynb #434a9af1
 def export_martingale(run_dir, workspace) -> Path:
     "A stalebook run's token exports recorded into a martingale workspace with martingale's Recorder (and exported)."
-    import hashlib
-
-    from martingale.record import Recorder, SamplerConfig
-
-    from stalebook.audit_formats import _stalebook_steps
+    from martingale.record import Recorder, SamplerConfig  # optional (the dev extra): only this exporter needs it
 
     sampler = SamplerConfig(temperature=1.0, top_p=1.0, max_tokens=0, logprobs_mode="processed_logprobs",
                             dtype="float32", engine="stalebook", engine_version="0", seed_policy="stalebook",
@@ -1056,7 +1047,7 @@ def audit_markdown(res: dict) -> str:
         ]
     )
 
-# %% ../nbs/40_audit.ipynb #71041680
+# %% ../nbs/40_audit.ipynb #2af3af12
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.0f} %"
 
@@ -1093,7 +1084,7 @@ def diagnosis(res: dict) -> list[str]:
         lines.append(f"Advice: none ({adv['why']}).")
     return lines
 
-
+# %% ../nbs/40_audit.ipynb #fd7647ef
 def lag_table(st: dict) -> str:
     "The per-lag table as fixed-width text."
     eps = [f"{e:g}" for e in st["eps"]]
@@ -1121,7 +1112,7 @@ def audit_text(res: dict) -> str:
         out.append(f"  [{a['level']}] {a['kind']} at step {a['step']}: {a['message']}")
     return "\n".join(out)
 
-# %% ../nbs/40_audit.ipynb #dff9c406
+# %% ../nbs/40_audit.ipynb #aa134cad
 def plot_lag_table(ax, res: dict) -> None:
     "Per lag: mean |log w| (bars, the floor dotted) and ESS/n (line, right axis)."
     st = res["staleness"]
@@ -1154,7 +1145,7 @@ def plot_floor(ax, res: dict) -> None:
         ax2.legend(loc="lower right", fontsize=7)
     ax.legend(loc="upper left", fontsize=7)
 
-
+# %% ../nbs/40_audit.ipynb #641d2593
 def plot_trend(ax, res: dict) -> None:
     "The mismatch series the trend alarm reads (the floor, else k3) over steps, with every alarm's step marked."
     key = "floor" if _series(res, "floor") is not None else "mismatch/k3_kl"
@@ -1188,9 +1179,6 @@ def report_figures(res: dict) -> dict:
 
 # %% ../nbs/40_audit.ipynb #1bfbc5ca
 def _png64(fig) -> str:
-    import base64
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
@@ -1199,8 +1187,6 @@ def _png64(fig) -> str:
 
 def audit_html(res: dict) -> str:
     "One self-contained page: diagnosis, alarms, per-lag table, figures inline (base64 PNG)."
-    from html import escape
-
     st = res["staleness"]
     alarms = "".join(f"<tr><td>{escape(a['level'])}</td><td>{escape(a['kind'])}</td><td>{a['step']}</td>"
                      f"<td>{escape(a['message'])}</td></tr>" for a in res.get("alarms", []))  # fmt: skip
