@@ -322,8 +322,12 @@ EXACT_CAP = (
 
 def _fit(a, W: int) -> np.ndarray:
     "A per-token array as float64 [W]: cut to W, padded with NaN."
-    a = np.asarray(a, dtype=np.float64)[:W]
-    return np.pad(a, (0, W - len(a)), constant_values=np.nan)
+    a = np.asarray(a, dtype=np.float64)
+    if len(a) == W:
+        return a
+    out = np.full(W, np.nan)
+    out[: min(len(a), W)] = a[:W]
+    return out
 
 
 def lag_terms(s: LoggedSample):
@@ -426,18 +430,24 @@ class LagBucket(LagSums):
 # %% ../nbs/40_audit.ipynb #2eee2113
 def lag_buckets(ss: list[LoggedSample], eps=CLIP_EPS, into: dict | None = None) -> dict[int, LagBucket]:
     "A step's tokens bucketed by lag (also added to `into`, the run's buckets); {} where no sample has lags."
-    out = {}
+    terms, seqs, spanning, out = [], Counter(), Counter(), {}
     for s in ss:
         t = lag_terms(s)
         if t is None or not len(t[0]):
             continue
-        x, lag, beh = t
-        spanning = int((revisions_spanned(s) or 1) > 1)
-        for g in np.unique(lag).tolist():
-            k = lag == g
-            out.setdefault(g, LagBucket(g, eps, keep=False)).add(x[k], beh[k], 1, spanning)
-            if into is not None:
-                into.setdefault(g, LagBucket(g, eps)).add(x[k], beh[k], 1, spanning)
+        terms.append(t)
+        span = int((revisions_spanned(s) or 1) > 1)
+        for g in set(t[1].tolist()):  # the sample counts once in each bucket it has a token in
+            seqs[g], spanning[g] = seqs[g] + 1, spanning[g] + span
+    if not terms:
+        return out
+    x, lag, beh = (np.concatenate(a) for a in zip(*terms))  # one add per lag bucket, not per sample
+    for g in sorted(seqs):
+        k = lag == g
+        out[g] = LagBucket(g, eps, keep=False)
+        out[g].add(x[k], beh[k], seqs[g], spanning[g])
+        if into is not None:
+            into.setdefault(g, LagBucket(g, eps)).add(x[k], beh[k], seqs[g], spanning[g])
     return out
 
 
