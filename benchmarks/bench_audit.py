@@ -12,6 +12,15 @@ list of records in one process (its peak RSS is measured the same way; it is not
                                                   [--json results/records/bench_audit.json]
 
 The machine is shared (2 cores, other jobs running): wall times are indicative; the RSS ratio is the result.
+
+With `--martingale-mb MB` it measures instead the same tokens through the two doctors, side by side (issue 55): a
+martingale workspace of about MB MB of `tokens.db` is recorded with martingale's own `Recorder` (revisions at steps
+0.., 64 sequences of 128 tokens a step at lags 0..3, every token scored at its step), then audited in a fresh process
+by `stalebook audit` (format martingale) and by martingale's doctor (`decompose` + `attribute`, what
+`martingale doctor --json` runs): scored tokens per second and peak RSS of each, and the largest difference of their
+per-lag tables (written to `results/records/bench_audit_martingale.json`).
+
+    PYTHONPATH=. python benchmarks/bench_audit.py --martingale-mb 50
 """
 
 import argparse
@@ -30,6 +39,7 @@ import numpy as np  # isort: skip
 HERE = Path(__file__).resolve().parent
 CHILD = """
 import json, resource, sys, time
+from pathlib import Path
 mode, path = sys.argv[1], sys.argv[2]
 from stalebook.audit import audit  # the imports (torch: ~0.4 GB of RSS) are not timed
 
@@ -38,11 +48,24 @@ t0 = time.perf_counter()
 if mode == "audit":
     res = audit(path, progress=False)
     rows = res["run"]["samples"]
+elif mode == "audit-martingale":
+    res = audit(path, "martingale", progress=False)
+    rows, out = res["run"]["tokens"], res["staleness"]
+elif mode == "doctor":
+    from martingale.diagnostics import attribute, decompose
+    from martingale.record import TokenLedger
+    led = TokenLedger(Path(path) / "tokens.db", readonly=True)
+    d = decompose(led)
+    d["attribution"] = attribute(d)
+    rows, out = d["n_scored_tokens"], d
 else:  # the baseline: every record parsed into memory
     from pathlib import Path
     recs = [json.loads(line) for f in sorted(Path(path, "token_exports").glob("step_*.jsonl")) for line in open(f)]
     rows = len(recs)
-print(json.dumps(dict(rows=rows, wall_s=time.perf_counter() - t0, rss_after_imports_mb=rss_import,
+wall = time.perf_counter() - t0
+if mode in ("audit-martingale", "doctor"):
+    Path(sys.argv[3]).write_text(json.dumps(out))
+print(json.dumps(dict(rows=rows, wall_s=wall, rss_after_imports_mb=rss_import,
                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
@@ -93,9 +116,66 @@ def generate(folder: Path, gb: float, rows_per_step: int, width: int) -> dict:
     return dict(bytes=size, steps=step, rows=rows)
 
 
-def child(mode: str, path: Path) -> dict:
+def martingale_record(ws: Path, mb: float, per_step: int = 64, length: int = 128, seed: int = 0) -> dict:
+    "A martingale workspace of about `mb` MB of tokens.db, recorded with martingale's Recorder; its size and counts."
+    import hashlib
+
+    from martingale.record import Recorder, SamplerConfig
+
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, max_tokens=length, logprobs_mode="processed_logprobs",
+                            dtype="bfloat16", engine="bench", engine_version="0", seed_policy="bench",
+                            logprobs_source="engine_sampling", temperature_applied=True)  # fmt: skip
+    g, rec, revs, step, seqs = np.random.default_rng(seed), Recorder(ws), {}, 0, 0
+    db = ws / "tokens.db"
+    while db.stat().st_size + (ws / "tokens.db-wal").stat().st_size * (ws / "tokens.db-wal").exists() < mb * 1e6:
+        w = hashlib.blake2b(f"w{step}".encode(), digest_size=32).hexdigest()
+        revs[step] = rec.publish_revision(w, b"bench tokenizer", sampler, step=step).digest
+        for i in range(per_step):
+            v = max(0, step - i % 4)
+            beh = -g.exponential(1.0, length)
+            with rec.sequence(actor_id=0, sequence_id=f"{step}-{i}", prompt_ids=[1, 2, i]) as s:
+                for t, lp in zip(g.integers(0, 50000, length).tolist(), beh.tolist()):
+                    s.token(revs[v], t, lp, dtype="f64")
+                s.reward(float(i % 2), dtype="f64")
+            drift = g.normal(0, 1e-3 + 0.05 * (step - v), length)
+            rec.score(s.record.digest, revs[step], (beh + drift).tolist(), dtype="f64")
+            seqs += 1
+        step += 1
+    rec.ledger.close()
+    return dict(bytes=db.stat().st_size, steps=step, sequences=seqs, tokens=seqs * length)
+
+
+def martingale_side_by_side(root: Path, mb: float, out_json: Path) -> None:
+    "Both doctors on one martingale record, each in a fresh process."
+    ws = root / "martingale"
+    ws.mkdir(parents=True)
+    t0 = time.perf_counter()
+    g = martingale_record(ws, mb)
+    print(f"recorded {g['bytes'] / 1e6:.0f} MB, {g['tokens']} tokens with martingale's Recorder in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    res = dict(
+        machine=f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared", record=g, runs={}
+    )
+    for mode in ("audit-martingale", "doctor"):
+        r = child(mode, ws, root / f"{mode}.json")
+        res["runs"][mode] = dict(r, tokens_per_s=r["rows"] / r["wall_s"])
+        print(f"[{mode}] {r['rows'] / r['wall_s']:.0f} tokens/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+    a, d = (json.loads((root / f"{m}.json").read_text()) for m in ("audit-martingale", "doctor"))
+    keys = dict(mean_abs_log_ratio="mean_abs_log_ratio", ratio_mean="ratio_mean", ess_fraction="ess_frac")
+    gap = max(
+        abs(x["float_informational"][k] - y[v]) for x, y in zip(d["by_lag"], a["by_lag"]) for k, v in keys.items()
+    )
+    res["largest_difference_per_lag"] = gap
+    speed = res["runs"]["audit-martingale"]["tokens_per_s"] / res["runs"]["doctor"]["tokens_per_s"]
+    res["ratios"] = dict(tokens_per_s_audit_over_doctor=speed)
+    print(f"largest per-lag difference {gap:.1e}; audit / doctor speed {speed:.2f}")
+    out_json.write_text(json.dumps(res, indent=2) + "\n")
+
+
+def child(mode: str, path: Path, out: Path | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(path)], capture_output=True, text=True, env=env)
+    args = [sys.executable, "-c", CHILD, mode, str(path)] + ([str(out)] if out else [])
+    out = subprocess.run(args, capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"{mode} on {path} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,9 +189,16 @@ def main(argv=None):
     ap.add_argument("--root", default="/tmp/bench-audit")
     ap.add_argument("--keep", action="store_true", help="keep the generated logs")
     ap.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_audit.json"))
+    ap.add_argument("--martingale-mb", type=float, default=None, help="the side-by-side with martingale doctor instead")
     a = ap.parse_args(argv)
     root = Path(a.root)
     shutil.rmtree(root, ignore_errors=True)
+    if a.martingale_mb:
+        try:
+            return martingale_side_by_side(root, a.martingale_mb, Path(a.json).with_name("bench_audit_martingale.json"))
+        finally:
+            if not a.keep:
+                shutil.rmtree(root, ignore_errors=True)
     res = dict(machine=f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared", runs={})
     load0 = os.getloadavg()[0]
     for name, gb in (("quarter", a.gb / 4), ("full", a.gb)):

@@ -3,7 +3,9 @@ the run already wrote (`39_audit_formats`): the realised lag of every consumed s
 staleness per step, the token importance ratios w = π_train / π_sampler before and after truncation with their
 effective sample size, the k1 and k3 estimates of KL(π_sampler ‖ π_train) and their trend over training, the clip,
 mask and zero-advantage fractions, and, where prompts recur, the ranking question on the run itself: would prompt
-scores from the earlier (stale) rollouts have chosen the same top-k as the later ones?
+scores from the earlier (stale) rollouts have chosen the same top-k as the later ones? Per lag bucket, the lag-0
+engine floor tells staleness from engine mismatch; named alarms make a run fail a CI job; the two-constraint rule
+gives advice; martingale's records are read too, and its doctor's numbers are reproduced.
 
 Docs: https://stalebook.github.io/stalebook/audit.html.md"""
 
@@ -12,9 +14,18 @@ Docs: https://stalebook.github.io/stalebook/audit.html.md"""
 # %% ../nbs/40_audit.ipynb #07f7702e
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
+import itertools
 import json
+import math
+import sqlite3
+import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from html import escape
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -22,10 +33,19 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .audit_formats import AuditInputError, LoggedSample, ReadLog, detect_format, read_samples
+from stalebook.audit_formats import (
+    AuditInputError,
+    LoggedSample,
+    ReadLog,
+    _stalebook_steps,
+    detect_format,
+    read_samples,
+    register_format,
+)
 from stalebook.core import (
     Domain,
     Progress,
+    atomic_write,
     atomic_write_json,
     experiment_notebook,
     homogeneous_groups,
@@ -36,10 +56,14 @@ from .objectives import mismatch_stats, offpolicy_stats
 from .theory.margin import margin_certificate
 
 # %% auto #0
-__all__ = ['QUANTILES', 'TRENDED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname', 'logratio_terms',
-           'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'trend', 'audit', 'plot_lags',
-           'plot_staleness', 'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown',
-           'write_audit']
+__all__ = ['QUANTILES', 'CLIP_EPS', 'RATIO_QUANTILES', 'MAX_EXP', 'CONFIDENT_LOGP', 'CONFIDENT_GAP', 'EXACT_CAP', 'MARTINGALE_DB',
+           'LEVELS', 'TRENDED', 'MEANED', 'steps_of', 'step_tensors', 'lag_stats', 'reward_stats', 'qname',
+           'logratio_terms', 'token_stats', 'RatioSketch', 'prompt_occurrences', 'ranking_question', 'lag_terms',
+           'revisions_spanned', 'LagSums', 'LagBucket', 'lag_buckets', 'attribute', 'staleness_row',
+           'staleness_summary', 'mg_float', 'read_martingale', 'AlarmConfig', 'alarm', 'token_alarms', 'sample_alarms',
+           'step_alarms', 'run_alarms', 'advise', 'trend', 'audit', 'export_martingale', 'plot_lags', 'plot_staleness',
+           'plot_ratios', 'plot_mismatch', 'plot_ranking', 'audit_figure', 'audit_markdown', 'diagnosis', 'lag_table',
+           'audit_text', 'plot_lag_table', 'plot_floor', 'plot_trend', 'report_figures', 'audit_html', 'write_audit']
 
 # %% ../nbs/40_audit.ipynb #4061ebea
 def steps_of(samples: Iterable[LoggedSample], log: ReadLog | None = None) -> Iterator[list[LoggedSample]]:
@@ -283,8 +307,468 @@ def ranking_question(occ: dict, top_frac: float = 0.25, score: str = "pass", B: 
         fresh=fresh.tolist(),
     )
 
+# %% ../nbs/40_audit.ipynb #30f02db5
+CLIP_EPS = (0.1, 0.2)  # the clip radii of the per-lag table (`stalebook audit --clip`)
+RATIO_QUANTILES = (0.5, 0.95, 0.99)  # nearest-rank quantiles of w per lag bucket
+MAX_EXP = (
+    700.0  # |log w| beyond this has no float64 exp(): counted as overflow (clipped), left out of ESS and quantiles
+)
+CONFIDENT_LOGP = -0.7  # sampler log-prob >= -0.7 (the nearest double above -7/10): the engine was >= 50 % sure
+CONFIDENT_GAP = 2.0  # ... and the trainer scores it more than 2 nats lower
+EXACT_CAP = (
+    1 << 20
+)  # log w a run-wide bucket keeps for exact quantiles; past it, a RatioSketch (within a factor e^0.001)
+
+
+def _fit(a, W: int) -> np.ndarray:
+    "A per-token array as float64 [W]: cut to W, padded with NaN."
+    a = np.asarray(a, dtype=np.float64)
+    if len(a) == W:
+        return a
+    out = np.full(W, np.nan)
+    out[: min(len(a), W)] = a[:W]
+    return out
+
+
+def lag_terms(s: LoggedSample):
+    """A sample's loss tokens that have both log-probs and a version: (log w [n], lag [n] int, sampler log-prob [n]);
+    log w = learner (else trainer) log-prob minus the sampler's; the lag from the token's own version (`token_versions`,
+    where the format logs it) or the sample's. None without a step, a version or the log-probs."""
+    tr = s.learner_logp if s.learner_logp is not None else s.trainer_logp
+    tv = getattr(s, "token_versions", None)
+    if s.step is None or tr is None or s.inference_logp is None or s.mask is None or (tv is None and s.version is None):
+        return None
+    W = len(s.mask)
+    t, b = _fit(tr, W), _fit(s.inference_logp, W)
+    v = _fit(tv, W) if tv is not None else np.full(W, float(s.version))
+    m = np.asarray(s.mask, bool) & np.isfinite(t) & np.isfinite(b) & np.isfinite(v)
+    return t[m] - b[m], (s.step - v[m]).astype(np.int64), b[m]
+
+
+def revisions_spanned(s: LoggedSample) -> int | None:
+    "How many versions generated a sample's tokens (per-token versions where logged, else version .. version_tail)."
+    tv = getattr(s, "token_versions", None)
+    if tv is not None:
+        v = np.asarray(tv, dtype=np.float64)
+        return len(np.unique(v[np.isfinite(v)]))
+    if s.version is None:
+        return None
+    return 1 + int(s.version_tail is not None and s.version_tail != s.version)
+
+# %% ../nbs/40_audit.ipynb #b903acdf
+class LagSums:
+    "One lag's tokens as exact running sums: counts, sum log w, sum |log w|, max |log w|, sum w, sum w^2, clips."
+
+    def __init__(self, lag: int, eps=CLIP_EPS):
+        self.lag, self.eps = lag, tuple(eps)
+        self.n = self.seqs = self.spanning = self.over = self.confident = 0
+        self.s = self.sa = self.mx = self.s1 = self.s2 = 0.0
+        self.xmax, self.clip = -np.inf, np.zeros(len(self.eps), np.int64)
+
+    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> np.ndarray:
+        "Add log-ratios x [n] and the sampler's log-probs beh [n] (and their sequences); returns the finite x."
+        ok = np.abs(x) <= MAX_EXP
+        xf = x[ok]
+        w = np.exp(xf)
+        self.n, self.seqs, self.spanning = self.n + len(x), self.seqs + seqs, self.spanning + spanning
+        self.over += int((~ok).sum())
+        self.s, self.sa = self.s + x.sum(), self.sa + np.abs(x).sum()
+        self.s1, self.s2 = self.s1 + w.sum(), self.s2 + (w * w).sum()
+        self.mx = max(self.mx, float(np.abs(x).max(initial=0.0)))
+        self.xmax = max(self.xmax, float(xf.max(initial=-np.inf)))
+        self.clip += [int(((w < 1 - e) | (w > 1 + e)).sum()) for e in self.eps]
+        self.confident += int(((beh >= CONFIDENT_LOGP) & (x < -CONFIDENT_GAP)).sum())
+        return xf
+
+    @property
+    def ess_frac(self) -> float:
+        "(sum w)^2 / (n sum w^2); 0 without a finite ratio."
+        return float(self.s1**2 / self.s2 / self.n) if self.s2 > 0 and math.isfinite(self.s2) else 0.0
+
+# %% ../nbs/40_audit.ipynb #10bdec41
+class LagBucket(LagSums):
+    "LagSums plus log w kept for the quantiles (exact up to EXACT_CAP values, then a RatioSketch), and the summary."
+
+    def __init__(self, lag: int, eps=CLIP_EPS, keep: bool = True):
+        super().__init__(lag, eps)
+        self.keep, self.vals, self.sketch = keep, [], None
+
+    def add(self, x: np.ndarray, beh: np.ndarray, seqs: int = 0, spanning: int = 0) -> None:
+        xf = super().add(x, beh, seqs, spanning)
+        if not self.keep:
+            return
+        if self.sketch is None and sum(map(len, self.vals)) + len(xf) <= EXACT_CAP:
+            self.vals.append(xf)
+            return
+        if self.sketch is None:
+            self.sketch, old, self.vals = RatioSketch(), self.vals, []
+            for v in old:
+                self.sketch.add(torch.from_numpy(v))
+        self.sketch.add(torch.from_numpy(xf))
+
+    def quantile(self, q: float) -> float | None:
+        "The nearest-rank q-quantile of the finite ratios w (from the sketch past EXACT_CAP; None if not kept)."
+        if self.sketch is not None:
+            return self.sketch.quantile(q)
+        if not self.keep or not self.vals:
+            return None
+        x = np.sort(np.concatenate(self.vals))
+        return float(np.exp(x[min(len(x) - 1, max(0, math.ceil(q * len(x)) - 1))]))
+
+    def summary(self) -> dict:
+        n, ess_frac = self.n, self.ess_frac
+        clipped = {f"{e:g}": (int(c) + self.over) / n for e, c in zip(self.eps, self.clip)}
+        return dict(lag=self.lag, tokens=n, sequences=self.seqs, sequences_spanning=self.spanning,
+                    overflow_tokens=self.over, confident_disagreements=self.confident,
+                    mean_log_ratio=float(self.s / n), mean_abs_log_ratio=float(self.sa / n),
+                    max_abs_log_ratio=self.mx, ratio_mean=float(self.s1 / n),
+                    **{f"ratio_q{qname(q)}": self.quantile(q) for q in RATIO_QUANTILES},
+                    ratio_max=float(np.exp(self.xmax)) if self.xmax > -np.inf else None,
+                    quantiles_exact=None if not self.keep else self.sketch is None, ess=ess_frac * n,
+                    ess_frac=ess_frac, clipped=clipped)  # fmt: skip
+
+# %% ../nbs/40_audit.ipynb #2eee2113
+def lag_buckets(ss: list[LoggedSample], eps=CLIP_EPS, into: dict | None = None) -> dict[int, LagBucket]:
+    "A step's tokens bucketed by lag (also added to `into`, the run's buckets); {} where no sample has lags."
+    terms, seqs, spanning, out = [], Counter(), Counter(), {}
+    for s in ss:
+        t = lag_terms(s)
+        if t is None or not len(t[0]):
+            continue
+        terms.append(t)
+        span = int((revisions_spanned(s) or 1) > 1)
+        for g in set(t[1].tolist()):  # the sample counts once in each bucket it has a token in
+            seqs[g], spanning[g] = seqs[g] + 1, spanning[g] + span
+    if not terms:
+        return out
+    x, lag, beh = (np.concatenate(a) for a in zip(*terms))  # one add per lag bucket, not per sample
+    for g in sorted(seqs):
+        k = lag == g
+        out[g] = LagBucket(g, eps, keep=False)
+        out[g].add(x[k], beh[k], seqs[g], spanning[g])
+        if into is not None:
+            into.setdefault(g, LagBucket(g, eps)).add(x[k], beh[k], seqs[g], spanning[g])
+    return out
+
+
+def attribute(buckets: dict[int, LagBucket]) -> dict:
+    "The lag-0 floor F = m_0 and the staleness / engine shares of the |log w| mass at lag >= 1 (None: not measurable)."
+    b0 = buckets.get(0)
+    floor = float(b0.sa / b0.n) if b0 is not None and b0.n else None
+    stale = [b for g, b in buckets.items() if g > 0 and b.n]
+    total = sum(b.sa for b in stale)
+    why = None
+    if floor is None:
+        why = "no lag-0 tokens: the engine floor cannot be measured (no token was scored by the weights that made it)"
+    elif not total:
+        why = "no tokens at lag >= 1 (or all with log w = 0): nothing to attribute"
+    share = None if why else float(sum(b.n * max(0.0, b.sa / b.n - floor) for b in stale) / total)
+    return dict(
+        floor=floor,
+        staleness_share=share,
+        engine_share=None if share is None else 1 - share,
+        stale_tokens=sum(b.n for b in stale),
+        negative_lag_tokens=sum(b.n for g, b in buckets.items() if g < 0),
+        why=why,
+    )
+
+# %% ../nbs/40_audit.ipynb #b48f9343
+def staleness_row(buckets: dict[int, LagBucket]) -> dict:
+    "A step's floor, shares and per-lag table ({} where the step has no lags)."
+    if not buckets:
+        return {}
+    a = attribute(buckets)
+    return dict(
+        floor=a["floor"],
+        staleness_share=a["staleness_share"],
+        engine_share=a["engine_share"],
+        negative_lag_tokens=a["negative_lag_tokens"],
+        lag_table=[buckets[g].summary() for g in sorted(buckets)],
+    )
+
+
+def staleness_summary(buckets: dict[int, LagBucket], eps=CLIP_EPS) -> dict:
+    "The run-wide per-lag table, floor and shares."
+    if not buckets:
+        why = "no sample has a version, a consuming step and both log-probs: no lag buckets"
+        return dict(eps=list(eps), by_lag=[], floor=None, staleness_share=None, engine_share=None, why=why)
+    return dict(eps=list(eps), by_lag=[buckets[g].summary() for g in sorted(buckets)], **attribute(buckets))
+
+# %% ../nbs/40_audit.ipynb #baa94a2b
+MARTINGALE_DB = "tokens.db"
+
+
+def mg_float(bits) -> float:
+    "A martingale bit string ('f32:<8 hex>' or 'f64:<16 hex>', big-endian IEEE-754) as the finite float it encodes."
+    kind, h = bits.split(":", 1)
+    fmt, width = {"f32": (">f", 8), "f64": (">d", 16)}[kind]
+    if len(h) != width:
+        raise ValueError(f"{bits!r}: {kind} needs {width} hex digits")
+    x = struct.unpack(fmt, bytes.fromhex(h))[0]
+    if not math.isfinite(x):
+        raise ValueError(f"{bits!r} is not finite")
+    return x
+
+
+def _mg_sample(where: str, step: int, seq: dict, scores: list[dict], rev_step: dict) -> LoggedSample:
+    "One sequence's sample as consumed at `step` (its scores under one train revision)."
+    toks = seq["tokens"]
+    tv = np.array([rev_step[t["revision_digest"]] for t in toks], dtype=np.float64)
+    tr, mask = np.full(len(toks), np.nan), np.zeros(len(toks), bool)
+    for sc in scores:
+        tr[sc["position"]], mask[sc["position"]] = mg_float(sc["logprob_bits"]), True
+    pk = seq["prompt_digest"][:16]
+    s = LoggedSample(
+        where=where,
+        step=step,
+        version=int(tv.min()),
+        version_tail=int(tv.max()),
+        prompt=pk,
+        group=f"{step}/{pk}",
+        reward=None if seq.get("reward_bits") is None else mg_float(seq["reward_bits"]),
+        n_tokens=int(mask.sum()),
+        mask=mask,
+        inference_logp=np.array([mg_float(t["logprob_bits"]) for t in toks]),
+        trainer_logp=tr,
+        dtype="float64",
+    )
+    s.token_versions = tv
+    return s
+
+# %% ../nbs/40_audit.ipynb #9592154f
+def _mg_connect(db: Path) -> sqlite3.Connection:
+    "tokens.db read-only; `immutable` (no sidecar files) when no writer holds it (no -wal beside it)."
+    quiet = not db.with_name(db.name + "-wal").exists()
+    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro" + ("&immutable=1" if quiet else ""), uri=True)
+
+
+_MG_SCORES = """SELECT r.step, s.train_revision_digest, s.sequence_digest, q.actor_id, q.sequence_index,
+s.record_json FROM scores s JOIN llm_revisions r ON r.digest = s.train_revision_digest
+JOIN sequences q ON q.digest = s.sequence_digest
+ORDER BY r.step, q.actor_id, q.sequence_index, s.train_revision_digest, s.rowid"""
+
+
+def _mg_db_rows(db: Path, log: ReadLog):
+    "(where, step, sequence record, its scores under one train revision, revision steps) from tokens.db, by step."
+    con = _mg_connect(db)
+    try:
+        rev_step = {d: int(s) for d, s in con.execute("SELECT digest, step FROM llm_revisions")}
+        log.files += 1
+        key = lambda r: r[:5]
+        for (step, rev, digest, actor, index), rows in itertools.groupby(con.execute(_MG_SCORES), key=key):
+            seq = json.loads(con.execute("SELECT record_json FROM sequences WHERE digest=?", (digest,)).fetchone()[0])
+            log.records += 1
+            yield f"{db}#actor{actor}/seq{index}@{rev[:12]}", step, seq, [json.loads(r[5]) for r in rows], rev_step
+    except sqlite3.DatabaseError as e:
+        raise AuditInputError(f"{db}: not a martingale token record ({e})") from None
+    finally:
+        con.close()
+
+
+def _mg_export_rows(ex: Path, log: ReadLog):
+    "The same rows from `export/`: the sequence files indexed by train step first, then read a step at a time."
+    rev_step = {}
+    for f in sorted((ex / "revisions").glob("*.json")):
+        r = json.loads(f.read_text())
+        rev_step[r["digest"]] = int(r["step"])
+    index = defaultdict(list)
+    for f in sorted((ex / "sequences").glob("actor*_seq*.json")):
+        for rev in dict.fromkeys(sc["train_revision_digest"] for sc in json.loads(f.read_text()).get("scores", [])):
+            index[rev_step[rev]].append((f, rev))
+    for step in sorted(index):
+        for f, rev in index[step]:
+            seq = json.loads(f.read_text())
+            log.files, log.records = log.files + 1, log.records + 1
+            yield (
+                f"{f}@{rev[:12]}",
+                step,
+                seq,
+                [s for s in seq["scores"] if s["train_revision_digest"] == rev],
+                rev_step,
+            )
+
+# %% ../nbs/40_audit.ipynb #288721d9
+def _mg_detect(p: Path) -> bool:
+    return p.is_dir() and ((p / MARTINGALE_DB).is_file() or (p / "export" / "sequences").is_dir())
+
+
+@register_format("martingale", _mg_detect)
+def read_martingale(path: Path, log: ReadLog) -> Iterator[LoggedSample]:
+    "A martingale workspace (its tokens.db, else its export/): one sample per sequence and train revision, by step."
+    db = path / MARTINGALE_DB
+    rows = _mg_db_rows(db, log) if db.is_file() else _mg_export_rows(path / "export", log)
+    for where, step, seq, scores, rev_step in rows:
+        try:
+            yield _mg_sample(where, step, seq, scores, rev_step)
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            log.bad(where, f"malformed record ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+
+# %% ../nbs/40_audit.ipynb #0462171a
+@dataclass(frozen=True)
+class AlarmConfig:
+    "Every alarm's threshold (the table above)."
+
+    confident_min_tokens: int = 1  # stale_server: lag-0 confident disagreements in a step
+    ess_warn: float = 0.3  # ess_collapse: ESS/n of a lag >= 1 bucket ...
+    ess_error: float = 0.1
+    ess_min_token_share: float = 0.1  # ... holding at least this share of the step's tokens
+    floor_window: int = 5  # floor_jump: the trailing floors the median is taken over
+    floor_jump_factor: float = 3.0
+    min_floor_tokens: int = 32  # a floor from fewer lag-0 tokens neither fires nor enters the median
+    trend_p: float = 0.01  # mismatch_trend: Spearman p below this, rho > 0 ...
+    trend_min_steps: int = 5  # ... over at least this many steps
+    max_lag: int | None = None  # lag_bound (`--max-lag`)
+    span_max_fraction: float = 0.05  # span: share of a step's sequences generated by more than 2 versions
+    zero_adv_max_fraction: float = 0.9  # zero_advantage: share of zero-advantage groups ...
+    zero_adv_min_groups: int = 12  # ... over the last steps that hold at least this many groups
+
+
+LEVELS = ("warn", "error")
+
+
+def alarm(kind: str, level: str, step, message: str, **evidence) -> dict:
+    "One alarm as audit.json lists it."
+    return dict(kind=kind, level=level, step=step, message=message, evidence=evidence)
+
+# %% ../nbs/40_audit.ipynb #23579196
+def _unchanged(ss: list[LoggedSample]) -> tuple[int, int]:
+    "(lag >= 1 samples with learner and behaviour log-probs, those whose two are identical on the loss tokens)."
+    n = same = 0
+    for s in ss:
+        if s.learner_logp is None or s.trainer_logp is None or s.version is None or not s.step > s.version:
+            continue
+        m = np.asarray(s.mask, bool)
+        a, b = _fit(s.learner_logp, len(m))[m], _fit(s.trainer_logp, len(m))[m]
+        n, same = n + 1, same + int(np.array_equal(a, b, equal_nan=True))
+    return n, same
+
+# %% ../nbs/40_audit.ipynb #0ea773f2
+def token_alarms(rec: dict, buckets: dict, cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "A step's alarms from its lag buckets: stale_server, negative_lag, ess_collapse, floor_jump, lag_bound."
+    t, out = rec["step"], []
+    b0 = buckets.get(0)
+    if b0 is not None and b0.confident >= cfg.confident_min_tokens:
+        out.append(alarm("stale_server", "error", t, f"{b0.confident} lag-0 tokens the engine was >= 50 % sure of are "
+                         "scored > 2 nats lower by the trainer: the engine generated from other weights or inputs",
+                         confident_disagreements=b0.confident, lag0_tokens=b0.n, floor=rec.get("floor")))  # fmt: skip
+    neg = sum(b.n for g, b in buckets.items() if g < 0)
+    if neg or (rec.get("lag_min") is not None and rec["lag_min"] < 0):
+        low = min([g for g in buckets if g < 0] + [rec.get("lag_min") or 0])
+        out.append(alarm("negative_lag", "error", t, "tokens scored by older weights than generated them",
+                         tokens=neg, lag_min=low))  # fmt: skip
+    total = sum(b.n for b in buckets.values())
+    for g, b in sorted(buckets.items()):
+        ess = b.ess_frac
+        if g > 0 and b.n >= cfg.ess_min_token_share * total and ess < cfg.ess_warn:
+            out.append(alarm("ess_collapse", "error" if ess < cfg.ess_error else "warn", t,
+                             f"lag {g}: ESS is {100 * ess:.0f} % of its {b.n} tokens", lag=g, ess_frac=float(ess),
+                             tokens=b.n, token_share=b.n / total))  # fmt: skip
+    if b0 is not None and b0.n >= cfg.min_floor_tokens:
+        f = b0.sa / b0.n
+        med = float(np.median(hist["floors"])) if hist["floors"] else None
+        if med and f > cfg.floor_jump_factor * med and b0.confident < cfg.confident_min_tokens:  # else stale_server
+            k = len(hist["floors"])
+            msg = f"lag-0 floor {f:.3g} is {f / med:.1f}x the median of the previous {k} ({med:.3g})"
+            out.append(alarm("floor_jump", "warn", t, msg, floor=float(f), trailing_median=med, factor=float(f / med)))
+        hist["floors"].append(float(f))
+        del hist["floors"][: -cfg.floor_window]
+    lag_max = max([g for g in buckets] + [rec.get("lag_max") if rec.get("lag_max") is not None else -1])
+    if cfg.max_lag is not None and lag_max > cfg.max_lag:
+        over = sum(b.n for g, b in buckets.items() if g > cfg.max_lag)
+        out.append(alarm("lag_bound", "error", t, f"lag {lag_max} exceeds the declared bound {cfg.max_lag}",
+                         lag_max=int(lag_max), max_lag=cfg.max_lag, tokens_over=over))  # fmt: skip
+    return out
+
+# %% ../nbs/40_audit.ipynb #0daad313
+def sample_alarms(rec: dict, ss: list[LoggedSample], cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "A step's alarms from its samples and row: span, zero_advantage (over a window of groups), weights_unchanged."
+    t, out = rec["step"], []
+    spans = [r for r in map(revisions_spanned, ss) if r is not None]
+    over = sum(r > 2 for r in spans)
+    if spans and over / len(spans) > cfg.span_max_fraction:
+        out.append(alarm("span", "warn", t, f"{over} of {len(spans)} sequences were generated by more than 2 versions",
+                         sequences=len(spans), over_two=over, fraction=over / len(spans)))  # fmt: skip
+    if rec.get("n_groups"):
+        hist["groups"].append((rec["n_groups"], rec["zero_adv_groups"]))
+        win = list(itertools.accumulate(g for g, _ in reversed(hist["groups"])))
+        k = next((i + 1 for i, g in enumerate(win) if g >= cfg.zero_adv_min_groups), None)  # the shortest window
+        if k is not None:
+            g, z = win[k - 1], sum(z for _, z in hist["groups"][-k:])
+            if z / g >= cfg.zero_adv_max_fraction:
+                out.append(alarm("zero_advantage", "warn", t, f"{z} of the last {g} groups ({k} steps) have zero "
+                                 "advantage", zero_adv_groups=z, n_groups=g, steps=k, fraction=z / g))  # fmt: skip
+    n, same = _unchanged(ss)
+    if n and same == n:
+        out.append(alarm("weights_unchanged", "error", t, f"all {n} stale samples have learner log-probs identical to "
+                         "their behaviour recompute: the weights did not move", samples=n))  # fmt: skip
+    return out
+
+
+def step_alarms(rec: dict, ss: list[LoggedSample], buckets: dict, cfg: AlarmConfig, hist: dict) -> list[dict]:
+    "The alarms of one step (`rec` its row, `buckets` its lag buckets); `hist`: the trailing floors and groups."
+    return token_alarms(rec, buckets, cfg, hist) + sample_alarms(rec, ss, cfg, hist)
+
+
+def run_alarms(steps: list[dict], cfg: AlarmConfig) -> list[dict]:
+    "Run-wide alarms: the mismatch trend (the per-step floor where >= trend_min_steps steps have one, else k3)."
+    key = "floor" if sum(r.get("floor") is not None for r in steps) >= cfg.trend_min_steps else "mismatch/k3_kl"
+    tr = trend(steps, key)
+    if tr is None or tr["n"] < cfg.trend_min_steps or not (tr["spearman"] > 0 and tr["p"] < cfg.trend_p):
+        return []
+    last = max(r["step"] for r in steps if r.get(key) is not None and r.get("step") is not None)
+    return [alarm("mismatch_trend", "warn", last, f"{key} rises over training: Spearman rho {tr['spearman']:+.2f}, "
+                  f"p {tr['p']:.2g} over {tr['n']} steps", series=key, **tr)]  # fmt: skip
+
+# %% ../nbs/40_audit.ipynb #f04c87e4
+def advise(st: dict, lr: float, eps: float = 0.2, target_lag: int | None = None) -> dict:
+    "The largest lag and lr the local constraint allows, from the run-wide per-lag table `st` (`staleness_summary`)."
+    rows = [b for b in st["by_lag"] if b["lag"] > 0 and b["tokens"]]
+    F = st.get("floor")
+    out = dict(
+        lr=lr, clip_eps=eps, floor=F, horizon_constraint="not checked: needs R_crit (a collapse) and the horizon T"
+    )
+    out["assumptions"] = [
+        "staleness drift m_l - F grows linearly in l * lr (the rule's O(S eta) bias); R^2 of the fit below",
+        "the lag-0 floor F (engine mismatch) does not shrink with the lr" if F is not None
+        else "no lag-0 tokens: F taken as 0, so engine mismatch counts as drift (the advice is conservative)",
+        "only the local constraint R_batch/(S G_upd) is measured; the horizon one is not",
+    ]  # fmt: skip
+    if not rows:
+        return dict(out, s_max=None, eta_max=None, why="no tokens at lag >= 1: no drift to measure")
+    F0 = F or 0.0
+    l, n = np.array([b["lag"] for b in rows], float), np.array([b["tokens"] for b in rows], float)
+    d = np.array([b["mean_abs_log_ratio"] for b in rows]) - F0
+    b = float((n * l * d).sum() / (n * l * l).sum())
+    r2 = float(1 - (n * (d - b * l) ** 2).sum() / max((n * (d - np.average(d, weights=n)) ** 2).sum(), 1e-300))
+    S = target_lag or int(l.max())
+    clip = {int(r["lag"]): r["clipped"].get(f"{eps:g}") for r in rows}
+    s_pass = 0
+    for g in range(1, int(l.max()) + 1):
+        if g not in clip or clip[g] is None or clip[g] >= 0.5:
+            break
+        s_pass = g
+    measured = dict(drift_per_lag=b, fit_r2=r2, lags=l.astype(int).tolist(), tokens=n.astype(int).tolist(),
+                    drift=d.tolist(), clipped_at_eps=clip)  # fmt: skip
+    if b <= 0 or eps <= F0:
+        why = "no drift above the floor grows with the lag" if b <= 0 else "the floor alone reaches the clip radius"
+        return dict(out, measured=measured, s_max=None, eta_max=None, s_pass=s_pass, why=why)
+    s_max = int(math.floor((eps - F0) / b))
+    eta_drift = lr * (eps - F0) / (b * S)
+    eta_clip = lr * s_pass / S if s_pass else None
+    eta = min(x for x in (eta_drift, eta_clip) if x is not None)
+    return dict(out, measured=measured, at_lag=S, s_max=s_max, eta_max_drift=eta_drift, s_pass=s_pass,
+                eta_max_clip=eta_clip, eta_max=eta, binding="drift" if eta == eta_drift else "clip crossings",
+                why=None)  # fmt: skip
+
 # %% ../nbs/40_audit.ipynb #f3feefd7
-TRENDED = ("mismatch/k1_kl", "mismatch/k3_kl", "mismatch/logp_abs_diff_mean", "lag_token_weighted", "kl_behav_k3")
+TRENDED = (
+    "mismatch/k1_kl",
+    "mismatch/k3_kl",
+    "mismatch/logp_abs_diff_mean",
+    "lag_token_weighted",
+    "kl_behav_k3",
+    "floor",
+)
 
 
 def trend(steps: list[dict], key: str) -> dict | None:
@@ -306,9 +790,16 @@ def _min(ss, attr, f=min):
     return f(v) if v else None
 
 # %% ../nbs/40_audit.ipynb #c58f2139
-def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score) -> dict:
+MEANED = ("mismatch/k1_kl", "mismatch/k3_kl", "mismatch/logp_abs_diff_mean", "clip_frac", "mask_frac", "zero_adv_frac",
+          "reward_mean")  # fmt: skip
+
+
+def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score, lags=None, eps=CLIP_EPS,
+               alarms=(), cfg=None) -> dict:  # fmt: skip
     "The audit's JSON: what was read, per-step rows, run-wide lag, ratio and fraction summaries, trends, ranking."
-    mean = lambda k: (lambda v: float(np.mean(v)) if v else None)([r[k] for r in steps if r.get(k) is not None])
+    present = lambda k: [r[k] for r in steps if r.get(k) is not None]
+    total = lambda k: sum(present(k)) if present(k) else None  # None: no step has it, never 0
+    mean = lambda k: float(np.mean(present(k))) if present(k) else None
     tok = sum(lag_t.values())
     run = dict(
         steps=len(steps),
@@ -320,30 +811,31 @@ def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_
         lag_max=max(lag_s) if lag_s else None,
         lag_token_weighted=float(sum(k * v for k, v in lag_t.items()) / tok) if tok else None,
         **{f"mismatch/{k}": v for k, v in sketch.summary().items()},
-        **{
-            f"{k}_mean": mean(k)
-            for k in (
-                "mismatch/k1_kl",
-                "mismatch/k3_kl",
-                "mismatch/logp_abs_diff_mean",
-                "clip_frac",
-                "mask_frac",
-                "zero_adv_frac",
-                "reward_mean",
-            )
-        },
-        zero_adv_groups=sum(r.get("zero_adv_groups", 0) for r in steps),
-        n_groups=sum(r.get("n_groups", 0) for r in steps),
+        **{f"{k}_mean": mean(k) for k in MEANED},
+        zero_adv_groups=total("zero_adv_groups"),
+        n_groups=total("n_groups"),
     )
     return dict(
         format=fmt,
         path=str(path),
         read=dict(files=log.files, records=log.records, skipped=log.skipped, reasons=log.reasons),
-        settings=dict(is_threshold=threshold, top_frac=top_frac, score=score, quantiles=list(QUANTILES)),
-        available=sorted({k.split("/")[0] if k.startswith("mismatch/") else k for r in steps for k in r}),
+        settings=dict(
+            is_threshold=threshold,
+            top_frac=top_frac,
+            score=score,
+            quantiles=list(QUANTILES),
+            clip=list(eps),
+            alarms=asdict(cfg or AlarmConfig()),
+        ),  # fmt: skip
+        available=sorted(
+            {k.split("/")[0] if k.startswith("mismatch/") else k for r in steps for k in r if r[k] is not None}
+        ),
         run=run,
+        staleness=staleness_summary(lags or {}, eps),
         trend={k: trend(steps, k) for k in TRENDED},
         ranking=ranking_question(occ, top_frac, score),
+        alarms=list(alarms),
+        alarm_counts={lv: sum(a["level"] == lv for a in alarms) for lv in LEVELS},
         steps=steps,
     )
 
@@ -356,11 +848,15 @@ def audit(
     top_frac: float = 0.25,
     score: str = "pass",
     progress: bool = True,
+    eps=CLIP_EPS,
+    alarms: AlarmConfig | None = None,
+    advise_lr: float | None = None,
 ) -> dict:
     "Every number of the audit of a logged run (format `fmt`, or detected), streamed step by step."
     path, log = Path(path), ReadLog(keep_going=keep_going)
     fmt = detect_format(path) if fmt == "auto" else fmt
-    steps, occ, sketch = [], defaultdict(list), RatioSketch(threshold=threshold)
+    steps, occ, sketch, lags = [], defaultdict(list), RatioSketch(threshold=threshold), {}
+    cfg, fired, hist = alarms or AlarmConfig(), [], dict(floors=[], groups=[])
     lag_s, lag_t, bar, files = (
         Counter(),
         Counter(),
@@ -376,7 +872,9 @@ def audit(
             n_tokens=int(sum(s.n_tokens or 0 for s in ss)),
         )
         t = step_tensors(ss)
-        rec.update(lag_stats(ss), **reward_stats(ss), **token_stats(ss, threshold, t))
+        b = lag_buckets(ss, eps, lags)
+        rec.update(lag_stats(ss), **reward_stats(ss), **token_stats(ss, threshold, t), **staleness_row(b))
+        fired += step_alarms(rec, ss, b, cfg, hist)
         lag_s.update({int(k): v for k, v in rec.get("lag_hist", {}).items()})
         lag_t.update({int(k): v for k, v in rec.get("lag_hist_tokens", {}).items()})
         d = logratio_terms(t)
@@ -390,7 +888,37 @@ def audit(
     bar.close()
     if not steps:
         raise AuditInputError(f"{path}: no complete record ({log.skipped} skipped)")
-    return _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score)
+    fired += run_alarms(steps, cfg)
+    res = _summarise(
+        path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_frac, score, lags, eps, fired, cfg
+    )
+    if advise_lr is not None:
+        res["advice"] = advise(res["staleness"], advise_lr, max(eps))
+    return res
+
+# %% ../nbs/40_audit.ipynb #434a9af1
+def export_martingale(run_dir, workspace) -> Path:
+    "A stalebook run's token exports recorded into a martingale workspace with martingale's Recorder (and exported)."
+    from martingale.record import Recorder, SamplerConfig  # optional (the dev extra): only this exporter needs it
+
+    sampler = SamplerConfig(temperature=1.0, top_p=1.0, max_tokens=0, logprobs_mode="processed_logprobs",
+                            dtype="float32", engine="stalebook", engine_version="0", seed_policy="stalebook",
+                            logprobs_source="engine_sampling", temperature_applied=True)  # fmt: skip
+    steps = sorted({v for step, rows in _stalebook_steps(run_dir) for v in (step, *(r["version"] for r in rows))})
+    rec = Recorder(Path(workspace))
+    rev = {s: rec.publish_revision(hashlib.blake2b(f"stalebook-{s}".encode(), digest_size=32).hexdigest(),
+                                   b"stalebook tokenizer", sampler, step=s).digest for s in steps}  # fmt: skip
+    for step, rows in _stalebook_steps(run_dir):
+        for r in rows:
+            C = len(r["completion_ids"])
+            with rec.sequence(actor_id=0, sequence_id=f"{step}-{r['row']}", prompt_ids=r["prompt_ids"]) as s:
+                for tok, lp in zip(r["completion_ids"], r["sampler_logp"][:C]):
+                    s.token(rev[r["version"]], int(tok), float(lp), dtype="f64")
+                s.reward(float(r["reward"]), dtype="f64")
+            rec.score(s.record.digest, rev[step], [float(x) for x in r["learner_logp"][:C]], dtype="f64")
+    rec.export_for_checker(Path(workspace) / "export")
+    rec.ledger.close()
+    return Path(workspace)
 
 # %% ../nbs/40_audit.ipynb #46a5dbe1
 def _missing(ax, what: str) -> None:
@@ -529,11 +1057,172 @@ def audit_markdown(res: dict) -> str:
         ]
     )
 
+# %% ../nbs/40_audit.ipynb #2af3af12
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f} %"
+
+
+def diagnosis(res: dict) -> list[str]:
+    "A few sentences a researcher can act on, from the audit's JSON."
+    st, lines = res["staleness"], []
+    if not st["by_lag"]:
+        lines.append(f"No per-lag table: {st['why']}.")
+    elif st["floor"] is None:
+        lines.append(f"The engine floor cannot be measured: {st['why']}.")
+    elif st["staleness_share"] is None:
+        lines.append(f"Engine floor (lag-0 mean |log w|) {st['floor']:.3g}; {st['why']}.")
+    else:
+        lines.append(
+            f"Of the off-policy signal in stale tokens, {_pct(st['staleness_share'])} is staleness and "
+            f"{_pct(st['engine_share'])} engine mismatch (lag-0 floor: mean |log w| = {st['floor']:.3g})."
+        )
+    for b in st["by_lag"]:
+        if b["lag"] > 0 and b["ess_frac"] < 0.5:
+            lines.append(f"Lag {b['lag']}: ESS is {_pct(b['ess_frac'])} of its {b['tokens']} tokens; "
+                         f"{_pct(max(b['clipped'].values()))} fall outside the clip radius.")  # fmt: skip
+    kinds = Counter(a["kind"] for a in res.get("alarms", []))
+    if kinds:
+        worst = "error" if res["alarm_counts"]["error"] else "warn"
+        lines.append(f"Alarms ({worst} at worst): " + ", ".join(f"{k} x{n}" for k, n in kinds.items()) + ".")
+    else:
+        lines.append("No alarm fired.")
+    adv = res.get("advice")
+    if adv and adv.get("eta_max") is not None:
+        lines.append(f"Advice (local constraint only): at lag {adv['at_lag']} an lr up to {adv['eta_max']:.3g} "
+                     f"(run: {adv['lr']:.3g}); at this lr a lag up to {adv['s_max']}.")  # fmt: skip
+    elif adv:
+        lines.append(f"Advice: none ({adv['why']}).")
+    return lines
+
+# %% ../nbs/40_audit.ipynb #fd7647ef
+def lag_table(st: dict) -> str:
+    "The per-lag table as fixed-width text."
+    eps = [f"{e:g}" for e in st["eps"]]
+    head = f"{'lag':>4} {'tokens':>8} {'seqs':>6} {'span':>5} {'mean':>10} {'mean|.|':>9} {'max|.|':>8}"
+    head += f" {'p50 w':>7} {'p95 w':>7} {'ESS/n':>6}"
+    head += "".join(f" {'clip@' + e:>9}" for e in eps)
+    rows = [head]
+    for b in st["by_lag"]:
+        q = lambda v: "n/a" if v is None else f"{v:.4f}"
+        rows.append(f"{b['lag']:>4} {b['tokens']:>8} {b['sequences']:>6} {b['sequences_spanning']:>5} "
+                    f"{b['mean_log_ratio']:>+10.3e} {b['mean_abs_log_ratio']:>9.3e} {b['max_abs_log_ratio']:>8.3g} "
+                    f"{q(b['ratio_q50']):>7} {q(b['ratio_q95']):>7} {b['ess_frac']:>6.3f}"
+                    + "".join(f" {b['clipped'][e]:>9.3f}" for e in eps))  # fmt: skip
+    return "\n".join(rows)
+
+
+def audit_text(res: dict) -> str:
+    "What the terminal prints: the diagnosis in words, then the per-lag table, then the alarms."
+    st = res["staleness"]
+    out = ["", "Diagnosis:", *(f"  - {x}" for x in diagnosis(res)), ""]
+    if st["by_lag"]:
+        f = "n/a" if st["floor"] is None else f"{st['floor']:.4g}"
+        out += [f"Per lag (floor {f}, staleness share {_pct(st['staleness_share'])}):", lag_table(st), ""]
+    for a in res.get("alarms", []):
+        out.append(f"  [{a['level']}] {a['kind']} at step {a['step']}: {a['message']}")
+    return "\n".join(out)
+
+# %% ../nbs/40_audit.ipynb #aa134cad
+def plot_lag_table(ax, res: dict) -> None:
+    "Per lag: mean |log w| (bars, the floor dotted) and ESS/n (line, right axis)."
+    st = res["staleness"]
+    if not st["by_lag"]:
+        return _missing(ax, "versions and both log-probs (per-lag table)")
+    g = [b["lag"] for b in st["by_lag"]]
+    ax.bar(g, [b["mean_abs_log_ratio"] for b in st["by_lag"]], 0.6, color="C0", label="mean |log w|")
+    if st["floor"] is not None:
+        ax.axhline(st["floor"], color="0.3", ls=":", lw=1, label="lag-0 floor")
+    ax.set(xlabel="lag", ylabel="mean |log w|", title="per-lag drift and ESS")
+    ax2 = ax.twinx()
+    ax2.plot(g, [b["ess_frac"] for b in st["by_lag"]], "o-", color="C3", label="ESS/n")
+    ax2.set(ylim=(0, 1.05), ylabel="ESS/n")
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="lower right", fontsize=7)
+
+
+def plot_floor(ax, res: dict) -> None:
+    "Per step: the lag-0 floor (log scale) and the staleness share (right axis)."
+    f = _series(res, "floor")
+    if f is None:
+        return _missing(ax, "lag-0 tokens (the engine floor)")
+    ax.plot(*f, ".-", color="C0", label="lag-0 floor")
+    ax.set(xlabel="step", ylabel="floor (mean |log w| at lag 0)", yscale="log", title="floor and shares per step")
+    s = _series(res, "staleness_share")
+    if s is not None:
+        ax2 = ax.twinx()
+        ax2.plot(*s, ".-", color="C1", label="staleness share")
+        ax2.set(ylim=(0, 1.05), ylabel="share")
+        ax2.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper left", fontsize=7)
+
+# %% ../nbs/40_audit.ipynb #641d2593
+def plot_trend(ax, res: dict) -> None:
+    "The mismatch series the trend alarm reads (the floor, else k3) over steps, with every alarm's step marked."
+    key = "floor" if _series(res, "floor") is not None else "mismatch/k3_kl"
+    s = _series(res, key)
+    if s is None:
+        return _missing(ax, "a per-step mismatch series")
+    ax.plot(*s, ".-", color="C2", lw=1, label=key)
+    for i, a in enumerate(res.get("alarms", [])):
+        if a["step"] is not None:
+            ax.axvline(a["step"], color="C3" if a["level"] == "error" else "C1", lw=0.8, alpha=0.7,
+                       label="alarm" if i == 0 else None)  # fmt: skip
+    tr = res["trend"].get(key)
+    ax.set(
+        xlabel="step",
+        ylabel=key,
+        title="mismatch trend" + (f" (rho {tr['spearman']:+.2f}, p {tr['p']:.2g})" if tr else ""),
+    )
+    ax.legend(fontsize=7)
+
+
+def report_figures(res: dict) -> dict:
+    "The HTML report's figures: name -> matplotlib figure."
+    figs = {}
+    for name, f in (("lags", plot_lags), ("per_lag", plot_lag_table), ("floor", plot_floor), ("trend", plot_trend),
+                    ("ranking", plot_ranking)):  # fmt: skip
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        f(ax, res)
+        fig.tight_layout()
+        figs[name] = fig
+    return figs
+
+# %% ../nbs/40_audit.ipynb #1bfbc5ca
+def _png64(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def audit_html(res: dict) -> str:
+    "One self-contained page: diagnosis, alarms, per-lag table, figures inline (base64 PNG)."
+    st = res["staleness"]
+    alarms = "".join(f"<tr><td>{escape(a['level'])}</td><td>{escape(a['kind'])}</td><td>{a['step']}</td>"
+                     f"<td>{escape(a['message'])}</td></tr>" for a in res.get("alarms", []))  # fmt: skip
+    img = '<figure><img id="fig-{}" alt="{}" src="data:image/png;base64,{}"></figure>'
+    figs = "".join(img.format(k, k, _png64(f)) for k, f in report_figures(res).items())
+    adv = res.get("advice")
+    name = escape(Path(res["path"]).name)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>stalebook audit: {name}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}figure{{display:inline-block;margin:4px}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px}}
+pre{{background:#f6f6f6;padding:8px}}</style>
+</head><body><h1>Audit of {escape(res["path"])} ({escape(res["format"])})</h1>
+<h2>Diagnosis</h2><ul>{"".join(f"<li>{escape(x)}</li>" for x in diagnosis(res))}</ul>
+<h2>Alarms</h2><table id="alarms"><tr><th>level</th><th>alarm</th><th>step</th><th>why</th></tr>{alarms}</table>
+<h2>Per lag</h2><pre id="lag-table">{escape(lag_table(st)) if st["by_lag"] else escape(st["why"])}</pre>
+<h2>Figures</h2>{figs}
+{"<h2>Advice</h2><pre>" + escape(json.dumps(adv, indent=1)) + "</pre>" if adv else ""}
+</body></html>"""
+
 # %% ../nbs/40_audit.ipynb #892ecc0b
 def write_audit(result: dict, out, report: bool = True) -> Path:
-    "`out`/audit.json (atomic), then the executed report `out`/report.ipynb with its figures in `out`/figures/."
+    """`out`/audit.json (atomic) and the self-contained `out`/audit.html, then the executed report `out`/report.ipynb
+    with its figures in `out`/figures/."""
     out = Path(out)
     atomic_write_json(out / "audit.json", result)
+    atomic_write(out / "audit.html", audit_html(result))
     if report:
         run_notebook(
             experiment_notebook("audit"), out / "report.ipynb", dict(audit_json="audit.json", out="."), cwd=out

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audit import audit, write_audit
+from .audit import LEVELS, AlarmConfig, audit, audit_text, write_audit
 from .audit_formats import FORMATS
 from .bolt_study import run_bolt_study
 from .calibration import calibration_study, calibration_study_2s
@@ -411,6 +411,13 @@ def _audit_parser() -> CommandParser:
     p.add_argument("--is-threshold", type=float, default=2.0, help="truncation threshold of the token weights")
     p.add_argument("--top-frac", type=float, default=0.25, help="the ranking question's k as a share of the prompts")
     p.add_argument("--score", choices=["pass", "variance"], default="pass", help="prompt score: pass rate or p(1-p)")
+    p.add_argument("--clip", default="0.1,0.2", help="clip radii of the per-lag table, comma-separated")
+    p.add_argument("--max-lag", type=int, default=None, help="declared staleness bound: a larger lag is an alarm")
+    p.add_argument(
+        "--fail-on", choices=["warn", "error"], default=None, help="exit 3 when an alarm of this level fires"
+    )
+    p.add_argument("--advise", action="store_true", help="the largest lag and lr the two-constraint rule allows")
+    p.add_argument("--lr", type=float, default=None, help="the run's learning rate (for --advise)")
     p.add_argument("--no-report", action="store_true", help="the JSON only, no notebook")
     p.add_argument("--quiet", action="store_true", help="no progress")
     return p
@@ -422,8 +429,17 @@ def cmd_audit(argv) -> int:
     a = p.parse_args(argv)
     if not 0 < a.top_frac < 1 or not a.is_threshold > 1:
         p.error("--top-frac must lie in (0, 1) and --is-threshold be > 1")
+    try:
+        eps = tuple(float(x) for x in a.clip.split(","))
+    except ValueError:
+        p.error(f"--clip: {a.clip!r} is not a comma-separated list of numbers")
+    if not all(0 < e < 1 for e in eps) or (a.max_lag is not None and a.max_lag < 0):
+        p.error("--clip radii must lie in (0, 1) and --max-lag be >= 0")
+    if a.advise and not (a.lr and a.lr > 0):
+        p.error("--advise needs --lr ETA (the run's learning rate, > 0)")
     path = Path(a.path)
-    res = audit(path, a.format, a.keep_going, a.is_threshold, a.top_frac, a.score, progress=not a.quiet)
+    res = audit(path, a.format, a.keep_going, a.is_threshold, a.top_frac, a.score, progress=not a.quiet, eps=eps,
+                alarms=AlarmConfig(max_lag=a.max_lag), advise_lr=a.lr if a.advise else None)  # fmt: skip
     out = write_audit(res, Path(a.out) if a.out else Path(f"audit-{path.resolve().name}"), report=not a.no_report)
     r, rk = res["run"], res["ranking"]
     skipped = res["read"]["skipped"]
@@ -440,8 +456,14 @@ def cmd_audit(argv) -> int:
             f"  ranking: top-{rk['k']} agreement {rk['agreement']:.2f} (95% {rk['agreement_ci95']}), "
             f"noise ceiling {rk['noise_ceiling']:.2f}, chance {rk['chance']:.2f}"
         )
-    print(f"  wrote {out / 'audit.json'}" + ("" if a.no_report else f" and {out / 'report.ipynb'}"))
-    return 0
+    print(audit_text(res))
+    print(
+        f"  wrote {out / 'audit.json'}, {out / 'audit.html'}" + ("" if a.no_report else f" and {out / 'report.ipynb'}")
+    )
+    worst = [x for x in res["alarms"] if a.fail_on and LEVELS.index(x["level"]) >= LEVELS.index(a.fail_on)]
+    if worst:
+        print(f"stalebook audit: {len(worst)} alarms at level {a.fail_on} or above (--fail-on {a.fail_on}): exit 3")
+    return 3 if worst else 0
 
 # %% ../nbs/50_commands.ipynb #5451dc5e
 def cmd_report(argv) -> int:

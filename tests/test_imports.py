@@ -52,7 +52,18 @@ LAYERS = [
 ]
 LAYER = {m: i for i, ms in enumerate(LAYERS) for m in ms}
 # Function-local imports are allowed only for these (heavy or optional) top-level packages, each with a comment.
-LAZY_OK = {"torch", "vllm", "ray", "papermill", "jupyter_client", "tqdm", "math_verify", "matplotlib", "gguf"}
+LAZY_OK = {
+    "torch",
+    "vllm",
+    "ray",
+    "papermill",
+    "jupyter_client",
+    "tqdm",
+    "math_verify",
+    "matplotlib",
+    "gguf",
+    "martingale",
+}
 # The one function-local stalebook import, also with a comment: the entry point imports the commands layer (which
 # loads torch and transformers) only when a command runs, so that `stalebook --help` stays instant.
 LAZY_STALEBOOK = {("cli", "commands")}
