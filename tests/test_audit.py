@@ -106,13 +106,21 @@ def test_cli_reads_a_run_and_names_bad_lines(pipelined_run, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+# Formats read from the frameworks' own files only: reward-only dumps (no log-probs to export) and prime-rl's
+# orchestrator traces (the prime-rl exporter writes them beside its token exports); each has a fixture of its own.
+READ_ONLY = {"prime-rl-traces": "prime-rl", "verl": "verl", "trl": None, "roll": "roll", "skyrl": "skyrl"}
+
+
 def test_every_format_has_a_reader_and_an_exporter():
     import stalebook.audit as au
     import stalebook.audit_formats as af
 
-    assert set(FORMATS) >= {"stalebook", "prime-rl", "nemo-rl", "slime", "areal", "martingale"}
-    for name in set(FORMATS) - {"stalebook"}:
+    assert set(FORMATS) >= {"stalebook", "prime-rl", "nemo-rl", "slime", "areal", "martingale", *READ_ONLY}
+    for name in set(FORMATS) - {"stalebook", *READ_ONLY}:
         assert callable(getattr(af, f"export_{name.replace('-', '_')}", None) or getattr(au, f"export_{name}")), name
+    fixtures = Path(__file__).parent / "fixtures" / "audit"
+    for name, folder in READ_ONLY.items():  # TRL's parquet fixture is written by its test (tests/test_audit_formats)
+        assert folder is None or (fixtures / folder).is_dir(), name
 
 
 MISMATCH = (
