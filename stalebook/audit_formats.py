@@ -1065,7 +1065,7 @@ def _trl_sample(where: str, row: dict, cols: list[str]) -> LoggedSample:
 # %% ../nbs/39_audit_formats.ipynb #bb2100f7
 def _trl_rows(f: Path, log: ReadLog) -> Iterator[tuple[str, dict, list]]:
     "(`FILE#row`, row, columns) of a TRL completions file, a row group at a time (pyarrow); a bad file to `log`."
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional: only TRL's completions need it (read_trl checks it is there)
 
     try:
         pf = pq.ParquetFile(f)

@@ -63,6 +63,7 @@ LAZY_OK = {
     "matplotlib",
     "gguf",
     "martingale",
+    "pyarrow",
 }
 # The one function-local stalebook import, also with a comment: the entry point imports the commands layer (which
 # loads torch and transformers) only when a command runs, so that `stalebook --help` stays instant.
