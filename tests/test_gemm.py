@@ -144,9 +144,15 @@ def test_threads_follow_torch_and_openblas_returns_to_one(routed):
         one = bits(a @ b)
     finally:
         torch.set_num_threads(before)
-    assert two[0] == two[1] == two[2]
+    set_threads, get_threads = openblas_threads()
+    assert get_threads() == 1  # back at the pin's one thread after each routed product
+    set_threads(2)
+    try:
+        numpy_two = bits(np.matmul(a.numpy(), b.numpy()))  # numpy's own call on two OpenBLAS threads
+    finally:
+        set_threads(1)
+    assert two[0] == two[1] == two[2] == numpy_two
     assert one == bits(np.matmul(a.numpy(), b.numpy()))  # numpy's own call, on the pin's one OpenBLAS thread
-    assert openblas_threads()[1]() == 1
 
 
 def _child(env_extra: dict, code: str) -> subprocess.CompletedProcess:
