@@ -89,7 +89,9 @@ def product_shape(name: str, a, b) -> tuple | None:
 def _fits(c, out, shape) -> bool:
     "Whether the addend `c` (or None) broadcasts to `shape` and `out` (or None) can take the result as it is."
     try:
-        c_ok = c is None or (c.dtype == F32 and c.layout == torch.strided and np.broadcast_shapes(c.shape, shape) == shape)
+        c_ok = c is None or (
+            c.dtype == F32 and c.layout == torch.strided and np.broadcast_shapes(c.shape, shape) == shape
+        )
     except ValueError:
         return False
     return c_ok and (out is None or (out.dtype == F32 and tuple(out.shape) == shape and out.is_contiguous()))
