@@ -212,6 +212,8 @@ def main(argv=None):
                 f"GRPO step {rec['grpo_step_s']:.3f} s, scoring pass {rec['scoring_s']:.3f} s{more}",
                 flush=True,
             )
+        if a.gemm:  # the record so far: a long run that is stopped keeps its complete rounds
+            gemm_record(runs, a, r + 1)
     keys = [k for k in STAGES if k in runs["pinned"][0]]
     med = {m: {k: statistics.median(x[k] for x in v) for k in keys} for m, v in runs.items()}
     ratio = {k: med["pinned"][k] / med["native"][k] for k in med["pinned"]}
@@ -223,6 +225,19 @@ def main(argv=None):
         if a.json:
             Path(a.json).write_text(json.dumps(dict(runs=runs, median=med, ratio=ratio), indent=2))
         return
+    stages = gemm_record(runs, a, a.rounds)["stages"]
+    for st in stages:
+        print(
+            f"{st['model']:8s} {st['name']:22s} routed/native {st['pinned_s'] / st['native_s']:.2f}x, "
+            f"old pin/routed {st['old_pinned_s'] / st['pinned_s']:.2f}x, old pin/native "
+            f"{st['old_pinned_s'] / st['native_s']:.2f}x"
+        )
+
+
+def gemm_record(runs: dict, a, rounds: int) -> dict:
+    "The `--gemm` record of the rounds so far (medians per stage and mode), written to `--json` if given."
+    keys = [k for k in STAGES if k in runs["pinned"][0]]
+    med = {m: {k: statistics.median(x[k] for x in v) for k in keys} for m, v in runs.items()}
     stages = [
         dict(
             name=STAGES[k][0],
@@ -233,31 +248,22 @@ def main(argv=None):
         )
         for k in keys
     ]
-    for st in stages:
-        print(
-            f"{st['model']:8s} {st['name']:22s} routed/native {st['pinned_s'] / st['native_s']:.2f}x, "
-            f"old pin/routed {st['old_pinned_s'] / st['pinned_s']:.2f}x, old pin/native "
-            f"{st['old_pinned_s'] / st['native_s']:.2f}x"
-        )
+    cpu = (
+        x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model n")
+    )
+    rec = dict(
+        stages=stages,
+        note="pinned_s: the pin with STALEBOOK_GEMM=openblas (numpy's OpenBLAS, Haswell kernels); old_pinned_s: "
+        "the pin with MKL's COMPATIBLE GEMMs (today's default); native_s: STALEBOOK_NUMERICS=native. Medians "
+        "over rounds of one process per mode, modes alternating; sampling stages in seconds per token.",
+        rounds=rounds,
+        smol_threads=a.threads,
+        cpu=next(cpu, ""),
+        runs=runs,
+    )
     if a.json:
-        rec = dict(
-            stages=stages,
-            note="pinned_s: the pin with STALEBOOK_GEMM=openblas (numpy's OpenBLAS, Haswell kernels); old_pinned_s: "
-            "the pin with MKL's COMPATIBLE GEMMs (today's default); native_s: STALEBOOK_NUMERICS=native. Medians "
-            "over rounds of one process per mode, modes alternating; sampling stages in seconds per token.",
-            rounds=a.rounds,
-            smol_threads=a.threads,
-            cpu=next(
-                (
-                    x.split(":", 1)[1].strip()
-                    for x in Path("/proc/cpuinfo").read_text().splitlines()
-                    if x.startswith("model name")
-                ),
-                "",
-            ),
-            runs=runs,
-        )
         Path(a.json).write_text(json.dumps(rec, indent=2) + "\n")
+    return rec
 
 
 if __name__ == "__main__":
