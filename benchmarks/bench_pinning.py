@@ -29,6 +29,7 @@ seconds per token).
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -174,8 +175,15 @@ def main(argv=None):
     ap.add_argument("--smol", action="store_true", help="also the SmolLM2-shaped stages (with --gemm)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the SmolLM2-shaped stages")
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions of the sampling/SmolLM2 stages")
+    ap.add_argument("--from-log", default="", help="with --gemm: the record of the rounds a stopped run printed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.from_log:
+        runs = runs_from_log(Path(a.from_log).read_text())
+        rounds = min(len(v) for v in runs.values())
+        rec = gemm_record({m: v[:rounds] for m, v in runs.items()}, a, rounds)
+        print(json.dumps(rec["stages"], indent=1))
+        return
     if a.worker:
         print(json.dumps(worker(a.steps, a.gemm, a.smol, a.threads, a.reps)))
         return
@@ -232,6 +240,18 @@ def main(argv=None):
             f"old pin/routed {st['old_pinned_s'] / st['pinned_s']:.2f}x, old pin/native "
             f"{st['old_pinned_s'] / st['native_s']:.2f}x"
         )
+
+
+def runs_from_log(text: str) -> dict:
+    "{mode: [stage values of one process]} from the lines `round <r> <mode> (...): ...` that a run printed."
+    runs = {}
+    for line in text.splitlines():
+        m = re.match(r"round \d+ (\w+) +\(.*?\): GRPO step ([\d.e-]+) s, scoring pass ([\d.e-]+) s(.*)$", line)
+        if m:
+            rec = dict(grpo_step_s=float(m[2]), scoring_s=float(m[3]))
+            rec |= {k: float(v) for k, v in re.findall(r", (\w+) ([\d.e+-]+)", m[4])}
+            runs.setdefault(m[1], []).append(rec)
+    return runs
 
 
 def gemm_record(runs: dict, a, rounds: int) -> dict:
