@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 # %% auto #0
-__all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'NUMERICS', 'RESULT_PACKAGES', 'CHECKS', 'StalebookError', 'ConfigError',
-           'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'exact_sqrt',
+__all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'GEMM_VAR', 'NUMERICS', 'RESULT_PACKAGES', 'CHECKS', 'StalebookError',
+           'ConfigError', 'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'exact_sqrt',
            'torch_sqrt_check', 'environment', 'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file',
            'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
            'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'Progress',
@@ -67,6 +67,7 @@ PINNED_NUMERICS = {
     "OPENBLAS_NUM_THREADS": "1",
 }
 NUMERICS_VAR = "STALEBOOK_NUMERICS"  # 'pinned' (default) or 'native' (the machine's own kernels, never compared)
+GEMM_VAR = "STALEBOOK_GEMM"  # pinned only: 'torch' (default: MKL's COMPATIBLE branch) or 'openblas' (`gemm`)
 _NUMERICS: dict = {}  # this process's numerics record, decided once
 
 
@@ -91,7 +92,8 @@ def _unpinnable() -> str | None:
 # %% ../nbs/00_core.ipynb #f196158c
 def pin_numerics(threads: int | None = None) -> dict:
     """Pin this process's CPU numerics (and, through the environment, its children's) before torch and numpy load; with
-    `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned'."""
+    `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned' (and `gemm`
+    'openblas' where a pinned process routes its GEMMs through numpy's OpenBLAS: `GEMM_VAR`, `22a_gemm`)."""
     if not _NUMERICS:
         want = os.environ.get(NUMERICS_VAR) or "pinned"
         if want not in ("pinned", "native"):  # read at import: a one-line error and exit, as the CLI gives
@@ -103,6 +105,12 @@ def pin_numerics(threads: int | None = None) -> dict:
         elif why:
             print(f"stalebook: numerics not pinned ({why}); this process's outputs are not compared", file=sys.stderr)
         _NUMERICS.update(mode="unpinned" if why else want, **({"why": why} if why else {}))
+        gemm = os.environ.get(GEMM_VAR) or "torch"
+        if gemm not in ("torch", "openblas"):
+            print(f"stalebook: error: {GEMM_VAR}={gemm!r}: expected 'torch' or 'openblas'", file=sys.stderr)
+            raise SystemExit(2)
+        if gemm == "openblas" and _NUMERICS["mode"] == "pinned":  # recorded only off the default path
+            _NUMERICS.update(gemm=gemm)
     if threads:
         import torch  # lazy: only a model process asks for threads
 
@@ -119,7 +127,7 @@ def mark_unpinned(why: str) -> None:
 
 def numerics_env() -> dict:
     "The variables that carry this process's numerics to another one (a remote Ray worker, a spawned kernel)."
-    return {k: os.environ[k] for k in (*PINNED_NUMERICS, NUMERICS_VAR) if k in os.environ}
+    return {k: os.environ[k] for k in (*PINNED_NUMERICS, NUMERICS_VAR, GEMM_VAR) if k in os.environ}
 
 
 NUMERICS = pin_numerics()["mode"]

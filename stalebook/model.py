@@ -46,6 +46,7 @@ from stalebook.core import (
     project_root,
     torch_sqrt_check,
 )
+from .gemm import GEMM
 from .snapshot import read_lock, verify_snapshot, write_lock
 from .tasks import ALPHABET, SCHEMA_VERSION, rewards, synthetic_tasks
 
@@ -316,6 +317,7 @@ def numerics_state() -> dict:
         mkl_cbwr=branch,
         threads=torch.get_num_threads(),
         torch_sqrt_ieee=torch_sqrt_check(),  # measured; no stalebook computation calls torch's CPU sqrt
+        **({"gemm": GEMM} if GEMM != "torch" else {}),  # float32 GEMMs through numpy's OpenBLAS (22a_gemm)
     )
 
 # %% ../nbs/23_model.ipynb #095140b0

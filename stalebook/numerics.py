@@ -22,6 +22,7 @@ from scipy import special, stats
 from .analysis import analyse_point
 from .bolt import reference_trainer
 from .core import Domain, StalebookError, exact_sqrt, hash_file
+from .gemm import GEMM
 from .model import load_policy, numerics_state, policy_hash, shipped_snapshot
 from .protocol import synthetic_point, synthetic_pool
 from stalebook.rollouts import (
@@ -38,10 +39,10 @@ from .snapshot import read_lock
 from .trainer import AsyncConfig, TrainConfig, Trainer, make_optimizer
 
 # %% auto #0
-__all__ = ['F', 'LENGTHS', 'TORCH_OPS', 'MATMUL_SHAPES', 'NUMPY_OPS', 'PROMPTS', 'TIMING', 'FIXED_LAG', 'NUMPY_SIMD',
-           'stage_hash', 'torch_op_hashes', 'numpy_op_hashes', 'model_hashes', 'sampling_hashes', 'digit_mean',
-           'trace_config', 'run_hashes', 'training_hashes', 'scoring_hashes', 'analysis_hashes', 'numpy_simd',
-           'numerics_trace', 'trace_differences', 'load_trace', 'compare_report']
+__all__ = ['F', 'LENGTHS', 'TORCH_OPS', 'MATMUL_SHAPES', 'GEMM_SHAPES', 'NUMPY_OPS', 'PROMPTS', 'TIMING', 'FIXED_LAG',
+           'NUMPY_SIMD', 'stage_hash', 'torch_op_hashes', 'gemm_hashes', 'numpy_op_hashes', 'model_hashes',
+           'sampling_hashes', 'digit_mean', 'trace_config', 'run_hashes', 'training_hashes', 'scoring_hashes',
+           'analysis_hashes', 'numpy_simd', 'numerics_trace', 'trace_differences', 'load_trace', 'compare_report']
 
 # %% ../nbs/38_numerics.ipynb #d4f6d971
 def stage_hash(*xs) -> str:
@@ -113,6 +114,42 @@ def torch_op_hashes(threads: int) -> dict:
     out[f"{pre}/f32/embedding_backward"] = stage_hash(w.grad)
     out[f"{pre}/rand"] = stage_hash(torch.rand(1000, generator=g), torch.randn(1000, generator=g))
     out[f"{pre}/multinomial"] = stage_hash(torch.multinomial(torch.rand(8, 100, generator=g), 5, generator=g))
+    return out
+
+# %% ../nbs/38_numerics.ipynb #63e81622
+GEMM_SHAPES = {  # <model>/<layer>: (rows m, inputs k, outputs n) of F.linear(x[m, k], W[n, k])
+    "tiny/attn": (240, 128, 128),
+    "tiny/up": (240, 128, 256),
+    "tiny/down": (240, 256, 128),
+    "tiny/head": (240, 128, 24),
+    "smol/q_o": (512, 576, 576),
+    "smol/k_v": (512, 576, 192),
+    "smol/up_gate": (512, 576, 1536),
+    "smol/down": (512, 1536, 576),
+    "smol/lora_a": (512, 576, 8),
+    "smol/lora_b": (512, 8, 576),
+    "smol/head": (64, 576, 49152),
+    "smol/head_decode": (8, 576, 49152),
+}
+
+
+def gemm_hashes(threads: int) -> dict:
+    "`gemm/t<threads>/<model>/<layer>/{forward,dx,dw}` of `GEMM_SHAPES`, attention's `bmm`s and a biased `addmm`."
+    torch.set_num_threads(threads)
+    g, out, pre = torch.Generator().manual_seed(54), {}, f"gemm/t{threads}"
+    for name, (m, k, n) in GEMM_SHAPES.items():
+        x, w, dy = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(m, n, generator=g)
+        out[f"{pre}/{name}/forward"] = stage_hash(F.linear(x, w))
+        out[f"{pre}/{name}/dx"] = stage_hash(dy @ w)
+        out[f"{pre}/{name}/dw"] = stage_hash(dy.T @ x)
+    q, k, v = (torch.randn(8, 9, 64, 64, generator=g) for _ in range(3))  # SmolLM2: 8 rows, 9 heads of 64
+    p = torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1)
+    out[f"{pre}/smol/attn_scores"], out[f"{pre}/smol/attn_values"] = (
+        stage_hash(q @ k.transpose(-1, -2)),
+        stage_hash(p @ v),
+    )
+    x, w, b = torch.randn(240, 128, generator=g), torch.randn(256, 128, generator=g), torch.randn(256, generator=g)
+    out[f"{pre}/tiny/addmm"] = stage_hash(torch.addmm(b, x, w.T, beta=0.5, alpha=2.0))
     return out
 
 # %% ../nbs/38_numerics.ipynb #f30b993a
@@ -316,6 +353,7 @@ def numerics_trace(threads=(1,), snapshot=None) -> dict:
     out |= numpy_op_hashes()
     for t in threads:
         out |= torch_op_hashes(t) | model_hashes(snapshot, t) | sampling_hashes(snapshot, t)
+        out |= gemm_hashes(t) if GEMM == "openblas" else {}
         with tempfile.TemporaryDirectory() as tmp:
             th, sync, lag = training_hashes(snapshot, t, tmp)
             out |= th | scoring_hashes(sync, lag, t, tmp)

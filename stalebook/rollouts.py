@@ -606,10 +606,13 @@ def _store_name(
 
 def numerics_of(model) -> str:
     """The numeric setting a store is bound to besides the weights: parameter dtype and device type
-    (e.g. 'bfloat16/cuda'); on the CPU a process that is not pinned says so ('float32/cpu/native')."""
+    (e.g. 'bfloat16/cuda'); on the CPU a process that is not pinned says so ('float32/cpu/native'), and one that
+    routes its GEMMs through numpy's OpenBLAS too ('float32/cpu/openblas', `22a_gemm`)."""
     p = next(model.parameters())
     mode = numerics_state()["mode"] if p.device.type == "cpu" else "pinned"
-    return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}" + ("" if mode == "pinned" else f"/{mode}")
+    gemm = numerics_state().get("gemm") if p.device.type == "cpu" else None  # another GEMM path: other bits
+    tail = ("" if mode == "pinned" else f"/{mode}") + (f"/{gemm}" if gemm else "")
+    return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}{tail}"
 
 
 RUN_DETAILS = ("wall_s", "stderr_tail")  # verifier details of this run on this machine (sidecar, not content)

@@ -36,6 +36,7 @@ LAYERS = [
     ["verdict", "design"],
     ["tasks"],
     ["snapshot"],
+    ["gemm"],
     ["model"],
     ["pretrained"],
     ["warmstart"],
