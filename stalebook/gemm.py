@@ -22,7 +22,8 @@ import torch
 from .core import pin_numerics
 
 # %% auto #0
-__all__ = ['F32', 'ROUTED', 'GEMM', 'openblas_threads', 'blas_view', 'matmul_into', 'product_shape', 'route_gemms']
+__all__ = ['F32', 'ROUTED', 'TORCH_KERNELS', 'GEMM', 'openblas_threads', 'blas_view', 'matmul_into', 'product_shape',
+           'route_gemms']
 
 # %% ../nbs/22a_gemm.ipynb #7e13b2e2
 @functools.cache
@@ -97,13 +98,13 @@ def _fits(c, out, shape) -> bool:
     return c_ok and (out is None or (out.dtype == F32 and tuple(out.shape) == shape and out.is_contiguous()))
 
 # %% ../nbs/22a_gemm.ipynb #fb9be536
-_ORIGINAL: dict = {}  # op name: torch's own CPU kernel
+TORCH_KERNELS: dict = {}  # op name: torch's own CPU kernel
 _LIB: list = []  # the Library that holds the routed kernels while they are installed
 
 
 def _kernel(name: str):
     "The CPU kernel of `aten::<name>`: float32 through numpy's OpenBLAS, anything else through torch's own kernel."
-    original, has_addend = _ORIGINAL[name], name.startswith(("addmm", "baddbmm"))
+    original, has_addend = TORCH_KERNELS[name], name.startswith(("addmm", "baddbmm"))
 
     def kernel(keys, *args, **kw):
         c, a, b = args if has_addend else (None, *args)
@@ -120,7 +121,7 @@ def route_gemms(on: bool = True) -> bool:
     """Route (or, `on=False`, give back to torch) this process's float32 CPU GEMMs (`ROUTED`) through numpy's
     OpenBLAS. Returns whether they are routed now."""
     if on and not _LIB:
-        _ORIGINAL.update({n: torch.library.get_kernel(f"aten::{n}", "CPU") for n in ROUTED})
+        TORCH_KERNELS.update({n: torch.library.get_kernel(f"aten::{n}", "CPU") for n in ROUTED})
         lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # torch warns that an aten kernel is overridden: that is the point
             warnings.simplefilter("ignore", UserWarning)

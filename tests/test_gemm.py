@@ -15,7 +15,7 @@ import torch
 from test_core import EMULATED_CPUS
 
 from stalebook.core import GEMM_VAR, NUMERICS_VAR, PINNED_NUMERICS
-from stalebook.gemm import _ORIGINAL, openblas_threads, route_gemms
+from stalebook.gemm import TORCH_KERNELS, openblas_threads, route_gemms
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_original_kernels_are_torch_own(routed):
     route_gemms(False)
     own = torch.mm(a, b)
     route_gemms(True)
-    assert bits(_ORIGINAL["mm"].call_boxed(keys, a, b)) == bits(own)
+    assert bits(TORCH_KERNELS["mm"].call_boxed(keys, a, b)) == bits(own)
 
 
 VENDOR = (

@@ -134,6 +134,32 @@ def test_a_check_leaves_no_temporary_folder(saved, tmp_path):
     assert list(tmp.iterdir()) == []
 
 
+def test_a_path_a_notebook_leaves_in_the_environment_is_not_made_again(tmp_path):
+    """As torch does with its compile cache (TORCHINDUCTOR_CACHE_DIR, set to a folder under the temp dir on first use):
+    one notebook leaves a path under its temp folder in a variable, the next one in the same process makes it again.
+    Each notebook starts from the environment the check had, so nothing is left behind."""
+    proj = _project(tmp_path)
+    nb = json.loads((proj / "nbs" / "fx.ipynb").read_text())
+    for name, src in [
+        ("a", "import os, tempfile\nos.environ.setdefault('FX_CACHE', os.path.join(tempfile.gettempdir(), 'cache'))"),
+        ("b", "import os, tempfile\nos.makedirs(os.environ.get('FX_CACHE', tempfile.mkdtemp()), exist_ok=True)"),
+    ]:
+        (proj / "nbs" / f"{name}.ipynb").write_text(json.dumps(nb | {"cells": [_code(f"{name}0000000", src)]}))
+    (proj / "nbs" / "fx.ipynb").unlink()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run(
+        [sys.executable, str(TOOL), "--n-workers", "0", "nbs"],
+        cwd=proj,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert list(tmp.iterdir()) == []
+
+
 def test_hand_edited_output_fails_naming_notebook_and_cell(saved):
     proj = saved
 

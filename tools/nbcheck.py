@@ -323,16 +323,16 @@ def notebook_tempdir(name: str):
     fresh folder for one notebook and removed, with everything the notebook made there, when it ends: an example cell's
     `tempfile.mkdtemp()` holds snapshots, stores and runs, and a check must not leave them behind in /tmp."""
     d = tempfile.mkdtemp(prefix=f"nbcheck-{Path(name).stem}-")
-    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    saved = tempfile.tempdir, dict(os.environ)
     tempfile.tempdir, os.environ["TMPDIR"] = d, d
     try:
         yield d
     finally:
+        # the environment as it was, too: a library that cached a path under `d` in a variable (torch's compile cache,
+        # TORCHINDUCTOR_CACHE_DIR, set on first use) would make it again there after the folder is gone
         tempfile.tempdir = saved[0]
-        if saved[1] is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved[1]
+        os.environ.clear()
+        os.environ.update(saved[1])
         shutil.rmtree(d, ignore_errors=True)
 
 
