@@ -17,8 +17,10 @@ loss, logging). Checkpoint writes are timed separately.
 """
 
 import argparse
+import atexit
 import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -152,6 +154,7 @@ def time_policy_hash(model, reps: int = 5) -> float:
 
 def bench_train(cfg_path, steps, snapshot, domain=None):
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the run's folder goes when the benchmark ends
     ov = dict(out=str(tmp / "run"), steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
     if snapshot is not None:
         ov["snapshot"] = snapshot

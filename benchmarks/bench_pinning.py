@@ -27,9 +27,11 @@ seconds per token).
 """
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -140,7 +142,9 @@ def worker(steps: int, extra: bool = False, smol: bool = False, threads: int = 1
     from stalebook.trainer import TrainConfig, Trainer
 
     snap = str(default_snapshot())
-    out = Path(tempfile.mkdtemp(prefix="bench-pinning-")) / "run"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pinning-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the run's folder goes when the worker ends
+    out = tmp / "run"
     ov = dict(out=str(out), snapshot=snap, steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
     tr = Trainer(load_config(TrainConfig, HERE.parent / "configs" / "tiny" / "train-math.yaml", overrides=ov))
     tr.log.append(tr.train_step())  # warm-up

@@ -10,7 +10,9 @@
 """
 
 import argparse
+import atexit
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -83,7 +85,8 @@ def bench_scoring(snapshot, rows=64):
     K, G = 8, rows // 8
     tasks = synthetic_tasks("math", G, Domain(0, ("bench", "tasks")))
     cfg = SamplingConfig(group_size=K, max_new_tokens=16, groups_per_batch=G)
-    tmp = Path(tempfile.mkdtemp())
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scoring-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the store goes when the benchmark ends
     t0 = time.perf_counter()
     st = generate_store(
         model,

@@ -12,6 +12,9 @@ scale): the same numbers up to float32 rounding.
 """
 
 import argparse
+import atexit
+import shutil
+import tempfile
 import time
 
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
@@ -61,9 +64,11 @@ def main(argv=None) -> int:
     from pathlib import Path
 
     res = json.loads((Path(a.run).parent / "points" / f"c-{a.checkpoint:06d}" / "result.json").read_text())
+    scratch = tempfile.mkdtemp(prefix="bench-scoring-skip-")  # the point's own folder, removed when the run ends
+    atexit.register(shutil.rmtree, scratch, True)
     cfg = PointConfig(
         run=a.run,
-        out="/tmp/bench_scoring_skip",
+        out=scratch,
         **{k: v for k, v in res["manifest"]["config"].items() if k in PointConfig.__dataclass_fields__},
     )
     pr = PointRun(cfg, progress=False)
