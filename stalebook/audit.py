@@ -804,7 +804,7 @@ def _summarise(path, fmt, log, steps, lag_s, lag_t, sketch, occ, threshold, top_
     run = dict(
         steps=len(steps),
         samples=sum(r["n_samples"] for r in steps),
-        tokens=sum(r["n_tokens"] for r in steps),
+        tokens=total("n_tokens"),  # None for a reward-only dump: no token is logged
         lag_hist={str(k): v for k, v in sorted(lag_s.items())},
         lag_hist_tokens={str(k): v for k, v in sorted(lag_t.items())},
         lag_mean=float(sum(k * v for k, v in lag_s.items()) / sum(lag_s.values())) if lag_s else None,
@@ -869,7 +869,7 @@ def audit(
             version_min=_min(ss, "version"),
             version_max=_min(ss, "version_tail", max),
             n_samples=len(ss),
-            n_tokens=int(sum(s.n_tokens or 0 for s in ss)),
+            n_tokens=None if all(s.n_tokens is None for s in ss) else int(sum(s.n_tokens or 0 for s in ss)),
         )
         t = step_tensors(ss)
         b = lag_buckets(ss, eps, lags)

@@ -446,3 +446,11 @@ def test_audit_html_opens_in_headless_chromium_with_its_figures(tmp_path):
     assert alarms == 1 + 2 and "clip@0.2" in table  # header + lag_bound + zero_advantage
     px = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     assert px.shape[0] > 500 and px.std() > 10 and (px < 128).mean() > 0.005, (px.shape, px.std())
+
+
+@pytest.mark.parametrize("fmt", ["verl", "roll", "skyrl"])
+def test_a_reward_only_dump_reports_tokens_and_lags_as_not_available(fmt):
+    "A reward-only dump logs no token, version or log-prob: those read None (not available), never 0."
+    r = audit(Path(__file__).parent / "fixtures" / "audit" / fmt, fmt=fmt, progress=False)["run"]
+    assert r["samples"] > 0 and r["n_groups"] > 0 and r["reward_mean_mean"] is not None
+    assert r["tokens"] is None and r["lag_mean"] is None and r["lag_token_weighted"] is None and r["lag_hist"] == {}
