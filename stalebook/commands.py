@@ -444,7 +444,8 @@ def cmd_audit(argv) -> int:
     r, rk = res["run"], res["ranking"]
     skipped = res["read"]["skipped"]
     print(
-        f"{path} ({res['format']}): {r['steps']} steps, {r['samples']} samples, {'n/a' if r['tokens'] is None else r['tokens']} tokens"
+        f"{path} ({res['format']}): {r['steps']} steps, {r['samples']} samples, "
+        f"{'n/a' if r['tokens'] is None else r['tokens']} tokens"
         + (f", {skipped} bad records skipped" if skipped else "")
     )
     print(
