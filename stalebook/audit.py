@@ -37,10 +37,10 @@ from stalebook.audit_formats import (
     AuditInputError,
     LoggedSample,
     ReadLog,
-    _stalebook_steps,
     detect_format,
     read_samples,
     register_format,
+    stalebook_steps,
 )
 from stalebook.core import (
     Domain,
@@ -904,11 +904,11 @@ def export_martingale(run_dir, workspace) -> Path:
     sampler = SamplerConfig(temperature=1.0, top_p=1.0, max_tokens=0, logprobs_mode="processed_logprobs",
                             dtype="float32", engine="stalebook", engine_version="0", seed_policy="stalebook",
                             logprobs_source="engine_sampling", temperature_applied=True)  # fmt: skip
-    steps = sorted({v for step, rows in _stalebook_steps(run_dir) for v in (step, *(r["version"] for r in rows))})
+    steps = sorted({v for step, rows in stalebook_steps(run_dir) for v in (step, *(r["version"] for r in rows))})
     rec = Recorder(Path(workspace))
     rev = {s: rec.publish_revision(hashlib.blake2b(f"stalebook-{s}".encode(), digest_size=32).hexdigest(),
                                    b"stalebook tokenizer", sampler, step=s).digest for s in steps}  # fmt: skip
-    for step, rows in _stalebook_steps(run_dir):
+    for step, rows in stalebook_steps(run_dir):
         for r in rows:
             C = len(r["completion_ids"])
             with rec.sequence(actor_id=0, sequence_id=f"{step}-{r['row']}", prompt_ids=r["prompt_ids"]) as s:

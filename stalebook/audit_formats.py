@@ -29,9 +29,9 @@ __all__ = ['FORMATS', 'FORMAT_OPTIONS', 'STALEBOOK_FORMAT', 'STALEBOOK_FIELDS', 
            'PRIME_SCHEMA', 'NEMO_FIELDS', 'NEMO_ARRAYS', 'NEMO_RX', 'SLIME_FIELDS', 'SLIME_TRAIN_FORMAT', 'SLIME_RX',
            'SLIME_OPTIONS', 'AREAL_FIELDS', 'AREAL_RX', 'VERL_FIELDS', 'VERL_RX', 'TRL_RX', 'TRL_NOT_REWARDS',
            'ROLL_RX', 'SKYRL_RX', 'AuditInputError', 'LoggedSample', 'prompt_key', 'ReadLog', 'json_lines', 'need',
-           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'read_prime_rl', 'export_prime_rl',
-           'read_prime_rl_traces', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime', 'export_slime',
-           'read_areal', 'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
+           'register_format', 'detect_format', 'read_samples', 'read_stalebook', 'stalebook_steps', 'read_prime_rl',
+           'export_prime_rl', 'read_prime_rl_traces', 'read_nemo_rl', 'export_nemo_rl', 'SlimeSchedule', 'read_slime',
+           'export_slime', 'read_areal', 'export_areal', 'read_verl', 'read_trl', 'read_roll', 'read_skyrl']
 
 # %% ../nbs/39_audit_formats.ipynb #617bf12b
 class AuditInputError(StalebookError):
@@ -268,7 +268,7 @@ def _make(log: ReadLog, sample: Callable, where: str, *args) -> LoggedSample | N
         log.bad(where, f"malformed values ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
 
 # %% ../nbs/39_audit_formats.ipynb #9f6981d8
-def _stalebook_steps(run_dir) -> Iterator[tuple[int, list[dict]]]:
+def stalebook_steps(run_dir) -> Iterator[tuple[int, list[dict]]]:
     "(step, records) of a stalebook run's token exports, a step file at a time, as `token_export_rows` wrote them."
     log, keys = ReadLog(), STALEBOOK_FIELDS + ("completion_ids", "behaviour_logp")
     for f in _step_files(_stalebook_dir(Path(run_dir)), "step_*.jsonl"):
@@ -467,7 +467,7 @@ def export_prime_rl(run_dir, out_dir) -> Path:
     """A stalebook run's token exports as prime-rl writes a run: token_exports/step_<s+1>/rank_0.jsonl (and STABLE) and
     the orchestrator's rollouts/step_<s+1>/train/effective/traces.jsonl, for each step s; returns `out_dir`."""
     out = Path(out_dir)
-    for step, rows in _stalebook_steps(run_dir):
+    for step, rows in stalebook_steps(run_dir):
         d = out / "token_exports" / f"step_{step + 1}"
         lines = (json.dumps(_prime_line(r, k), separators=(",", ":"), allow_nan=False) for k, r in enumerate(rows))
         _write_lines(d / "rank_0.jsonl", lines)
@@ -612,7 +612,7 @@ def _nemo_line(r: dict, T: int, pad_id: int) -> dict:
 def export_nemo_rl(run_dir, out_dir, pad_token_id: int = 0, divisible_by: int = 1) -> Path:
     "A stalebook run's token exports as NeMo-RL's train_data_step<s+1>.jsonl files in `out_dir` (its exp_NNN/ folder)."
     out = Path(out_dir)
-    for step, rows in _stalebook_steps(run_dir):
+    for step, rows in stalebook_steps(run_dir):
         T = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
         T = -(-T // divisible_by) * divisible_by
         lines = (json.dumps({**_nemo_line(r, T, pad_token_id), "idx": i}, default=str) for i, r in enumerate(rows))
@@ -861,7 +861,7 @@ def export_slime(run_dir, out_dir) -> Path:
     out, g0, i0 = Path(out_dir), 0, 0
     for sub in ("rollout_data", "train_data"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    for step, rows in _stalebook_steps(run_dir):
+    for step, rows in stalebook_steps(run_dir):
         samples = [_slime_sample_dict(r, g0 + r["group"], i0 + k) for k, r in enumerate(rows)]
         torch.save({"rollout_id": step, "samples": samples}, out / "rollout_data" / f"{step}.pt")
         train = [_slime_train_dict(r, k, i0 + k) for k, r in enumerate(rows)]
@@ -972,7 +972,7 @@ def _areal_line(r: dict, task: int, i: int, tail: int) -> dict | None:
 def export_areal(run_dir, out_dir) -> Path:
     "A stalebook run's token exports as AReaL's rollout dump in `out_dir` (a trial folder): rollout/{tail}/{task}.jsonl"
     out, task = Path(out_dir), 0
-    for _, rows in _stalebook_steps(run_dir):
+    for _, rows in stalebook_steps(run_dir):
         for g in sorted({r["group"] for r in rows}):
             grp = [r for r in rows if r["group"] == g]
             tail = max(r["version"] for r in grp)

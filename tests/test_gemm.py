@@ -20,10 +20,11 @@ from stalebook.gemm import TORCH_KERNELS, openblas_threads, route_gemms
 
 @pytest.fixture
 def routed():
-    "The routed kernels in this process for one test (this test process runs the default path otherwise)."
-    was = route_gemms(True)
+    """The routed kernels in this process for one test; torch's own after it (the default path, which other tests in
+    this worker process compute with)."""
+    route_gemms(True)
     yield
-    route_gemms(was)
+    route_gemms(False)
 
 
 def bits(t) -> bytes:
