@@ -1,29 +1,32 @@
-"""What pinning the CPU numerics costs (issue: Reproducible on every machine), measured side by side in one run.
+"""What the pinned numerics cost, measured side by side in one run: the pin (GEMMs routed through numpy's OpenBLAS on
+its Haswell kernels, the default), the old pin (`STALEBOOK_GEMM=torch`: torch's GEMMs in MKL's COMPATIBLE branch)
+and `STALEBOOK_NUMERICS=native` (the machine's own kernels).
 
-Every stalebook process pins torch/MKL/oneDNN to the AVX2 kernels and MKL's COMPATIBLE reproducibility branch
-(`stalebook.core.pin_numerics`); `STALEBOOK_NUMERICS=native` runs the machine's own kernels. The mode is fixed at
-process start, so each measurement runs in its own process, pinned and native alternating (ABAB...) to spread the
-machine's noise over both. Measured per process, after a warm-up:
-  * a GRPO step of the tiny model (`Trainer.train_step`, configs/tiny/train-math.yaml: 16 prompts x 16 samples)
-  * a scoring pass (all four estimators' features of 64 stored rollouts, `stale_features`)
-and the ratios pinned / native of the medians over rounds.
+The mode is fixed at process start, so each measurement runs in a process of its own, the three modes alternating
+in every round (pin, old pin, native, pin, ...) to spread the machine's noise over all three. Per process, after a
+warm-up, on `--threads` torch threads (a run's `threads`; default 1):
+  * tiny GRPO step: `Trainer.train_step` (configs/tiny/train-math.yaml: 16 prompts x 16 samples)
+  * tiny scoring: all four estimators' features of 64 stored rollouts (`stale_features`, bench_scoring)
+  * tiny sampling: seconds per token of stalebook's sampler (`hf_sample`), 64 rows x 16 tokens
+and with `--smol`, on SmolLM2-135M-Instruct as `make smol` imports it (LoRA r 8 on the attention projections;
+bench_smol's tasks, chat template and system prompt):
+  * smollm2 sampling: seconds per token of stalebook's sampler, 8 prompts x 32 tokens
+  * smollm2 GRPO step: one `Trainer.train_step` (8 prompts x K 2, 16 tokens: sample, rewards, behaviour pass,
+    forward/backward, AdamW; bench_smol.grpo_step)
+  * smollm2 scoring: the four estimators on 64 rollouts (16 groups x K 4, 16 tokens) at a policy one GRPO step
+    after the one that sampled them (bench_smol.scoring_overhead)
+Every process also runs its sampler against HF `generate` (greedy, KV cache, the same left-padded prompts) on the
+tiny model (and SmolLM2): the sampler at temperature 1e-4, where its float64 inverse-CDF draw is the argmax, so both
+give the same tokens (checked); seconds per token of each, interleaved, medians over `--reps`.
+With `--demo`, once per mode, the main job (`stalebook demo tiny:demo`, `--workers`) in a folder of its own: its wall
+time and, summed over its points (`timings.json`), a tiny point's stages: rollouts, scoring, analysis.
 
-With `--gemm` (issue 54) a third process per round runs the pinned numerics with the float32 GEMMs routed through
-numpy's OpenBLAS (`STALEBOOK_GEMM=openblas`, `stalebook.gemm`), and every process also measures (medians over
-`--reps` after a warm-up):
-  * tiny sampling: tokens/s of stalebook's sampler (`hf_sample`) on the shipped tiny model, 64 rows x 16 tokens
-and, with `--smol` too, on a SmolLM2-135M-shaped Llama (SmolLM2's config, random weights: hidden 576, MLP 1536,
-30 layers, 9/3 heads, vocabulary 49152, tied embeddings) with a rank-8 LoRA on q, k, v, o (`attach_lora`), on
-`--threads` torch threads:
-  * smol_fwd_bwd: forward and backward of 8 x 64 tokens (cross-entropy; LoRA gradients, input gradients through
-    every layer: scoring's and a GRPO step's pass)
-  * smol_sampling: tokens/s of HF `generate` (greedy, KV cache), 8 rows x 16 prompt tokens, 32 new tokens
-The record (`--json`): {"stages": [{"name", "model", "pinned_s", "native_s", "old_pinned_s"}], "runs", ...}, where
-`pinned_s` is the routed path, `old_pinned_s` the pin with MKL's COMPATIBLE GEMMs (seconds; sampling stages in
-seconds per token).
+The record (`--json`): {"stages": [{"name", "model", "pinned_s", "native_s", "old_pinned_s"}], "sampler_vs_generate",
+"runs", ...}: medians over rounds, seconds (sampling stages: seconds per token). It is rewritten after every round,
+so a run that is stopped keeps its complete rounds (`--from-log` rebuilds it from the lines a run printed).
 
-    .venv/bin/python benchmarks/bench_pinning.py [--rounds 2] [--steps 3] [--json PATH]
-    .venv/bin/python benchmarks/bench_pinning.py --gemm --smol --rounds 3 --json results/records/bench_pinning.json
+    .venv/bin/python benchmarks/bench_pinning.py [--rounds 2] [--steps 3]
+    .venv/bin/python benchmarks/bench_pinning.py --smol --demo --rounds 3 --json results/records/bench_pinning.json
 """
 
 import argparse
@@ -35,18 +38,36 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  (first: pins the numerics, or not, before bench_engine loads torch)
 
 HERE = Path(__file__).resolve().parent
 PATH = os.pathsep.join([str(HERE), str(Path(stalebook.__file__).resolve().parents[1])])  # workers: this stalebook
+MODES = {  # mode: the environment its processes start with (over this one, the numerics variables removed)
+    "pinned": {},
+    "old_pinned": {"STALEBOOK_GEMM": "torch"},
+    "native": {"STALEBOOK_NUMERICS": "native"},
+}
+NUMERICS_KEYS = ("STALEBOOK_NUMERICS", "STALEBOOK_GEMM", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+STAGES = {  # record key: (stage name, model)
+    "grpo_step_s": ("grpo_step", "tiny"),
+    "scoring_s": ("scoring_64", "tiny"),
+    "tiny_sampling_s": ("sampling_per_token", "tiny"),
+    "demo_rollouts_s": ("point_rollouts", "tiny"),
+    "demo_scoring_s": ("point_scoring", "tiny"),
+    "demo_analysis_s": ("point_analysis", "tiny"),
+    "demo_job_s": ("demo_job", "tiny"),
+    "smol_sampling_s": ("sampling_per_token", "smollm2"),
+    "smol_grpo_step_s": ("grpo_step", "smollm2"),
+    "smol_scoring_s": ("scoring_64", "smollm2"),
+}
 
 
 def _median_time(f, reps: int) -> float:
     "Median seconds of `reps` calls of `f` after one warm-up call."
-    import time
-
     f()
     ts = []
     for _ in range(reps):
@@ -56,237 +77,255 @@ def _median_time(f, reps: int) -> float:
     return statistics.median(ts)
 
 
-def tiny_sampling(snap, reps: int) -> float:
-    "Seconds per sampled token of `hf_sample` on the tiny model: 64 rows (8 prompts x 8) of up to 16 tokens."
-    from stalebook.core import Domain
-    from stalebook.model import load_policy
-    from stalebook.rollouts import SamplingConfig, group_uniforms, hf_sample
-
-    model, tok = load_policy(snap)
-    prompts = [f"{a}+{b}=" for a, b in zip(range(3, 40, 5), range(7, 30, 3))]
-    u = torch_cat([group_uniforms(Domain(0, ("bench", p)), 8, 16) for p in prompts])
-    rows = [p for p in prompts for _ in range(8)]
-    counted = []
-
-    def run():
-        _, comps, _ = hf_sample(model, tok, rows, u, SamplingConfig(max_new_tokens=16))
-        counted.append(sum(len(c) for c in comps))
-
-    return _median_time(run, reps) / max(1, counted[-1])
-
-
-def torch_cat(xs):
+def sampler_vs_generate(model, tok, prompts: list, tokens: int, reps: int, system: str | None = None) -> dict:
+    """Seconds per completion token of stalebook's sampler (`hf_sample`, temperature 1e-4: the argmax) and of HF
+    `generate` (greedy) on the same left-padded prompts, interleaved, medians over `reps` after a warm-up; the
+    two must give the same tokens."""
     import torch
 
-    return torch.cat(xs)
+    from stalebook.model import left_pad, pad_token_id, split_at_stop, stop_token_ids
+    from stalebook.rollouts import SamplingConfig, hf_sample, prompt_token_ids
 
+    sc = SamplingConfig(group_size=1, max_new_tokens=tokens, temperature=1e-4, system_prompt=system)
+    stops, pad = stop_token_ids(tok, model.generation_config), pad_token_id(tok, model.generation_config)
+    u = torch.rand(len(prompts), tokens, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    times, out = {"sampler": [], "generate": []}, {}
 
-def smol_model(threads: int):
-    "A SmolLM2-135M-shaped Llama with random weights and a fresh rank-8 LoRA (q, k, v, o)."
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    def ours():
+        out["ours"] = hf_sample(model, tok, prompts, u, sc)[1]
 
-    from stalebook.core import Domain
-    from stalebook.model import LoraSpec, attach_lora
-
-    torch.set_num_threads(threads)
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return attach_lora(LlamaForCausalLM(cfg), LoraSpec(), Domain(0, ("bench", "lora")))
-
-
-def smol_stages(threads: int, reps: int) -> dict:
-    "Seconds of a forward and backward of 8 x 64 tokens, and seconds per token of greedy sampling, SmolLM2-shaped."
-    import torch
-
-    model = smol_model(threads)
-    ids = torch.randint(3, 49152, (8, 64), generator=torch.Generator().manual_seed(1))
-
-    def fwd_bwd():
-        model.zero_grad(set_to_none=True)
-        logits = model(ids).logits
-        torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
-        ).backward()
-
-    fb = _median_time(fwd_bwd, reps)
-    prompt = ids[:, :16]
-
-    def sample():
+    def theirs():
+        ids, att, _ = left_pad(prompt_token_ids(tok, prompts, sc), pad)  # what hf_sample renders, timed alike
         with torch.no_grad():
-            model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+            g = model.generate(
+                input_ids=ids,
+                attention_mask=att,
+                do_sample=False,
+                max_new_tokens=tokens,
+                eos_token_id=list(stops),
+                pad_token_id=pad,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
+        out["theirs"] = []
+        for r in g[:, ids.shape[1] :].tolist():  # each row cut after its stop token, as the sampler cuts it
+            body, stopped = split_at_stop(r, stops)
+            out["theirs"].append(body + [r[len(body)]] if stopped else body)
 
-    return dict(smol_fwd_bwd_s=fb, smol_sampling_s=_median_time(sample, reps) / (8 * 32))
+    for rep in range(reps + 1):  # rep 0: warm-up
+        order = (("sampler", ours), ("generate", theirs))
+        for name, f in order if rep % 2 else order[::-1]:
+            t0 = time.perf_counter()
+            f()
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    if out["ours"] != out["theirs"]:
+        raise SystemExit("bench_pinning: the sampler and model.generate produced different tokens")
+    n = sum(map(len, out["ours"]))
+    return {f"{k}_s_per_token": statistics.median(v) / n for k, v in times.items()} | {"tokens": n}
 
 
-def worker(steps: int, extra: bool = False, smol: bool = False, threads: int = 1, reps: int = 2) -> dict:
-    "One process: its numerics, seconds per GRPO step and per scoring pass (and, `extra`, the sampling/SmolLM2 stages)."
-    import tempfile
-    import time
-
+def tiny_stages(threads: int, steps: int, reps: int) -> dict:
+    "The tiny model's stages: a GRPO step, scoring 64 rollouts, and sampling against `generate`."
+    import torch
     from bench_scoring import bench_scoring
 
     from stalebook.core import load_config
-    from stalebook.model import default_snapshot, numerics_state
+    from stalebook.model import default_snapshot, load_policy
     from stalebook.trainer import TrainConfig, Trainer
 
     snap = str(default_snapshot())
     tmp = Path(tempfile.mkdtemp(prefix="bench-pinning-"))
     atexit.register(shutil.rmtree, tmp, True)  # the run's folder goes when the worker ends
-    out = tmp / "run"
-    ov = dict(out=str(out), snapshot=snap, steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
+    ov = dict(out=str(tmp / "run"), snapshot=snap, steps=steps + 1, lineage_steps=[0], checkpoint_every=10**6)
     tr = Trainer(load_config(TrainConfig, HERE.parent / "configs" / "tiny" / "train-math.yaml", overrides=ov))
+    torch.set_num_threads(threads)
     tr.log.append(tr.train_step())  # warm-up
     t0 = time.perf_counter()
     for _ in range(steps):
         tr.log.append(tr.train_step())
-    step_s = (time.perf_counter() - t0) / steps
-    sc = bench_scoring(snap, 64)
-    rec = dict(numerics=numerics_state(), grpo_step_s=step_s, scoring_s=sc["score4_s"])
-    if extra:
-        rec["tiny_sampling_s"] = tiny_sampling(snap, reps)
-    if smol:
-        rec |= smol_stages(threads, reps)
+    rec = dict(grpo_step_s=(time.perf_counter() - t0) / steps)
+    rec["scoring_s"] = bench_scoring(snap, 64, threads)["score4_s"]
+    model, tok = load_policy(snap)
+    prompts = [f"{a}+{b}=" for a, b in zip(range(3, 40, 5), range(7, 30, 3)) for _ in range(8)]  # 64 rows
+    sg = sampler_vs_generate(model, tok, prompts, 16, reps)
+    return rec | dict(tiny_sampling_s=sg["sampler_s_per_token"], tiny_generate_s=sg["generate_s_per_token"])
+
+
+def smol_stages(threads: int, reps: int) -> dict:
+    "SmolLM2-135M-Instruct's stages (`make smol`): sampling against `generate`, a GRPO step, scoring 64 rollouts."
+    from bench_smol import _tasks, grpo_step, scoring_overhead
+
+    from stalebook.model import LoraSpec, compute_setup
+    from stalebook.pretrained import smol_snapshot
+    from stalebook.rollouts import load_run_policy
+
+    compute_setup(threads)
+    snap, system = smol_snapshot(), "You are a helpful assistant."
+    lora = LoraSpec(r=8, target_modules="attention")
+    model, tok = load_run_policy(str(snap), "", "cpu", "float32", lora=lora)
+    model.eval()
+    prompts = [t.prompt for t in _tasks(8, "b")]
+    sg = sampler_vs_generate(model, tok, prompts, 32, reps, system)
+    a = argparse.Namespace(prompts=8, k=2, tokens=16, threads=threads)
+    step = grpo_step(a, snap, model, tok, system, lora)
+    a = argparse.Namespace(groups=16, score_k=4, score_tokens=16, sketch=1024, score_reps=1, threads=threads)
+    sc = scoring_overhead(a, snap, system, lora)
+    return dict(
+        smol_sampling_s=sg["sampler_s_per_token"],
+        smol_generate_s=sg["generate_s_per_token"],
+        smol_grpo_step_s=step["t_step"],
+        smol_scoring_s=sc["median_s"]["score_four_estimators"],
+    )
+
+
+def worker(a) -> dict:
+    "One process: its numerics and its stages."
+    from stalebook.model import numerics_state
+
+    rec = dict(numerics=numerics_state()) | tiny_stages(a.threads, a.steps, a.reps)
+    if a.smol:
+        rec |= smol_stages(a.threads, a.reps)
     return rec
 
 
-STAGES = {  # record key: (stage name, model)
-    "grpo_step_s": ("grpo_step", "tiny"),
-    "scoring_s": ("scoring", "tiny"),
-    "tiny_sampling_s": ("sampling_per_token", "tiny"),
-    "smol_fwd_bwd_s": ("forward_backward_8x64", "smollm2"),
-    "smol_sampling_s": ("sampling_per_token", "smollm2"),
-}
+def demo_stages(mode: str, workers: int) -> dict:
+    "The main job in `mode` in a folder of its own: its wall seconds and its points' stages, summed."
+    with tempfile.TemporaryDirectory(prefix="bench-pinning-demo-") as d:
+        t0 = time.perf_counter()
+        subprocess.run(
+            [
+                str(Path(sys.executable).parent / "stalebook"),
+                "demo",
+                "tiny:demo",
+                "--root",
+                d,
+                "--workers",
+                str(workers),
+            ],
+            env=_env(mode),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        wall = time.perf_counter() - t0
+        tm = [json.loads(f.read_text()) for f in sorted(Path(d).rglob("timings.json"))]
+        if not tm:
+            raise SystemExit(f"bench_pinning: the {mode} demo left no point timings under {d}")
+        return dict(
+            demo_job_s=wall,
+            demo_points=len(tm),
+            demo_rollouts_s=sum(t["stale_rollouts"] + t["fresh_rollouts"] for t in tm),  # a point's own rollouts
+            demo_scoring_s=sum(t["scoring"] for t in tm),
+            demo_analysis_s=sum(t["analysis"] for t in tm),
+        )
+
+
+def _env(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in NUMERICS_KEYS} | {"PYTHONPATH": PATH}
+    return env | MODES[mode]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="timed tiny GRPO steps per process")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of the sampling stages (median)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every stage")
+    ap.add_argument("--smol", action="store_true", help="also SmolLM2-135M-Instruct's stages (needs `make smol`)")
+    ap.add_argument("--demo", action="store_true", help="also the main job once per mode")
+    ap.add_argument("--workers", type=int, default=2, help="with --demo: the demo's run-stage workers")
     ap.add_argument("--json", default="")
-    ap.add_argument("--gemm", action="store_true", help="also the pinned numerics with STALEBOOK_GEMM=openblas")
-    ap.add_argument("--smol", action="store_true", help="also the SmolLM2-shaped stages (with --gemm)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the SmolLM2-shaped stages")
-    ap.add_argument("--reps", type=int, default=2, help="timed repetitions of the sampling/SmolLM2 stages")
-    ap.add_argument("--from-log", default="", help="with --gemm: the record of the rounds a stopped run printed")
+    ap.add_argument("--from-log", default="", help="the record of the rounds a stopped run printed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    for name in ("rounds", "steps", "reps", "threads", "workers"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.from_log:
         runs = runs_from_log(Path(a.from_log).read_text())
         rounds = min(len(v) for v in runs.values())
-        rec = gemm_record({m: v[:rounds] for m, v in runs.items()}, a, rounds)
-        print(json.dumps(rec["stages"], indent=1))
+        print(json.dumps(record({m: v[:rounds] for m, v in runs.items()}, a, rounds)["stages"], indent=1))
         return
     if a.worker:
-        print(json.dumps(worker(a.steps, a.gemm, a.smol, a.threads, a.reps)))
+        print(json.dumps(worker(a)))
         return
-    modes = ("pinned", "native", "openblas") if a.gemm else ("pinned", "native")
-    runs = {m: [] for m in modes}
-    flags = [*(["--gemm"] if a.gemm else []), *(["--smol"] if a.smol else [])]
-    flags += ["--threads", str(a.threads), "--reps", str(a.reps)]
+    if a.smol:
+        from stalebook.pretrained import smol_snapshot
+
+        smol_snapshot()  # no snapshot: its one-line error now, not after the first round
+    flags = ["--steps", str(a.steps), "--reps", str(a.reps), "--threads", str(a.threads), *(["--smol"] * a.smol)]
+    runs = {m: [] for m in MODES}
     for r in range(a.rounds):
-        for mode in modes:
-            env = {
-                **os.environ,
-                "STALEBOOK_NUMERICS": "pinned" if mode == "openblas" else mode,
-                "PYTHONPATH": PATH,
-            }
-            for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "STALEBOOK_GEMM"):
-                env.pop(k, None)
-            if mode == "openblas":
-                env["STALEBOOK_GEMM"] = "openblas"
+        for mode in MODES:
             out = subprocess.run(
-                [sys.executable, __file__, "--worker", "--steps", str(a.steps), *flags],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
+                [sys.executable, __file__, "--worker", *flags], env=_env(mode), capture_output=True, text=True
             )
+            if out.returncode:
+                raise SystemExit(f"bench_pinning: the {mode} worker failed:\n{out.stderr[-3000:]}")
             rec = json.loads(out.stdout.strip().splitlines()[-1])
-            if rec["numerics"].get("gemm", "torch") != ("openblas" if mode == "openblas" else "torch"):
-                raise SystemExit(f"bench_pinning: the {mode} worker computed with GEMM {rec['numerics'].get('gemm')}")
+            if a.demo and r == 0:
+                rec |= demo_stages(mode, a.workers)
+            num = rec.pop("numerics")
+            want = ("pinned", "openblas") if mode == "pinned" else ("pinned" if mode == "old_pinned" else mode, None)
+            if (num["mode"], num.get("gemm")) != want:
+                raise SystemExit(f"bench_pinning: the {mode} worker computed in {num['mode']}, GEMMs {num.get('gemm')}")
             runs[mode].append(rec)
-            more = "".join(f", {k} {rec[k]:.4g}" for k in STAGES if k in rec and k not in ("grpo_step_s", "scoring_s"))
-            print(
-                f"round {r} {mode:8s} ({rec['numerics']['aten']}, MKL {rec['numerics']['mkl_cbwr']}, "
-                f"GEMM {rec['numerics'].get('gemm', 'torch')}): "
-                f"GRPO step {rec['grpo_step_s']:.3f} s, scoring pass {rec['scoring_s']:.3f} s{more}",
-                flush=True,
-            )
-        if a.gemm:  # the record so far: a long run that is stopped keeps its complete rounds
-            gemm_record(runs, a, r + 1)
-    keys = [k for k in STAGES if k in runs["pinned"][0]]
-    med = {m: {k: statistics.median(x[k] for x in v) for k in keys} for m, v in runs.items()}
-    ratio = {k: med["pinned"][k] / med["native"][k] for k in med["pinned"]}
-    print(
-        f"pinned / native: GRPO step {ratio['grpo_step_s']:.2f}x, scoring pass {ratio['scoring_s']:.2f}x "
-        f"(medians over {a.rounds} rounds)"
-    )
-    if not a.gemm:
-        if a.json:
-            Path(a.json).write_text(json.dumps(dict(runs=runs, median=med, ratio=ratio), indent=2))
-        return
-    stages = gemm_record(runs, a, a.rounds)["stages"]
-    for st in stages:
+            print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.4g}" for k, v in rec.items()), flush=True)
+        rec = record(runs, a, r + 1)  # written after every round: a run that is stopped keeps its complete rounds
+    for st in rec["stages"]:
         print(
-            f"{st['model']:8s} {st['name']:22s} routed/native {st['pinned_s'] / st['native_s']:.2f}x, "
-            f"old pin/routed {st['old_pinned_s'] / st['pinned_s']:.2f}x, old pin/native "
+            f"{st['model']:8s} {st['name']:19s} pinned/native {st['pinned_s'] / st['native_s']:.2f}x, "
+            f"old pin/pinned {st['old_pinned_s'] / st['pinned_s']:.2f}x, old pin/native "
             f"{st['old_pinned_s'] / st['native_s']:.2f}x"
         )
+    for m, v in rec["sampler_vs_generate"].items():
+        print(f"{m:8s} sampler / generate (pinned): {v['pinned']:.2f}x the tokens/s")
 
 
 def runs_from_log(text: str) -> dict:
-    "{mode: [stage values of one process]} from the lines `round <r> <mode> (...): ...` that a run printed."
+    "{mode: [stage values of one process]} from the lines `round <r> <mode>: key value, ...` that a run printed."
     runs = {}
     for line in text.splitlines():
-        m = re.match(r"round \d+ (\w+) +\(.*?\): GRPO step ([\d.e-]+) s, scoring pass ([\d.e-]+) s(.*)$", line)
-        if m:
-            rec = dict(grpo_step_s=float(m[2]), scoring_s=float(m[3]))
-            rec |= {k: float(v) for k, v in re.findall(r", (\w+) ([\d.e+-]+)", m[4])}
-            runs.setdefault(m[1], []).append(rec)
+        if m := re.match(r"round \d+ (\w+): (.*)$", line):
+            runs.setdefault(m[1], []).append({k: float(v) for k, v in re.findall(r"(\w+) ([\d.e+-]+)", m[2])})
     return runs
 
 
-def gemm_record(runs: dict, a, rounds: int) -> dict:
-    "The `--gemm` record of the rounds so far (medians per stage and mode), written to `--json` if given."
-    keys = [k for k in STAGES if k in runs["pinned"][0]]
-    med = {m: {k: statistics.median(x[k] for x in v) for k in keys} for m, v in runs.items()}
+def record(runs: dict, a, rounds: int) -> dict:
+    "The record of the rounds so far (medians per stage and mode), written to `--json` if given."
+    med = {m: {k: statistics.median(x[k] for x in v if k in x) for k in v[0]} for m, v in runs.items()}
     stages = [
-        dict(
-            name=STAGES[k][0],
-            model=STAGES[k][1],
-            pinned_s=med["openblas"][k],
-            native_s=med["native"][k],
-            old_pinned_s=med["pinned"][k],
-        )
-        for k in keys
+        dict(name=n, model=model, **{f"{m}_s": med[m][k] for m in MODES})
+        for k, (n, model) in STAGES.items()
+        if all(k in med[m] for m in MODES)
     ]
+    ratios = {  # tokens/s of the sampler over generate's: seconds per token of generate over the sampler's
+        model: {m: med[m][f"{p}_generate_s"] / med[m][f"{p}_sampling_s"] for m in MODES}
+        for model, p in (("tiny", "tiny"), ("smollm2", "smol"))
+        if f"{p}_generate_s" in med["pinned"]
+    }
     cpu = (
         x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model n")
     )
     rec = dict(
         stages=stages,
-        note="pinned_s: the pin with STALEBOOK_GEMM=openblas (numpy's OpenBLAS, Haswell kernels); old_pinned_s: "
-        "the pin with MKL's COMPATIBLE GEMMs (today's default); native_s: STALEBOOK_NUMERICS=native. Medians "
-        "over rounds of one process per mode, modes alternating; sampling stages in seconds per token.",
+        sampler_vs_generate=ratios,
+        note="pinned_s: the pin (GEMMs in numpy's OpenBLAS, Haswell kernels: the default); old_pinned_s: the pin with "
+        "STALEBOOK_GEMM=torch (MKL's COMPATIBLE GEMMs, the default before issue 54); native_s: STALEBOOK_NUMERICS="
+        "native. Medians over rounds of one process per mode, modes alternating; sampling stages in seconds per "
+        "token; point_* stages: a demo's points summed (one demo per mode); sampler_vs_generate: the sampler's "
+        "tokens/s over HF generate's (greedy, same tokens) per mode.",
         rounds=rounds,
-        smol_threads=a.threads,
+        threads=a.threads,
+        demo_workers=a.workers if a.demo else None,
         cpu=next(cpu, ""),
         runs=runs,
     )
     if a.json:
-        Path(a.json).write_text(json.dumps(rec, indent=2) + "\n")
+        tmp = Path(a.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=2) + "\n")
+        os.replace(tmp, a.json)
     return rec
 
 

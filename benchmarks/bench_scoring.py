@@ -62,7 +62,8 @@ def bench_sketch(D=1_000_000, k=8192, block=65536):
     )
 
 
-def bench_scoring(snapshot, rows=64):
+def bench_scoring(snapshot, rows=64, threads=2):
+    "Scoring's costs on `rows` stored rollouts of the tiny model at `threads` torch threads (seconds, best of 5)."
     from stalebook.model import LoraSpec, load_policy, policy_hash
     from stalebook.rollouts import (
         RolloutStore,
@@ -75,7 +76,7 @@ def bench_scoring(snapshot, rows=64):
     from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
     from stalebook.tasks import synthetic_tasks
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     model, tok = load_policy(snapshot, lora=LoraSpec())
     with torch.no_grad():
         for n, p in model.named_parameters():

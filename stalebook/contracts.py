@@ -40,7 +40,7 @@ from stalebook.core import (
 )
 from .point import PointConfig, load_point, point_tasks, screen_select
 from .registry import Registry, load_registry, registry_hash, registry_root
-from .rollouts import rollout_domain
+from .rollouts import numerics_tag, rollout_domain
 from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
 from stalebook.units import (
@@ -400,7 +400,7 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
             f"store {key} is bound to policy {str(man.get('policy_hash'))[:12]}, "
             f"the point's {who} is {str(policy)[:12]}"
         )
-    if man.get("numerics") != (num := f"{pc.dtype}/{pc.device.split(':')[0]}"):
+    if man.get("numerics") != (num := numerics_tag(pc.dtype, pc.device.split(":")[0])):
         probs.append(f"store {key} ran in {man.get('numerics')}, the point in {num}")
     if man.get("rng_domain", {}).get("key") != rollout_domain(pc.seed, policy or "", purpose).hex:
         probs.append(

@@ -67,7 +67,7 @@ PINNED_NUMERICS = {
     "OPENBLAS_NUM_THREADS": "1",
 }
 NUMERICS_VAR = "STALEBOOK_NUMERICS"  # 'pinned' (default) or 'native' (the machine's own kernels, never compared)
-GEMM_VAR = "STALEBOOK_GEMM"  # pinned only: 'torch' (default: MKL's COMPATIBLE branch) or 'openblas' (`gemm`)
+GEMM_VAR = "STALEBOOK_GEMM"  # pinned only: 'openblas' (default: numpy's OpenBLAS, `gemm`) or 'torch' (MKL's)
 _NUMERICS: dict = {}  # this process's numerics record, decided once
 
 
@@ -93,7 +93,7 @@ def _unpinnable() -> str | None:
 def pin_numerics(threads: int | None = None) -> dict:
     """Pin this process's CPU numerics (and, through the environment, its children's) before torch and numpy load; with
     `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned' (and `gemm`
-    'openblas' where a pinned process routes its GEMMs through numpy's OpenBLAS: `GEMM_VAR`, `22a_gemm`)."""
+    'openblas' where a pinned process routes its GEMMs through numpy's OpenBLAS, the default: `GEMM_VAR`, `22a_gemm`)."""
     if not _NUMERICS:
         want = os.environ.get(NUMERICS_VAR) or "pinned"
         if want not in ("pinned", "native"):  # read at import: a one-line error and exit, as the CLI gives
@@ -105,12 +105,13 @@ def pin_numerics(threads: int | None = None) -> dict:
         elif why:
             print(f"stalebook: numerics not pinned ({why}); this process's outputs are not compared", file=sys.stderr)
         _NUMERICS.update(mode="unpinned" if why else want, **({"why": why} if why else {}))
-        gemm = os.environ.get(GEMM_VAR) or "torch"
-        if gemm not in ("torch", "openblas"):
-            print(f"stalebook: error: {GEMM_VAR}={gemm!r}: expected 'torch' or 'openblas'", file=sys.stderr)
+        gemm = os.environ.get(GEMM_VAR) or "openblas"
+        if gemm not in ("openblas", "torch"):
+            print(f"stalebook: error: {GEMM_VAR}={gemm!r}: expected 'openblas' or 'torch'", file=sys.stderr)
             raise SystemExit(2)
-        if gemm == "openblas" and _NUMERICS["mode"] == "pinned":  # recorded only off the default path
+        if gemm == "openblas" and _NUMERICS["mode"] == "pinned":  # torch's GEMMs are recorded by its absence
             _NUMERICS.update(gemm=gemm)
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp: no spinning workers
     if threads:
         import torch  # lazy: only a model process asks for threads
 
@@ -191,8 +192,9 @@ RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "peft",
 
 
 def environment() -> dict:
-    """What a manifest records of the environment a run computed in: numerics mode, whether torch's CPU `sqrt` is
-    IEEE here (measured; never relied on), Python minor version, package versions."""
+    """What a manifest records of the environment a run computed in: numerics mode (and `gemm` where the GEMMs run in
+    numpy's OpenBLAS), whether torch's CPU `sqrt` is IEEE here (measured; never relied on), Python minor version,
+    package versions."""
 
     def _v(p):
         try:
@@ -202,6 +204,7 @@ def environment() -> dict:
 
     return dict(
         numerics=pin_numerics()["mode"],
+        **({"gemm": g} if (g := pin_numerics().get("gemm")) else {}),
         torch_sqrt_ieee=torch_sqrt_check(),
         python="{}.{}".format(*sys.version_info[:2]),
         versions={p: _v(p) for p in RESULT_PACKAGES},

@@ -1,7 +1,7 @@
-"""Under the pinned numerics every float32 matrix product of torch on the CPU runs in MKL's COMPATIBLE branch, the
-one MKL branch that computes the same bits on Intel and AMD, at about a third of what the CPU can do. numpy's
+"""Pinned to MKL, every float32 matrix product of torch on the CPU would run in MKL's COMPATIBLE branch, the one
+MKL branch that computes the same bits on Intel and AMD, at about a third of what the CPU can do. numpy's
 OpenBLAS, pinned to its Haswell kernels, is chosen by instruction set and not by vendor, and runs at full AVX2
-speed. `STALEBOOK_GEMM=openblas` routes torch's float32 CPU GEMMs through it, zero-copy.
+speed. A pinned process routes torch's float32 CPU GEMMs through it, zero-copy (`STALEBOOK_GEMM=torch`: MKL's).
 
 Docs: https://stalebook.github.io/stalebook/gemm.html.md"""
 

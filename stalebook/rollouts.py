@@ -65,9 +65,9 @@ __all__ = ['SAMPLERS', 'RUN_DETAILS', 'Generation', 'register_sampler', 'Sampler
            'sample_seeds', 'lora_request_id', 'LoraFolders', 'HfSampler', 'sample_batch', 'FakeSampler', 'VllmSampler',
            'SamplingConfig', 'sampling_probs', 'inverse_cdf', 'group_uniforms', 'RoomLayer', 'room_cache',
            'check_prompt_format', 'prompt_token_ids', 'completion_stops', 'hf_sample', 'pad_rows', 'micro_batches',
-           'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_of',
-           'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool', 'sample_groups',
-           'generate_store', 'RolloutsConfig', 'load_run_policy']
+           'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_tag',
+           'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
+           'sample_groups', 'generate_store', 'RolloutsConfig', 'load_run_policy']
 
 # %% ../nbs/25_rollouts.ipynb #74a17aea
 @dataclass
@@ -319,7 +319,8 @@ class SamplingConfig:
 # %% ../nbs/25_rollouts.ipynb #b96f6dd8
 def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
     "float64 sampling distribution from raw logits: temperature, then nucleus (top-p) truncation."
-    p = torch.softmax(logits.double() / temperature, -1)
+    x = logits.to(torch.float64, copy=True)  # one buffer, scaled in place (x / 1.0 == x: no division at 1)
+    p = torch.softmax(x if temperature == 1.0 else x.div_(temperature), -1)
     if top_p < 1.0:
         sorted_p, sorted_idx = p.sort(-1, descending=True)
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # smallest prefix with mass >= top_p
@@ -333,8 +334,11 @@ def inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     "Token ids min{a: F(a) > u} for rows of probabilities p [B, V] and uniforms u [B]."
     c = p.cumsum(-1)
     tok = torch.searchsorted(c, u.to(c.dtype).unsqueeze(-1).contiguous(), right=True).squeeze(-1)
-    # guard the float tail: never pick a zero-probability token past the last positive one
-    last = (p > 0).to(torch.int64).cumsum(-1).argmax(-1)
+    # guard the float tail: never pick a zero-probability token past the last positive one (the last token, unless a
+    # row's last probability underflowed to 0 or top-p cut it: only then is the last positive one searched for)
+    last = torch.full_like(tok, p.shape[-1] - 1)
+    if bool((p[..., -1] <= 0).any()):
+        last = torch.where(p[..., -1] > 0, last, (p > 0).to(torch.int64).cumsum(-1).argmax(-1))
     return torch.minimum(tok, last)
 
 # %% ../nbs/25_rollouts.ipynb #2333278f
@@ -604,15 +608,22 @@ def _store_name(
     return f"{policy_hash[:16]}-{domain.hex[:12]}-{config_hash(scfg)[:12]}-{hash_json(bound)[:8]}"
 
 
+def numerics_tag(dtype: str = "float32", device: str = "cpu") -> str:
+    """The numeric setting a store is bound to besides the weights, for parameters of `dtype` on `device` in this
+    process: dtype and device type (e.g. 'bfloat16/cuda'); on the CPU a process that is not pinned says so
+    ('float32/cpu/native'), and float32 products routed through numpy's OpenBLAS say that ('float32/cpu/openblas',
+    the pinned default: `22a_gemm`; other dtypes keep torch's GEMMs on either path)."""
+    if device != "cpu":
+        return f"{dtype}/{device}"
+    num = numerics_state()
+    gemm = num.get("gemm") if dtype == "float32" else None  # another GEMM path: other bits
+    return f"{dtype}/cpu" + ("" if num["mode"] == "pinned" else f"/{num['mode']}") + (f"/{gemm}" if gemm else "")
+
+
 def numerics_of(model) -> str:
-    """The numeric setting a store is bound to besides the weights: parameter dtype and device type
-    (e.g. 'bfloat16/cuda'); on the CPU a process that is not pinned says so ('float32/cpu/native'), and one that
-    routes its GEMMs through numpy's OpenBLAS too ('float32/cpu/openblas', `22a_gemm`)."""
+    "`numerics_tag` of `model`'s parameters."
     p = next(model.parameters())
-    mode = numerics_state()["mode"] if p.device.type == "cpu" else "pinned"
-    gemm = numerics_state().get("gemm") if p.device.type == "cpu" else None  # another GEMM path: other bits
-    tail = ("" if mode == "pinned" else f"/{mode}") + (f"/{gemm}" if gemm else "")
-    return f"{str(p.dtype).removeprefix('torch.')}/{p.device.type}{tail}"
+    return numerics_tag(str(p.dtype).removeprefix("torch."), p.device.type)
 
 
 RUN_DETAILS = ("wall_s", "stderr_tail")  # verifier details of this run on this machine (sidecar, not content)
@@ -688,9 +699,10 @@ class RolloutStore:
         sampling: SamplingConfig,
         task_ids: Sequence[str],
         path=None,
-        numerics: str = "float32/cpu",
+        numerics: str | None = None,  # None: a float32 CPU model in this process (`numerics_tag()`)
         shared_prefix: bool = False,
     ):
+        numerics = numerics_tag() if numerics is None else numerics
         _open_store(self, root, policy_hash, domain, sampling, task_ids, path, numerics, shared_prefix)
 
     @property

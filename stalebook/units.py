@@ -95,11 +95,14 @@ def phase_problems(udir: Path, ph: Phase, deps: dict) -> list[str]:
     f = record_path(udir, ph.name)
     if not f.is_file():
         return ["not run"]
-    rec, mode = json.loads(f.read_text()), pin_numerics()["mode"]
+    rec, num = json.loads(f.read_text()), pin_numerics()
     if rec.get("after") != deps:
         return ["an earlier phase it depends on changed"]
-    if (rec.get("environment") or {}).get("numerics") != mode:  # the numerics are part of a run's identity
-        return [f"ran under numerics {(rec.get('environment') or {}).get('numerics')}, this process computes {mode}"]
+    env = rec.get("environment") or {}
+    was, now = (env.get("numerics"), env.get("gemm")), (num["mode"], num.get("gemm"))
+    if was != now:  # the numerics (and the GEMM path) are part of a run's identity
+        say = lambda m, g: m if g is None else f"{m} (GEMMs: {g})"  # noqa: E731
+        return [f"ran under numerics {say(*was)}, this process computes {say(*now)}"]
     probs = []
     for rel, h in rec["outputs"].items():
         got = output_hash(Path(udir) / rel)

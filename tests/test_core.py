@@ -205,7 +205,7 @@ def test_pinned_numerics_give_the_same_bytes_on_another_cpu(tmp_path, shipped_sn
     "The same GRPO steps: pinned, whatever the start-up environment asks for; unpinned, they differ."
     tiny_snapshot = shipped_snapshot  # warm-started: the steps have non-zero advantages, so the weights move
     pinned, mode = _grpo_bytes(tmp_path, tiny_snapshot, "pinned", {})
-    assert mode == "float32/cpu"
+    assert mode == "float32/cpu/openblas"  # the pinned default: GEMMs in numpy's OpenBLAS
     avx512 = "avx512f" in cpu_flags()  # no process is started asking for an ISA this CPU lacks
     asks = [("asks-avx512", {**ASKS_AVX512, "MKL_ENABLE_INSTRUCTIONS": "AVX512"})] if avx512 else []
     for name, env in [*asks, ("avx2", AVX2_MACHINE)]:

@@ -1,6 +1,7 @@
-"""torch's float32 CPU GEMMs routed through numpy's OpenBLAS (`stalebook.gemm`, `STALEBOOK_GEMM=openblas`): the routed
+"""torch's float32 CPU GEMMs routed through numpy's OpenBLAS (`stalebook.gemm`, the pinned default): the routed
 ops equal numpy's own matmul bit for bit, autograd through them matches torch's own kernels and finite differences,
-every other dtype falls through to torch's kernel, the switch off leaves torch's kernels in place, and the routed
+every other dtype falls through to torch's kernel, a pinned process routes by default and `STALEBOOK_GEMM=torch`
+leaves torch's kernels in place, and the routed
 products and the tiny model's stages give the same bits under emulated CPUs of both vendors."""
 
 import json
@@ -15,16 +16,16 @@ import torch
 from test_core import EMULATED_CPUS
 
 from stalebook.core import GEMM_VAR, NUMERICS_VAR, PINNED_NUMERICS
-from stalebook.gemm import TORCH_KERNELS, openblas_threads, route_gemms
+from stalebook.gemm import GEMM, TORCH_KERNELS, openblas_threads, route_gemms
 
 
 @pytest.fixture
 def routed():
-    """The routed kernels in this process for one test; torch's own after it (the default path, which other tests in
-    this worker process compute with)."""
+    """The routed kernels in this process for one test; after it, what this process's numerics chose (`GEMM`: routed
+    when pinned, torch's own when native), which other tests in this worker process compute with."""
     route_gemms(True)
     yield
-    route_gemms(False)
+    route_gemms(GEMM == "openblas")
 
 
 def bits(t) -> bytes:
@@ -157,33 +158,37 @@ def test_threads_follow_torch_and_openblas_returns_to_one(routed):
 
 
 def _child(env_extra: dict, code: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in (*PINNED_NUMERICS, NUMERICS_VAR, GEMM_VAR)}
+    drop = (*PINNED_NUMERICS, NUMERICS_VAR, GEMM_VAR, "OMP_WAIT_POLICY")  # what the pin sets: the child's own choice
+    base = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run([sys.executable, "-c", code], env=base | env_extra, capture_output=True, text=True)
 
 
 SWITCH = (
-    "import stalebook.model, torch, numpy as np, json; from stalebook import gemm;"
+    "import stalebook.model, torch, numpy as np, json, os; from stalebook import gemm;"
     "from stalebook.core import pin_numerics;"
     "a, b = torch.randn(40, 50), torch.randn(50, 30);"
     "print(json.dumps([gemm.GEMM, 'gemm.py' in torch._C._dispatch_dump('aten::mm'),"
     " bool(torch.equal(a @ b, torch.from_numpy(a.numpy() @ b.numpy()))), pin_numerics().get('gemm'),"
-    " stalebook.model.numerics_state().get('gemm')]))"
+    " stalebook.model.numerics_state().get('gemm'), os.environ.get('OMP_WAIT_POLICY')]))"
 )
 
 
-def test_switch_off_leaves_torch_kernels_and_on_routes():
-    off, on, native = (
-        _child(env, SWITCH) for env in ({}, {GEMM_VAR: "openblas"}, {GEMM_VAR: "openblas", NUMERICS_VAR: "native"})
+def test_default_routes_and_torch_keeps_torch_kernels():
+    "A pinned process routes by default; STALEBOOK_GEMM=torch and the native numerics keep torch's own kernels."
+    default, torch_, native, active = (
+        _child(env, SWITCH)
+        for env in ({}, {GEMM_VAR: "torch"}, {NUMERICS_VAR: "native"}, {"OMP_WAIT_POLICY": "ACTIVE"})
     )
-    for r in (off, on, native):
+    for r in (default, torch_, native, active):
         assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(off.stdout) == ["torch", False, False, None, None]  # MKL's bits, no python kernel registered
-    assert json.loads(on.stdout) == ["openblas", True, True, "openblas", "openblas"]
-    assert json.loads(native.stdout) == ["torch", False, False, None, None]  # native keeps torch's kernels
+    assert json.loads(default.stdout) == ["openblas", True, True, "openblas", "openblas", "PASSIVE"]
+    assert json.loads(torch_.stdout) == ["torch", False, False, None, None, None]  # MKL's bits, no python kernel
+    assert json.loads(native.stdout) == ["torch", False, False, None, None, None]  # native keeps torch's kernels
+    assert json.loads(active.stdout)[-1] == "ACTIVE"  # a wait policy the environment sets is kept
     bad = _child({GEMM_VAR: "mkl"}, "import stalebook")
     assert (
         bad.returncode == 2
-        and bad.stderr.strip() == "stalebook: error: STALEBOOK_GEMM='mkl': expected 'torch' or 'openblas'"
+        and bad.stderr.strip() == "stalebook: error: STALEBOOK_GEMM='mkl': expected 'openblas' or 'torch'"
     )
 
 

@@ -76,26 +76,25 @@ def pinned_bytes(tmp, snap) -> dict:
 
 
 # The bytes of every consumer of generation (CPU, float32, threads 1, the reduced tiny snapshot), under the pinned
-# numerics with no torch sqrt anywhere (core.exact_sqrt, fused AdamW). The sync run's adapter and log hashes are the
-# ones a real AMD EPYC (family 25, AVX2) computed with the fused optimizer, and an emulated Intel CPU on that host;
-# the whole set is checked natively here and the stages under emulated AMD and Intel CPUs by the numerics trace
-# (tests/test_core.py). A process whose numerics are not pinned cannot compare them.
+# numerics (GEMMs in numpy's OpenBLAS) with no torch sqrt anywhere (core.exact_sqrt, fused AdamW), computed on a real
+# AMD EPYC Milan (AVX2 only); the whole set is checked natively here and the stages under emulated AMD and Intel CPUs
+# by the numerics trace (tests/test_core.py). A process whose numerics are not pinned cannot compare them.
 PINNED = {
-    "sync": {"adapter": "dceb6fc0304625cd", "log": "e1cd65d19eadadba"},
+    "sync": {"adapter": "9d74aa09bc39888c", "log": "cd15164d5a87aef8"},
     "heldout": 0.0,
-    "sync_kl_prefix": {"adapter": "7eed19fee1d86b42", "log": "205258e7e52c8e2b"},
-    "fixed_lag": {"adapter": "31bdacdcc379bcaf", "log": "07bdc471199fc5dc"},
-    "store": "18f09ac9741c2cc8",
-    "bolt": {"adapter": "82c4177be8d467a7", "log": "90cb084706685ac0"},
-    "bolt_reference": "f6029d526485895d",
+    "sync_kl_prefix": {"adapter": "8e884dd191b52f01", "log": "e5191e9e39655816"},
+    "fixed_lag": {"adapter": "59fb147a3f17a529", "log": "4d9e5693e11857ca"},
+    "store": "4617b0a54ae9d31c",
+    "bolt": {"adapter": "d1aa558f1d8291b4", "log": "742def966cc5d574"},
+    "bolt_reference": "d88aace4f58f63e3",
 }
 
 
 def test_step_bytes_are_pinned(tmp_path, tiny_snapshot):
     from stalebook.model import numerics_state
 
-    if (mode := numerics_state()["mode"]) != "pinned":
-        pytest.skip(f"constants recorded under the pinned numerics; this process runs {mode}")
+    if (num := numerics_state())["mode"] != "pinned" or num.get("gemm") != "openblas":
+        pytest.skip(f"constants recorded under the pinned numerics (GEMMs routed); this process runs {num}")
     got = pinned_bytes(tmp_path, tiny_snapshot)
     assert got == PINNED
 

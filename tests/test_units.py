@@ -217,3 +217,24 @@ def test_sft_family_never_resumes_a_grpo_lineage(tmp_path, tiny_snapshot):
     with pytest.raises(Exception) as e:
         run_unit(load_registry(sft), "tiny-math-s0", tmp_path / "rs", log=lambda *a: None)
     assert "an SFT run never resumes from a GRPO checkpoint" in str(e.value)
+
+
+def test_a_phase_computed_on_the_other_gemm_path_is_not_done(tmp_path):
+    "A phase record from the other GEMM path (torch's MKL GEMMs vs numpy's OpenBLAS) is not done, and says why."
+    from stalebook.core import pin_numerics
+    from stalebook.units import Phase, phase_problems, record_path, write_record
+
+    (tmp_path / "out.txt").write_text("x")
+    ph = Phase("p0", lambda: None, outputs=("out.txt",))
+    write_record(tmp_path, "u", ph, {}, None)
+    assert phase_problems(tmp_path, ph, {}) == []
+    f = record_path(tmp_path, "p0")
+    rec = json.loads(f.read_text())
+    routed = rec["environment"].pop("gemm", None) == "openblas"
+    assert routed == (pin_numerics().get("gemm") == "openblas")
+    if not routed:  # this process computes with torch's GEMMs: the record claims the routed path instead
+        rec["environment"]["gemm"] = "openblas"
+    f.write_text(json.dumps(rec))
+    mode = rec["environment"]["numerics"]
+    was, now = (mode, f"{mode} (GEMMs: openblas)") if routed else (f"{mode} (GEMMs: openblas)", mode)
+    assert phase_problems(tmp_path, ph, {}) == [f"ran under numerics {was}, this process computes {now}"]
