@@ -93,7 +93,7 @@ def _unpinnable() -> str | None:
 def pin_numerics(threads: int | None = None) -> dict:
     """Pin this process's CPU numerics (and, through the environment, its children's) before torch and numpy load; with
     `threads`, also torch's thread count. Returns the numerics record: mode 'pinned', 'native' or 'unpinned' (and `gemm`
-    'openblas' where a pinned process routes its GEMMs through numpy's OpenBLAS, the default: `GEMM_VAR`, `22a_gemm`)."""
+    'openblas' where a pinned process routes its GEMMs through numpy's OpenBLAS, its default: `GEMM_VAR`)."""
     if not _NUMERICS:
         want = os.environ.get(NUMERICS_VAR) or "pinned"
         if want not in ("pinned", "native"):  # read at import: a one-line error and exit, as the CLI gives
