@@ -36,7 +36,7 @@ def registry(tmp_path, name, point=""):
 def screened(tmp_path_factory):
     "(registry file, root) of the screened one-point registry, run once for this module's tests."
     tmp = tmp_path_factory.mktemp("screened")
-    reg = registry(tmp, "scr", ", screen_rollouts: 4, screen_pool: 48")
+    reg = registry(tmp, "scr", ", screen_rollouts: 4, screen_pool: 64")
     run_registry(reg, tmp / "root", progress=False, log=lambda *a: None)
     return reg, tmp / "root"
 
@@ -47,8 +47,8 @@ def test_screened_point_runs_through_the_registry(screened):
     assert st["state"] == "complete", problem_lines(st)
     res = json.loads(next(root.rglob("result.json")).read_text())
     scr, man = res["result"]["screen"], res["manifest"]
-    assert scr["pool"] == 48 and scr["rollouts"] == 4 and 16 <= scr["kept"] <= 48, scr
-    assert (man["config"]["screen_rollouts"], man["config"]["screen_pool"]) == (4, 48)  # in the point's identity
+    assert scr["pool"] == 64 and scr["rollouts"] == 4 and 16 <= scr["kept"] <= 64, scr
+    assert (man["config"]["screen_rollouts"], man["config"]["screen_pool"]) == (4, 64)  # in the point's identity
     stores = {p.parent.name: p for p in root.rglob("groups.jsonl")}
     assert hash_file(stores[man["screen_store"]]) == man["screen_store_hash"]
     assert man["screen_store"] not in man["rollout_stores"].values()

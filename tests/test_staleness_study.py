@@ -294,9 +294,13 @@ def test_synchronous_diagnostics_change_nothing_but_the_record(tmp_path, shipped
     the behaviour ~0 and the update's norm and cosines; its identity differs from the untraced run's."""
     from conftest import small_run
 
+    from stalebook.rollouts import SamplingConfig
     from stalebook.trainer import AsyncConfig, identity_dict, run_identity
 
-    kw = dict(steps=4, lineage_steps=(0, 4), shared_prefix=True)
+    # groups of 8 with room to answer: some step's gradient and the next are both non-zero (a cosine to check)
+    kw = dict(
+        steps=4, lineage_steps=(0, 4), shared_prefix=True, sampling=SamplingConfig(group_size=8, max_new_tokens=16)
+    )
     plain = small_run(tmp_path / "plain", shipped_snapshot, **kw)
     traced = small_run(tmp_path / "traced", shipped_snapshot, async_training=AsyncConfig(diagnostics=True), **kw)
     a, b = plain.log.records, traced.log.records
