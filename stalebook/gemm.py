@@ -48,7 +48,7 @@ F32 = torch.float32
 
 def blas_view(t: torch.Tensor) -> np.ndarray:
     "A numpy view of float32 `t` that numpy passes to BLAS as it is (row- or column-major last two dims), else a copy."
-    t = t.detach()
+    t = t.detach() if t.requires_grad else t
     s, n = t.stride(), t.shape
     if not ((s[-1] == 1 and s[-2] >= max(1, n[-1])) or (s[-2] == 1 and s[-1] >= max(1, n[-2]))):
         t = t.contiguous()
@@ -68,7 +68,7 @@ def matmul_into(out: torch.Tensor, a, b, c=None, beta=1, alpha=1) -> torch.Tenso
     if alpha != 1:
         o *= np.float32(alpha)
     if c is not None and beta != 0:
-        cc = c.detach().numpy()
+        cc = (c.detach() if c.requires_grad else c).numpy()
         o += cc if beta == 1 else np.float32(beta) * cc
     return out
 
@@ -77,21 +77,26 @@ ROUTED = ("mm", "mm.out", "addmm", "addmm.out", "bmm", "bmm.out", "baddbmm", "ba
 
 
 def product_shape(name: str, a, b) -> tuple | None:
-    "The shape of `a @ b` for `name` (mm/addmm: 2-d; bmm/baddbmm: 3-d), None unless both are strided float32 and fit."
-    if not all(t.dtype == F32 and t.layout == torch.strided and max(t.shape, default=0) < 2**31 for t in (a, b)):
+    """The shape of `a @ b` for `name` (mm/addmm: 2-d; bmm/baddbmm: 3-d), None unless both are strided float32 and fit.
+    It runs on every product (dtypes and layouts are singletons: compared with `is`)."""
+    if not (a.dtype is F32 and b.dtype is F32 and a.layout is torch.strided and b.layout is torch.strided):
+        return None
+    sa, sb = a.shape, b.shape
+    if max(*sa, *sb, 0) >= 2**31:
         return None
     if name.startswith(("mm", "addmm")):
-        ok = a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0]
-        return (a.shape[0], b.shape[1]) if ok else None
-    ok = a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
-    return (a.shape[0], a.shape[1], b.shape[2]) if ok else None
+        return (sa[0], sb[1]) if len(sa) == len(sb) == 2 and sa[1] == sb[0] else None
+    ok = len(sa) == len(sb) == 3 and sa[0] == sb[0] and sa[2] == sb[1]
+    return (sa[0], sa[1], sb[2]) if ok else None
 
 
 def _fits(c, out, shape) -> bool:
     "Whether the addend `c` (or None) broadcasts to `shape` and `out` (or None) can take the result as it is."
     try:
         c_ok = c is None or (
-            c.dtype == F32 and c.layout == torch.strided and np.broadcast_shapes(c.shape, shape) == shape
+            c.dtype is F32
+            and c.layout is torch.strided
+            and (tuple(c.shape) in (shape, shape[-1:]) or np.broadcast_shapes(c.shape, shape) == shape)
         )
     except ValueError:
         return False
