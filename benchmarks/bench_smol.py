@@ -23,7 +23,6 @@ Numbers go to results/records/bench_smol.json (`--json ''`: none).
 
 import argparse
 import json
-import os
 import re
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
+from stalebook.core import atomic_write
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "bench_smol.json"
 
@@ -257,13 +257,6 @@ def scoring_overhead(a, snap, system, lora) -> dict:
     }
 
 
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv=None):
     from stalebook.core import environment
     from stalebook.model import LoraSpec, compute_setup, numerics_state
@@ -306,7 +299,7 @@ def main(argv=None):
     res["scoring_overhead"] = scoring_overhead(a, snap, system, lora)
     res.update(wall_s=round(time.perf_counter() - t0, 1), numerics=numerics_state(), environment=environment())
     if a.json:
-        _write_json(Path(a.json), res)
+        atomic_write(Path(a.json), json.dumps(res, indent=1) + "\n")
         print(f"  wrote {a.json}")
 
 

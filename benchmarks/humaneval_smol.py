@@ -28,13 +28,12 @@ results/records/humaneval_smol.json (per-problem pass/fail, config, numbers) for
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
-from stalebook.core import StalebookError, environment
+from stalebook.core import StalebookError, atomic_write, environment
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "humaneval_smol.json"
@@ -102,13 +101,6 @@ def grade(tasks, completions) -> list[tuple[float, dict]]:
     from stalebook.tasks import rewards
 
     return rewards(tasks, completions, workers=1)
-
-
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -251,7 +243,7 @@ def main(argv=None) -> int:
             for t, (r, d), g in zip(tasks, graded, gens)
         ],
     }
-    _write_json(out, res)
+    atomic_write(out, json.dumps(res, indent=1) + "\n")
     print(f"  wrote {out}")
     return 0
 

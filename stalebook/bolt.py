@@ -604,18 +604,19 @@ def sequence_logprobs(model, tok, records, micro_batch: int = 64) -> tuple[np.nd
     with torch.no_grad():
         lp, m = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
         with model.disable_adapter():
-            lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
+            lp_ref, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
     seq = lambda x: (x.double() * m).sum(-1).cpu().numpy().reshape(len(records), -1)
-    return seq(lp), seq(lr)
+    return seq(lp), seq(lp_ref)
 
 
 def _se(x) -> float:
     return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
 
 
-def pool_metrics(R, lp, lr, beta: float) -> dict:
-    "Pass rate, KL(pi||pi_ref) and E[r] - beta KL on one pool: means over prompts of per-prompt sample means, with SEs."
-    d = np.asarray(lp) - np.asarray(lr)
+def pool_metrics(R, lp, lp_ref, beta: float) -> dict:
+    """Pass rate, KL(pi||pi_ref) and E[r] - beta KL on one pool (`lp`, `lp_ref`: sequence log-probs under pi and
+    pi_ref): means over prompts of per-prompt sample means, with SEs."""
+    d = np.asarray(lp) - np.asarray(lp_ref)
     per = dict(pass_rate=R.mean(1), kl=d.mean(1), objective=(R - beta * d).mean(1))
     return (
         {k: float(v.mean()) for k, v in per.items()}
@@ -643,11 +644,11 @@ def retention_nll(model, tok, pairs: dict, micro_batch: int = 64) -> dict:
         with torch.no_grad():
             lp, m = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
             with model.disable_adapter():
-                lr, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
+                lp_ref, _ = completion_logprobs(model, pids, comps, micro_batch, tok.pad_token_id)
         n = m.sum()
         out[d] = dict(
             nll=float(-(lp.double() * m).sum() / n),
-            nll_ref=float(-(lr.double() * m).sum() / n),
+            nll_ref=float(-(lp_ref.double() * m).sum() / n),
             n_pairs=len(ps),
             n_tokens=int(n),
         )
@@ -679,8 +680,8 @@ def measure_policy(
                 numerics=numerics_of(model),
             )
             generate_store(model, tok, tasks, st, reward_fn=reward_fn, progress=progress, sampler=sampler)
-        lp, lr = sequence_logprobs(model, tok, st.records, cfg.train.micro_batch)
-        out[name] = pool_metrics(np.array([r["rewards"] for r in st.records], np.float64), lp, lr, cfg.beta)
+        lp, lp_ref = sequence_logprobs(model, tok, st.records, cfg.train.micro_batch)
+        out[name] = pool_metrics(np.array([r["rewards"] for r in st.records], np.float64), lp, lp_ref, cfg.beta)
     return dict(policy_hash=ph, **out, retention=retention_nll(model, tok, pairs, cfg.train.micro_batch))
 
 

@@ -48,6 +48,7 @@ from stalebook.core import (
     config_hash,
     hash_file,
     load_config,
+    read_json,
     read_jsonl,
     save_figure,
 )
@@ -153,13 +154,6 @@ register_kind(
 )
 
 # %% ../nbs/37_bolt_study.ipynb #b0e1a00c
-def _json(f: Path):
-    try:
-        return json.loads(Path(f).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def bolt_missing(u: Unit) -> str | None:
     "What a bolt unit still waits for (None once its last phase has a record)."
     phases = bolt_phases(u)
@@ -196,11 +190,11 @@ def bolt_objective(u: Unit) -> list[str]:
         probs.append(f"the training run's kl_beta is {tc.kl_beta}; arm '{cfg.arm}' has {kl}")
     probs += [
         f"lineage step {e['step']} is '{e.get('objective')}', not '{want}'"
-        for e in (_json(t / "lineage.json") or {}).get("chain", [])
+        for e in (read_json(t / "lineage.json") or {}).get("chain", [])
         if e.get("objective") != want
     ]
     if static_arm(cfg):
-        w = _json(t / "weighting.json") or {}
+        w = read_json(t / "weighting.json") or {}
         need = dict(weighting=arm.weighting, beta=cfg.beta, rounds=cfg.rounds)
         probs += [
             f"train/weighting.json: {k} is {w.get(k)!r}, the arm's is {v!r}" for k, v in need.items() if w.get(k) != v
@@ -215,7 +209,7 @@ def bolt_lineage(u: Unit) -> list[str]:
     t = u.dir / "train"
     probs = [x.replace(f"{u.dir}/", "") for x in check_lineage(t)]
     for s in eval_steps(u.config.arm):
-        m, e = _json(lineage_checkpoint(t, s) / "meta.json"), _json(u.dir / "eval" / f"step-{s:06d}.json")
+        m, e = read_json(lineage_checkpoint(t, s) / "meta.json"), read_json(u.dir / "eval" / f"step-{s:06d}.json")
         if m is None or e is None:
             probs.append(f"step {s}: {'checkpoint meta.json' if m is None else 'evaluation record'} missing")
         elif e.get("policy_hash") != m.get("policy_hash"):
@@ -233,7 +227,7 @@ def bolt_reference(u: Unit) -> list[str]:
         return []
     t, probs, L = u.dir / "train", [], cfg.train.steps // cfg.rounds
     for k in range(cfg.rounds):
-        r, m = _json(t / f"reference-{k}.json"), _json(lineage_checkpoint(t, k * L) / "meta.json")
+        r, m = read_json(t / f"reference-{k}.json"), read_json(lineage_checkpoint(t, k * L) / "meta.json")
         if r is None or m is None:
             probs.append(f"round {k}: {'train/reference-%d.json' % k if r is None else 'checkpoint meta.json'} missing")
             continue
@@ -243,7 +237,7 @@ def bolt_reference(u: Unit) -> list[str]:
                 f"not by the round's pi_ref (step {k * L}, {m['policy_hash'][:12]})"
             )
         sd = stores_root(cfg, u.dir) / r["store"]
-        sm, done = _json(sd / "manifest.json"), _json(sd / "complete.json")
+        sm, done = read_json(sd / "manifest.json"), read_json(sd / "complete.json")
         if sm is None or done is None:
             probs.append(f"round {k}: store {r['store']} is missing or incomplete in the shared store root")
             continue
@@ -261,7 +255,7 @@ def bolt_reference(u: Unit) -> list[str]:
 def bolt_budget(u: Unit) -> list[str]:
     if u.config.kind == "sweep":
         return []
-    res, cfg = _json(u.dir / "result.json"), u.config.arm
+    res, cfg = read_json(u.dir / "result.json"), u.config.arm
     if res is None:
         return ["result.json missing"]
     probs = (
@@ -276,7 +270,7 @@ def bolt_budget(u: Unit) -> list[str]:
     for uid, other in u.registry.units().items():
         if other.kind != "arm" or uid == u.id or unit_label(uid)[:2] != (d, s):
             continue
-        o = _json(unit_dir(u.dir.parent.parent, uid) / "result.json")
+        o = read_json(unit_dir(u.dir.parent.parent, uid) / "result.json")
         if o is None:
             continue
         probs += [f"budget not matched with {uid}: {k} differs" for k in keys if o["budget"][k] != res["budget"][k]]
@@ -445,7 +439,7 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
     "Arm x domain rows over the seeds of the passing units, the claim rows, the sweep rows and the sources."
     ok = {r["item"] for r in status["rows"] if r["state"] == "pass"}
     arms = {
-        uid: dict(result=_json(unit_dir(root, uid) / "result.json"))
+        uid: dict(result=read_json(unit_dir(root, uid) / "result.json"))
         for uid, c in reg.units().items()
         if uid in ok and c.kind == "arm"
     }
@@ -466,7 +460,7 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
             )
     core = {d: {a: v for a, v in D.items() if not a.startswith("bolt-beta")} for d, D in agg.items()}
     sweeps = {
-        uid: _json(unit_dir(root, uid) / "sweep.json")["rows"]
+        uid: read_json(unit_dir(root, uid) / "sweep.json")["rows"]
         for uid, c in reg.units().items()
         if uid in ok and c.kind == "sweep"
     }
@@ -488,37 +482,26 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
     )
 
 # %% ../nbs/37_bolt_study.ipynb #8d284311
-def _unit_folder(root: Path, uid: str, legacy: bool) -> Path:
-    if not legacy:
-        return unit_dir(root, uid)
-    d, s, label = unit_label(uid)
-    return root / d / f"s{s}" / label
-
-
-def collect_units(reg: Registry, root: Path, legacy: bool = False) -> tuple[dict, dict, str]:
-    """(arm units' results and timings, sweep units' rows, state): the units that pass every contract (or, for a legacy
-    root, that are present)."""
-    if legacy:
-        ok, state = None, "legacy run (layout before the registry; contracts not checked)"
-    else:
-        st = registry_status(reg, root)
-        ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
+def collect_units(reg: Registry, root: Path) -> tuple[dict, dict, str]:
+    "(arm units' results and timings, sweep units' rows, state): the units that pass every contract."
+    st = registry_status(reg, root)
+    ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
     arms, sweeps = {}, {}
     for uid, u in reg.units().items():
-        folder = _unit_folder(root, uid, legacy)
-        if ok is not None and uid not in ok:
+        folder = unit_dir(root, uid)
+        if uid not in ok:
             continue
         if u.kind == "arm" and (folder / "result.json").exists():
             tf = folder / "timings.json"
-            arms[uid] = dict(result=_json(folder / "result.json"), timings=_json(tf) if tf.exists() else None)
+            arms[uid] = dict(result=read_json(folder / "result.json"), timings=read_json(tf) if tf.exists() else None)
         elif u.kind == "sweep" and (folder / "sweep.json").exists():
-            sweeps[uid] = _json(folder / "sweep.json")
+            sweeps[uid] = read_json(folder / "sweep.json")
     return arms, sweeps, state
 
 # %% ../nbs/37_bolt_study.ipynb #067a1132
-def bolt_record(reg: Registry, root: Path, legacy: bool = False, bench: dict | None = None) -> dict:
+def bolt_record(reg: Registry, root: Path, bench: dict | None = None) -> dict:
     "The study's record: aggregate, claim rows (with bench_bolt's ratios), tables, units, measured seconds."
-    arms, sweeps, state = collect_units(reg, root, legacy)
+    arms, sweeps, state = collect_units(reg, root)
     agg = aggregate_study(arms)
     core = {d: {k: v for k, v in D.items() if not k.startswith("bolt-beta")} for d, D in agg.items()}
     unit_s = {uid: u["timings"]["phases"] for uid, u in arms.items() if u["timings"]}
@@ -539,11 +522,6 @@ def bolt_record(reg: Registry, root: Path, legacy: bool = False, bench: dict | N
         units=arms,
         machine="2 CPU cores shared with other jobs (two unit workers), torch 1 thread per unit",
     )
-    if (
-        legacy and (root / "unit-seconds.json").exists()
-    ):  # the earlier runner's wall seconds per unit (one process each)
-        out["unit_wall_seconds"] = w = _json(root / "unit-seconds.json")
-        out["wall_seconds_total"] = round(sum(w.values()), 1)
     return out
 
 # %% ../nbs/37_bolt_study.ipynb #58252775
@@ -659,8 +637,7 @@ def bolt_figures(rec: dict, study: BoltStudy, prefix: str = "") -> list[Path]:
     import matplotlib.pyplot as plt  # figures only
 
     done, n, state = rec["n_finished"], rec["n_units"], rec["state"]
-    legacy = state.startswith("legacy")
-    tag = "" if state in ("complete", "frozen") or (legacy and done == n) else f"PARTIAL ({done}/{n} units) - "
+    tag = "" if state in ("complete", "frozen") else f"PARTIAL ({done}/{n} units) - "
     figs = dict(
         bolt_time=time_figure(rec["aggregate"], study, tag),
         bolt_rounds=rounds_figure(rec["aggregate"], study, tag),
@@ -684,7 +661,6 @@ def study_outputs(reg: Registry) -> tuple[str, str]:
 def run_bolt_study(
     registry: str = "bolt-tiny",
     root=None,
-    legacy_root=None,
     run: bool = False,
     only: str | None = None,
     json_path=None,
@@ -694,16 +670,16 @@ def run_bolt_study(
 ) -> int:
     """`stalebook study bolt`: the record, the figures (by default both named after the registry: `study_outputs`)
     and the printed tables and claim rows of a bolt registry's passing units (`run`: first run or resume them)."""
-    reg, legacy = load_registry(registry), legacy_root is not None
-    root = Path(legacy_root) if legacy else registry_root(reg, root)
-    if run and not legacy:
+    reg = load_registry(registry)
+    root = registry_root(reg, root)
+    if run:
         run_registry(reg, root, only, progress=sys.stderr.isatty())
     if bench == "meters":  # the units' own meters: both arms side by side in the registry run
         ratios = meter_ratios(reg, root)
     else:
         bench = Path(bench or results_dir() / "records" / "bench_bolt.json")
-        ratios = _json(bench)["ratios"] if bench.exists() else None
-    rec = bolt_record(reg, root, legacy, ratios)
+        ratios = read_json(bench)["ratios"] if bench.exists() else None
+    rec = bolt_record(reg, root, ratios)
     name, prefix = study_outputs(reg)
     json_path = Path(json_path or results_dir() / "records" / name)
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -744,9 +744,6 @@ def _study_bolt_args(sub) -> None:
     )
     sp.add_argument("--registry", default="bolt-tiny", help="a bolt registry: NAME, NAME:SLICE or a YAML file")
     sp.add_argument("--root", default=None, help="the registry's results folder (default: its `out`)")
-    sp.add_argument(
-        "--legacy-root", default=None, help="read a results folder of the layout before the registry instead"
-    )
     sp.add_argument("--run", action="store_true", help="first run (or resume) the units, as `stalebook run` does")
     sp.add_argument("--only", default=None, help="with --run: unit ids or patterns")
     sp.add_argument(
@@ -815,7 +812,7 @@ def cmd_study(argv) -> int:
     if a.what == "staleness":
         return run_study(a.registry, a.root, a.jobs, a.max_cells, a.only_analyse, a.json, a.figures, log=say)
     if a.what == "bolt":
-        return run_bolt_study(a.registry, a.root, a.legacy_root, a.run, a.only, a.json, a.bench, a.figures, log=say)
+        return run_bolt_study(a.registry, a.root, a.run, a.only, a.json, a.bench, a.figures, log=say)
     if a.what == "staleness-sim":
         return run_staleness_sweep(a.reps, a.steps, a.quick, log=say)
     kw = {k: getattr(a, k) for k in ("pools", "seeds", "n_boot", "truth_draws") if getattr(a, k) is not None}

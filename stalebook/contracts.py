@@ -36,6 +36,7 @@ from stalebook.core import (
     hash_file,
     hash_json,
     load_config,
+    read_json,
     read_jsonl,
 )
 from .point import PointConfig, load_point, point_tasks, screen_select
@@ -231,13 +232,6 @@ def registry_status(registry, root=None) -> dict:
         progress=prog,
     )
 
-# %% ../nbs/33_contracts.ipynb #5d6a4d3d
-def _json(f: Path):
-    try:
-        return json.loads(Path(f).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
 # %% ../nbs/33_contracts.ipynb #7b982c28
 @dataclass
 class PointCheck:
@@ -264,11 +258,11 @@ class PointCheck:
 
     @functools.cached_property
     def result(self) -> dict | None:
-        return _json(self.dir / "result.json")
+        return read_json(self.dir / "result.json")
 
     @functools.cached_property
     def lineage(self) -> dict | None:
-        return _json(self.train / "lineage.json")
+        return read_json(self.train / "lineage.json")
 
     @functools.cached_property
     def train_config(self) -> TrainConfig | None:
@@ -276,7 +270,7 @@ class PointCheck:
         return load_config(TrainConfig, f) if f.is_file() else None
 
     def meta(self, step: int) -> dict | None:
-        return _json(lineage_checkpoint(self.train, step) / "meta.json")
+        return read_json(lineage_checkpoint(self.train, step) / "meta.json")
 
     def rel(self, s: str) -> str:
         return s.replace(f"{self.unit.dir}/", "")
@@ -391,7 +385,7 @@ def expected_stores(p: PointCheck) -> dict:
 def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str, ids: list) -> list[str]:
     "The generation contract for one store (the screen's holds `screen_rollouts` rollouts per prompt)."
     sd, pc, who = p.train / "rollouts" / name, p.fam.point, "β" if key in ("stale", "screen") else "π"
-    man = _json(sd / "manifest.json")
+    man = read_json(sd / "manifest.json")
     if man is None:
         return [f"store {key} ({name[:16]}): no manifest.json"]
     probs, K = [], pc.screen_rollouts if key == "screen" else pc.group_size
@@ -423,7 +417,7 @@ def store_problems(p: PointCheck, key: str, name: str, policy: str, purpose: str
             f"store {key}: {len(ids) - len(lost)} of {len(ids)} registered prompt groups complete "
             f"(missing: {', '.join(lost[:3])}" + (", ..." if len(lost) > 3 else "") + ")"
         )
-    done = _json(sd / "complete.json")
+    done = read_json(sd / "complete.json")
     if done is None:
         probs.append(f"store {key} is not sealed (no complete.json)")
     elif (sd / "groups.jsonl").is_file() and done.get("groups_sha256") != hash_file(sd / "groups.jsonl"):
@@ -474,7 +468,7 @@ def analysis_contract(p: PointCheck) -> list[str]:
 # %% ../nbs/33_contracts.ipynb #130ca5dd
 @contract("ranking", "manifest")
 def manifest_contract(p: PointCheck) -> list[str]:
-    m = _json(p.dir / "manifest.json")
+    m = read_json(p.dir / "manifest.json")
     if m is None:
         return [f"points/{point_name(p.c)}/manifest.json missing or not JSON"]
     want = dict(kind=POINT_MANIFEST, version=1, unit=p.unit.id, checkpoint=p.c, objective=p.fam.objective)
@@ -557,7 +551,7 @@ def registry_cells(reg: Registry, root: Path, status: dict) -> dict:
             d, item = unit_dir(root, uid) / "points" / point_name(c), f"{uid}/c{c}"
             got = item in ok
             cells.setdefault((fam.model, fam.domain, fam.tag, c), []).append(
-                (load_point(d) if got else None, _json(d / "result.json")["result"] if got else None, item)
+                (load_point(d) if got else None, read_json(d / "result.json")["result"] if got else None, item)
             )
     return cells
 
@@ -700,7 +694,7 @@ def freeze(registry, root=None) -> dict:
     t = frozen_content(reg, root, st)
     ch, fdir = hash_json(t), root / "frozen"
     if (fdir / "table.json").is_file():
-        old = _json(fdir / "table.json") or {}
+        old = read_json(fdir / "table.json") or {}
         if old.get("content_hash") == ch:
             return dict(content_hash=ch, dir=str(fdir), written=False, table=t)
         raise StalebookError(
@@ -724,7 +718,7 @@ def watermark(st: dict) -> str:
             f"({t['fail']} failing, {t['missing']} missing); not paper numbers"
         )
     if st["state"] == "frozen":
-        ch = (_json(Path(st["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
+        ch = (read_json(Path(st["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
         return (
             f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; "
             f"table content hash {ch[:16]}"

@@ -36,11 +36,12 @@ __all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'GEMM_VAR', 'NUMERICS', 'RESULT_PA
            'ConfigError', 'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'exact_sqrt',
            'torch_sqrt_check', 'environment', 'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file',
            'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
-           'atomic_write_json', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog', 'fault_point', 'Progress',
-           'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config', 'config_dict', 'config_hash',
-           'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir',
-           'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains',
-           'check_state_dict_hash', 'experiment_notebook', 'split_notebook_timings', 'environ', 'run_notebook']
+           'atomic_write_json', 'read_json', 'jsonable', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
+           'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config',
+           'config_dict', 'config_hash', 'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk',
+           'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks',
+           'assert_checks', 'check_rng_domains', 'check_state_dict_hash', 'experiment_notebook',
+           'split_notebook_timings', 'environ', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -383,6 +384,29 @@ def atomic_write(path, data: bytes | str) -> Path:
 def atomic_write_json(path, obj, indent=2) -> Path:
     "Atomically write `obj` as (sorted-key) JSON."
     return atomic_write(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")
+
+# %% ../nbs/00_core.ipynb #b56a0002
+def read_json(path):
+    "The JSON in `path`, or None where the file is missing or does not parse (a record not written yet)."
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def jsonable(x):
+    "A JSON-able copy of numpy-laden results: arrays and tuples to lists, keys to str, nan and inf to None."
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, (np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, np.str_):
+        return str(x)
+    return x
 
 # %% ../nbs/00_core.ipynb #4350ffb2
 @contextlib.contextmanager

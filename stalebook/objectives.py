@@ -100,8 +100,8 @@ def grpo_loss(
     """PPO-form clipped GRPO loss; returns (loss, stats). logp, old_logp, mask [B, L], adv per row [B]; the ratio
     pi/pi_old is taken at `level`; `is_weights` [B, L] (detached, optional) multiply each token's clipped term; with
     `ref_logp` [B, L] and `kl_beta` > 0, plus kl_beta * `kl_k3`; `norm`: `aggregate`'s."""
-    lr = level_log_ratio(logp - old_logp, mask, level)
-    obj, ratio, _ = clipped_objective(lr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
+    logr = level_log_ratio(logp - old_logp, mask, level)
+    obj, ratio, _ = clipped_objective(logr, adv[:, None].to(logp.dtype), clip_epsilon, clip_epsilon_high)
     if is_weights is not None:
         obj = obj * is_weights
     loss = -aggregate(obj, mask, agg, norm)
@@ -229,24 +229,24 @@ def offpolicy_stats(
     k3 KL(pi_phi || pi_theta), clip fraction of the loss,
     and ESS fraction, log max and fraction > C of the raw weights."""
     m = mask
-    lr = ((logp - behaviour_logp) * m).detach().double()  # float64: k3 = r - 1 - log r cancels near r = 1
+    logr = ((logp - behaviour_logp) * m).detach().double()  # float64: k3 = r - 1 - log r cancels near r = 1
     n = m.sum().clamp(min=1)
-    lw = level_log_ratio(lr, m, level)
+    lw = level_log_ratio(logr, m, level)
     lw = lw[m] if level == "token" else lw[:, 0][m.any(-1)]
     if correction in IS_WEIGHTS:
         clip = 0.0  # the decoupled loss's ratio is 1: its clip never binds
     else:
         clip = (
             clipped_objective(
-                level_log_ratio(lr, m, level), adv[:, None].to(lr.dtype), clip_epsilon, clip_epsilon_high
+                level_log_ratio(logr, m, level), adv[:, None].to(logr.dtype), clip_epsilon, clip_epsilon_high
             )[2]
             & m
         ).sum() / n
     ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / max(lw.numel(), 1)
     return dict(
-        logr_max_abs=finite_or_none(lr.abs().max()),
-        logr_mean_abs=finite_or_none(lr.abs().sum() / n),
-        kl_behav_k3=finite_or_none(((torch.expm1(lr) - lr) * m).sum() / n),
+        logr_max_abs=finite_or_none(logr.abs().max()),
+        logr_mean_abs=finite_or_none(logr.abs().sum() / n),
+        kl_behav_k3=finite_or_none(((torch.expm1(logr) - logr) * m).sum() / n),
         clip_frac=finite_or_none(clip),
         is_ess_frac=finite_or_none(ess),
         is_log_max=finite_or_none(lw.max()) if lw.numel() else None,

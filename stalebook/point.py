@@ -398,10 +398,10 @@ def analysis(self: PointRun) -> dict:
     summ["positive_control"] = point_positive_control(self.res, cfg, self.pi_hash == self.beta_hash)
     summ["stale_zero_grad"] = {ab: int((np.abs(stale[f"g{ab}"]).sum(-1) == 0).sum()) for ab in ESTIMATORS}
     summ["stale_max_abs_logratio"] = float(stale["max_abs_logratio"])
-    lr = self.drift["seq_logratio"]
+    logr = self.drift["seq_logratio"]
     summ["kl_pi_beta"], summ["kl_pi_beta_se"] = (
-        float(lr.mean()),
-        float(lr.std(ddof=1) / np.sqrt(lr.size)) if lr.size > 1 else 0.0,
+        float(logr.mean()),
+        float(logr.std(ddof=1) / np.sqrt(logr.size)) if logr.size > 1 else 0.0,
     )
     summ["reward_mean"] = {f"{role}/{h}": float(fresh[role, h]["rewards"].mean()) for role, h in fresh}
     summ["reward_mean"]["stale"] = float(stale["rewards"].mean())

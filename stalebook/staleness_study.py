@@ -44,6 +44,7 @@ from stalebook.core import (
     atomic_write_json,
     from_dict,
     hash_file,
+    jsonable,
     load_config,
     project_root,
     read_jsonl,
@@ -55,7 +56,7 @@ from stalebook.core import (
 __all__ = ['SET_PER_CELL', 'TrainOverrides', 'TITLE', 'COLUMNS', 'STALENESS_RULES', 'SIM_SETTINGS', 'STUDY_RECORDS',
            'OptimizerArm', 'StalenessStudy', 'StalenessCell', 'cell_config', 'cell_id', 'staleness_units',
            'cell_run_config', 'cell_phase', 'staleness_phases', 'CellCheck', 'cell_missing', 'identity_contract',
-           'lag_contract', 'criterion_contract', 'lineage_contract', 'jsonable', 'sweep_summary', 'cell_results',
+           'lag_contract', 'criterion_contract', 'lineage_contract', 'sweep_summary', 'cell_results',
            'optimizer_analyses', 'staleness_table', 'rule_rows', 'check_rule_against_boundary', 'run_cells',
            'study_record', 'summary_line', 'study_figures', 'run_study', 'claims']
 
@@ -329,21 +330,6 @@ def lineage_contract(c: CellCheck) -> list[str]:
     return probs
 
 # %% ../nbs/36_staleness_study.ipynb #36a00018
-def jsonable(x):
-    "A JSON-able copy of numpy-laden results (nan/inf -> None)."
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (np.ndarray, list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, (np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, np.str_):
-        return str(x)
-    return x
-
-
 def _mean(x):
     return float(np.nanmean(x)) if len(x) else None
 

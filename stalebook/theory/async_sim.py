@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import Check, Domain, atomic_write_json, project_root, save_figure, verify_check
+from ..core import Check, Domain, atomic_write_json, jsonable, project_root, save_figure, verify_check
 from stalebook.theory.staleness import (
     estimate_G_upd,
     estimate_R_batch,
@@ -485,23 +485,6 @@ def analyse_sweep(sw: dict, n_boot: int = 2000, seed: int = 0, pre: int = 20, ta
         cos_stable=cos_s,
     )
 
-# %% ../../nbs/16_async_sim.ipynb #dfcf36d0
-def _jsonable(x):
-    "A JSON-able copy of numpy-laden results (arrays to lists, nan and inf to None)."
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (np.ndarray, list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return None if not np.isfinite(x) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.str_):
-        return str(x)
-    return x
-
 # %% ../../nbs/16_async_sim.ipynb #ffe813ae
 def setting_record(sw: dict, an: dict, rc: dict, kw: dict, seconds: float) -> dict:
     "One setting's entry in the sweep's record: its grid and the numbers of `analyse_sweep` and `rule_constants`."
@@ -580,7 +563,7 @@ def run_staleness_sweep(reps: int = 6, steps: int = 300, quick: bool = False, ou
     if quick:
         return 0
     atomic_write_json(
-        out or (project_root() or Path.cwd()) / "results" / "records" / "sweep_staleness.json", _jsonable(rec)
+        out or (project_root() or Path.cwd()) / "results" / "records" / "sweep_staleness.json", jsonable(rec)
     )
     sweep_figures(sweeps, bias)
     return 0
