@@ -42,8 +42,10 @@ from stalebook.core import (
     StalebookError,
     added_field,
     atomic_write_json,
+    bind_json,
     config_dict,
     config_hash,
+    fields_differ,
     from_dict,
     hash_file,
     hash_json,
@@ -185,7 +187,7 @@ def reference_stats(R, beta: float) -> dict:
 def reference_summary(store: RolloutStore, R, weighting: str, beta: float) -> dict:
     """The weighted dataset as a record: its binding (store, policy hash, groups sha256, weighting, beta), totals
     and per-prompt values."""
-    st, lw = reference_stats(R, beta), sample_log_weights(R, weighting, beta)
+    stats, lw = reference_stats(R, beta), sample_log_weights(R, weighting, beta)
     return dict(
         kind="stalebook.bolt.reference",
         version=1,
@@ -197,28 +199,16 @@ def reference_summary(store: RolloutStore, R, weighting: str, beta: float) -> di
         n_prompts=int(R.shape[0]),
         n_samples=int(R.shape[1]),
         mean_reward=float(R.mean()),
-        no_pass_frac=float(st["no_pass"].mean()),
-        ess_frac_mean=float(st["ess_frac"].mean()),
+        no_pass_frac=float(stats["no_pass"].mean()),
+        ess_frac_mean=float(stats["ess_frac"].mean()),
         per_prompt=dict(
             task_id=store.task_ids,
-            log_Z=st["log_Z"].tolist(),
-            ess_frac=st["ess_frac"].tolist(),
-            mean_reward=st["mean_reward"].tolist(),
+            log_Z=stats["log_Z"].tolist(),
+            ess_frac=stats["ess_frac"].tolist(),
+            mean_reward=stats["mean_reward"].tolist(),
             weight=np.exp(lw).tolist(),
         ),
     )
-
-# %% ../nbs/30_bolt.ipynb #02d39005
-def _bind(f: Path, rec: dict) -> None:
-    "Record `rec` in `f`, or refuse if `f` already records something else."
-    if f.exists() and (old := json.loads(f.read_text())) != rec:
-        diff = [k for k in rec if old.get(k) != rec[k]]
-        raise StalebookError(
-            f"{f}: run was started with another {', '.join(diff)} "
-            f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new folder"
-        )
-    f.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(f, rec)
 
 # %% ../nbs/30_bolt.ipynb #e863c74f
 def round_store(tr: Trainer, k: int, step: int, ref_path: str, stores: Path) -> RolloutStore:
@@ -282,7 +272,8 @@ def _init_reference_data(d, cfg: TrainConfig, weighting, beta: float, rounds: in
     sample_log_weights(np.ones((1, 1)), weighting, beta)  # a bad weighting or beta fails before any work
     d.weighting, d.beta, d.ref_path, d.refs = weighting, beta, reference, {}
     d.stores = Path(stores) if stores else Path(cfg.out) / "stores"
-    _bind(Path(cfg.out) / "weighting.json", dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference))
+    rec = dict(weighting=weighting, beta=beta, rounds=rounds, reference=reference)
+    bind_json(Path(cfg.out) / "weighting.json", rec, "a weighted-SFT run's weighting", "use a new folder")
 
 # %% ../nbs/30_bolt.ipynb #8e8ee569
 class ReferenceData:
@@ -671,7 +662,7 @@ def measure_policy(
     ph, sc, out = policy_hash(model), eval_sampling(cfg), {}
     for name, tasks in pools.items():
         with _store_lock(stores):
-            st = RolloutStore(
+            store = RolloutStore(
                 stores,
                 ph,
                 rollout_domain(cfg.train.seed, ph, f"bolt/eval/{name}"),
@@ -679,9 +670,9 @@ def measure_policy(
                 [t.id for t in tasks],
                 numerics=numerics_of(model),
             )
-            generate_store(model, tok, tasks, st, reward_fn=reward_fn, progress=progress, sampler=sampler)
-        lp, lp_ref = sequence_logprobs(model, tok, st.records, cfg.train.micro_batch)
-        out[name] = pool_metrics(np.array([r["rewards"] for r in st.records], np.float64), lp, lp_ref, cfg.beta)
+            generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress, sampler=sampler)
+        lp, lp_ref = sequence_logprobs(model, tok, store.records, cfg.train.micro_batch)
+        out[name] = pool_metrics(np.array([r["rewards"] for r in store.records], np.float64), lp, lp_ref, cfg.beta)
     return dict(policy_hash=ph, **out, retention=retention_nll(model, tok, pairs, cfg.train.micro_batch))
 
 
@@ -748,11 +739,9 @@ def prompt_schedule(tcfg: TrainConfig, tasks) -> list[list[str]]:
 def _bind_config(cfg: BoltConfig, f: Path) -> None:
     "Record the arm's config in `f`, or refuse if the folder was started under another one."
     if f.exists() and config_hash(old := load_config(BoltConfig, f)) != config_hash(cfg):
-        new_fields, old_fields = config_dict(cfg), config_dict(old)
+        diff = fields_differ(config_dict(old), config_dict(cfg))
         raise StalebookError(
-            f"{f}: arm was started with another config "
-            f"(fields differ: {', '.join(k for k in new_fields if new_fields[k] != old_fields.get(k))}); "
-            "use a new out_dir"
+            f"{f}: arm was started with another config (fields differ: {', '.join(diff)}); use a new out_dir"
         )
     save_config(cfg, f)
 

@@ -484,8 +484,8 @@ def bolt_table(reg: Registry, root: Path, status: dict) -> dict:
 # %% ../nbs/37_bolt_study.ipynb #8d284311
 def collect_units(reg: Registry, root: Path) -> tuple[dict, dict, str]:
     "(arm units' results and timings, sweep units' rows, state): the units that pass every contract."
-    st = registry_status(reg, root)
-    ok, state = {r["item"] for r in st["rows"] if r["state"] == "pass"}, st["state"]
+    status = registry_status(reg, root)
+    ok, state = {r["item"] for r in status["rows"] if r["state"] == "pass"}, status["state"]
     arms, sweeps = {}, {}
     for uid, u in reg.units().items():
         folder = unit_dir(root, uid)

@@ -372,9 +372,9 @@ def cmd_status(argv) -> int:
         for x in probs:
             print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
         return 2
-    st = registry_status(reg, args.root)
-    print(json.dumps(st, indent=1) if args.json else format_status(st))
-    return 1 if st["totals"]["fail"] else 0
+    status = registry_status(reg, args.root)
+    print(json.dumps(status, indent=1) if args.json else format_status(status))
+    return 1 if status["totals"]["fail"] else 0
 
 # %% ../nbs/50_commands.ipynb #3b644db7
 def cmd_freeze(argv) -> int:

@@ -683,15 +683,16 @@ def freeze(registry, root=None) -> dict:
     "Freeze the registry's aggregate table under <root>/frozen/ (refused unless every item passes every contract)."
     reg = load_registry(registry)
     root = registry_root(reg, root)
-    st = registry_status(reg, root)
-    bad = [r for r in st["rows"] if r["state"] != "pass"]
+    status = registry_status(reg, root)
+    bad = [r for r in status["rows"] if r["state"] != "pass"]
     if bad:
         raise FreezeRefused(
-            f"freeze refused: {len(bad)} of {len(st['rows'])} registered points of {reg.name} do not pass every "
-            f"contract ({st['totals']['fail']} failing, {st['totals']['missing']} missing); nothing was written",
-            problem_lines(st),
+            f"freeze refused: {len(bad)} of {len(status['rows'])} registered points of {reg.name} do not pass every "
+            f"contract ({status['totals']['fail']} failing, {status['totals']['missing']} missing); "
+            "nothing was written",
+            problem_lines(status),
         )
-    t = frozen_content(reg, root, st)
+    t = frozen_content(reg, root, status)
     ch, fdir = hash_json(t), root / "frozen"
     if (fdir / "table.json").is_file():
         old = read_json(fdir / "table.json") or {}
@@ -710,22 +711,22 @@ def freeze(registry, root=None) -> dict:
     return dict(content_hash=ch, dir=str(fdir), written=True, table=t)
 
 # %% ../nbs/33_contracts.ipynb #ee523efa
-def watermark(st: dict) -> str:
-    t = st["totals"]
-    if st["state"] == "partial":
+def watermark(status: dict) -> str:
+    t = status["totals"]
+    if status["state"] == "partial":
         return (
-            f"PARTIAL - registry {st['registry']}: {t['pass']} of {t['items']} points pass every contract "
+            f"PARTIAL - registry {status['registry']}: {t['pass']} of {t['items']} points pass every contract "
             f"({t['fail']} failing, {t['missing']} missing); not paper numbers"
         )
-    if st["state"] == "frozen":
-        ch = (read_json(Path(st["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
+    if status["state"] == "frozen":
+        ch = (read_json(Path(status["root"]) / "frozen" / "table.json") or {}).get("content_hash", "")
         return (
-            f"FROZEN - registry {st['registry']}: all {t['items']} points pass every contract; "
+            f"FROZEN - registry {status['registry']}: all {t['items']} points pass every contract; "
             f"table content hash {ch[:16]}"
         )
     return (
-        f"COMPLETE - registry {st['registry']}: all {t['items']} points pass every contract; "
-        f"`stalebook freeze {st['registry']}` freezes the table"
+        f"COMPLETE - registry {status['registry']}: all {t['items']} points pass every contract; "
+        f"`stalebook freeze {status['registry']}` freezes the table"
     )
 
 # %% ../nbs/33_contracts.ipynb #9ddbb6f0
@@ -733,9 +734,9 @@ def _dur(s) -> str:
     return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def progress_lines(st: dict) -> list[str]:
+def progress_lines(status: dict) -> list[str]:
     "The throughput line, then one line per unit: state, owner and heartbeat age."
-    pg, us = st["progress"], st["units"]
+    pg, us = status["progress"], status["units"]
     head = f"units: {pg['done']} of {pg['units']} done, {pg['running']} running; " + (
         f"{pg['units_per_hour']:.1f} units/hour, ETA {_dur(pg['eta_s'])}" if pg["units_per_hour"] else "throughput: -"
     )
@@ -753,23 +754,23 @@ def progress_lines(st: dict) -> list[str]:
     return [head, *body]
 
 # %% ../nbs/33_contracts.ipynb #bcc0468f
-def format_status(st: dict) -> str:
+def format_status(status: dict) -> str:
     "Watermark, the units' progress, one line per item, then the problems."
-    hdr = ("point", *st["contracts"], "missing", "elapsed")
+    hdr = ("point", *status["contracts"], "missing", "elapsed")
     cell = lambda v: "·" if v is None else "ok" if not v else "FAIL"
     body = [
         (
             r["item"].replace("/c", " c="),
-            *(cell(r["contracts"][c]) for c in st["contracts"]),
+            *(cell(r["contracts"][c]) for c in status["contracts"]),
             r["missing"] or "",
             f"{r['elapsed_s']:.0f} s" if r["elapsed_s"] else "-",
         )
-        for r in st["rows"]
+        for r in status["rows"]
     ]
     w = [max(len(str(x[i])) for x in [hdr, *body]) for i in range(len(hdr))]
     line = lambda x: "  ".join(str(v).ljust(w[i]) for i, v in enumerate(x)).rstrip()
-    probs = [p for p in problem_lines(st) if ": missing (" not in p]
+    probs = [p for p in problem_lines(status) if ": missing (" not in p]
     return "\n".join(
-        [watermark(st), "", *progress_lines(st), "", line(hdr), *map(line, body)]
+        [watermark(status), "", *progress_lines(status), "", line(hdr), *map(line, body)]
         + (["", "failing contracts:", *(f"  {p}" for p in probs)] if probs else [])
     )

@@ -36,12 +36,12 @@ __all__ = ['PINNED_NUMERICS', 'NUMERICS_VAR', 'GEMM_VAR', 'NUMERICS', 'RESULT_PA
            'ConfigError', 'CommandParser', 'cpu_flags', 'pin_numerics', 'mark_unpinned', 'numerics_env', 'exact_sqrt',
            'torch_sqrt_check', 'environment', 'canonical_json', 'Domain', 'rng', 'hash_bytes', 'hash_json', 'hash_file',
            'dir_listing', 'hash_listing', 'hash_dir', 'hash_state_dict', 'hash_tensor', 'fsync_dir', 'atomic_write',
-           'atomic_write_json', 'read_json', 'jsonable', 'atomic_dir', 'JsonlRead', 'read_jsonl', 'JsonlLog',
-           'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree', 'read_mapping', 'load_config',
-           'config_dict', 'config_hash', 'save_config', 'homogeneous_groups', 'group_advantages', 'topk_mask', 'topk',
-           'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows', 'verify_check', 'run_checks',
-           'assert_checks', 'check_rng_domains', 'check_state_dict_hash', 'experiment_notebook',
-           'split_notebook_timings', 'environ', 'run_notebook']
+           'atomic_write_json', 'read_json', 'jsonable', 'fields_differ', 'bind_json', 'atomic_dir', 'JsonlRead',
+           'read_jsonl', 'JsonlLog', 'fault_point', 'Progress', 'from_dict', 'added_field', 'config_tree',
+           'read_mapping', 'load_config', 'config_dict', 'config_hash', 'save_config', 'homogeneous_groups',
+           'group_advantages', 'topk_mask', 'topk', 'project_root', 'figures_dir', 'save_figure', 'Check', 'CheckRows',
+           'verify_check', 'run_checks', 'assert_checks', 'check_rng_domains', 'check_state_dict_hash',
+           'experiment_notebook', 'split_notebook_timings', 'environ', 'run_notebook']
 
 # %% ../nbs/00_core.ipynb #a1401c9c
 class StalebookError(Exception):
@@ -407,6 +407,25 @@ def jsonable(x):
     if isinstance(x, np.str_):
         return str(x)
     return x
+
+
+def fields_differ(have: dict, want: dict) -> list[str]:
+    "The keys whose values differ between two records, sorted (a key that one of them lacks differs)."
+    return sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+
+
+def bind_json(path, content: dict, what: str, remedy: str) -> Path:
+    """Write the record `content` to `path` once: where `path` already holds another record, refuse, naming the
+    fields that differ and the `remedy` (a rerun in a folder must compute what the folder was started with)."""
+    path = Path(path)
+    if not path.is_file():
+        return atomic_write_json(path, content)
+    if (have := read_json(path)) != content:
+        raise StalebookError(
+            f"{path}: holds {what} of another configuration "
+            f"(fields differ: {', '.join(fields_differ(have or {}, content))}); {remedy}"
+        )
+    return path
 
 # %% ../nbs/00_core.ipynb #4350ffb2
 @contextlib.contextmanager

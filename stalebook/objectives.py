@@ -397,17 +397,17 @@ def grpo_objective(tr, gen, R, old, mask, lag: int = 0):
     logp = grpo_backward(tr, gen, R, old, mask, ref)
     adv = advantages(resolved(R), cfg, old.device)
     tr.export_tensors = (logp, adv) if cfg.token_export else None
-    loss, st = offpolicy_grpo_loss(
+    loss, stats = offpolicy_grpo_loss(
         logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **grpo_settings(cfg)
     )
     if a.traced:
-        st.update(
+        stats.update(
             offpolicy_stats(
                 logp, old, adv, mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high
             )
         )
-    check_ratio(st, a.enabled, lag, cfg.ratio_tol, tr.step)
-    return loss, st
+    check_ratio(stats, a.enabled, lag, cfg.ratio_tol, tr.step)
+    return loss, stats
 
 # %% ../nbs/25b_objectives.ipynb #8132f3a5
 @register_objective("sft")
@@ -420,9 +420,9 @@ def positive_sft_objective(tr, gen, R, old, mask, lag: int = 0):
     logp, _ = completion_logprobs(
         tr.model, gen.prompt_ids, gen.completions, cfg.micro_batch, tr.tok.pad_token_id, cfg.shared_prefix
     )
-    loss, st = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
+    loss, stats = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
     loss.backward()
-    return loss.detach(), st
+    return loss.detach(), stats
 
 
 @register_objective("weighted-sft")
@@ -432,9 +432,9 @@ def weighted_sft_objective(tr, gen, R, old, mask, lag: int = 0):
     tr.model.train()
     tr.opt.zero_grad(set_to_none=True)
     logp, mask = tr.teacher_forced(gen)
-    loss, st = weighted_sft_loss(logp, gen.weights, mask, tr.cfg.loss_agg)
+    loss, stats = weighted_sft_loss(logp, gen.weights, mask, tr.cfg.loss_agg)
     loss.backward()
-    return loss.detach(), st
+    return loss.detach(), stats
 
 # %% ../nbs/25b_objectives.ipynb #0f02c5af
 WEIGHTINGS: dict = {}

@@ -92,22 +92,22 @@ def study_view(registry, root=None) -> dict:
     "{registry, root, partial, table, content_hash, points, watermark} of a registry under its root."
     reg = load_registry(registry)
     root = registry_root(reg, root)
-    st = registry_status(reg, root)
+    status = registry_status(reg, root)
     frozen = root / "frozen" / "table.json"
-    if st["state"] == "frozen":
+    if status["state"] == "frozen":
         t = json.loads(frozen.read_text())
         ch = t.pop("content_hash")
     else:
-        t = frozen_content(reg, root, st)
+        t = frozen_content(reg, root, status)
         ch = hash_json(t)
     return dict(
         registry=reg.name,
         root=root,
-        partial=st["state"] != "frozen",
+        partial=status["state"] != "frozen",
         table=t,
         content_hash=ch,
-        points=point_rows(reg, root, st),
-        watermark=watermark(st),
+        points=point_rows(reg, root, status),
+        watermark=watermark(status),
     )
 
 # %% ../nbs/34_report.ipynb #24c28aad
@@ -245,9 +245,9 @@ def frozen_root(registry, root=None) -> Path:
     "The results folder of a frozen registry; a registry that is not frozen is refused with its watermark."
     reg = load_registry(registry)
     root = registry_root(reg, root)
-    st = registry_status(reg, root)
-    if st["state"] != "frozen":
-        raise StalebookError(f"publish refused: {watermark(st)}")
+    status = registry_status(reg, root)
+    if status["state"] != "frozen":
+        raise StalebookError(f"publish refused: {watermark(status)}")
     return root
 
 

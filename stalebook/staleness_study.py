@@ -610,9 +610,9 @@ def run_study(
     root, t0 = registry_root(load_registry(registry), root), time.time()
     if not only_analyse:
         run_cells(registry, root, jobs, max_cells, log)
-    st = registry_status(registry, root)
-    log(format_status(st).splitlines()[0])
-    if st["state"] != "partial":
+    status = registry_status(registry, root)
+    log(format_status(status).splitlines()[0])
+    if status["state"] != "partial":
         fr = freeze(registry, root)
         log(
             f"[freeze] {'frozen' if fr['written'] else 'already frozen, identical'}: {fr['dir']} "
@@ -625,7 +625,7 @@ def run_study(
         study_figures(reg, root, figures)
         atomic_write_json(json_path or results_dir() / "records" / "study_staleness.json", rec)
     log(f"wall {time.time() - t0:.0f} s")
-    return 1 if st["totals"]["fail"] else 0
+    return 1 if status["totals"]["fail"] else 0
 
 # %% ../nbs/36_staleness_study.ipynb #189a4378
 def _inside(lo, x, hi) -> bool | None:

@@ -43,6 +43,7 @@ from stalebook.core import (
     config_dict,
     config_hash,
     fault_point,
+    fields_differ,
     hash_dir,
     hash_json,
     homogeneous_groups,
@@ -469,7 +470,7 @@ def check_resume_config(cfg: TrainConfig, saved: Path) -> None:
     old = load_config(TrainConfig, saved)
     if config_hash(old) == config_hash(cfg):
         return
-    diff = [k for k in config_dict(cfg) if config_dict(cfg)[k] != config_dict(old).get(k)]
+    diff = fields_differ(config_dict(old), config_dict(cfg))
     if set(diff) - {"steps", "lineage_steps", "out", "token_export"}:
         raise StalebookError(
             f"{saved}: run was started with another config (fields differ: {', '.join(diff)}); use a new --out"
@@ -813,10 +814,10 @@ class TrainerState:
         "An asynchronous run's extra checkpoint state: behaviour snapshots, theta_0, the previous update and gradient."
         if not self.async_on:
             return None
-        st = {f"trace.{k}": v for k, v in self.trace.items()}
+        stats = {f"trace.{k}": v for k, v in self.trace.items()}
         if self.behaviour is not None:
-            st.update(self.behaviour.state())
-        return st
+            stats.update(self.behaviour.state())
+        return stats
 
 # %% ../nbs/26_trainer.ipynb #7c1e5a05
 class Learner(TrainerState):
@@ -832,7 +833,7 @@ class Learner(TrainerState):
         `GroupRewards`); the mismatch diagnostics when `diagnose_mismatch`. The pipelined learner calls it too."""
         cfg = self.cfg
         theta = self.flat_params() if self.async_on else None
-        loss, st = self.objective(gen, R, old, mask, lag=self.step - src)  # the gradient is in place
+        loss, stats = self.objective(gen, R, old, mask, lag=self.step - src)  # the gradient is in place
         R = resolved(R)
         gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
         if not (torch.isfinite(loss) and torch.isfinite(gn)):
@@ -844,7 +845,7 @@ class Learner(TrainerState):
         self.opt.step()
         self.sched.step()
         lr = float(self.sched.get_last_lr()[0])
-        rec = step_record(self.step, ph, cfg, R, loss, gn, mask, lr, {**st, **self.data.record()})
+        rec = step_record(self.step, ph, cfg, R, loss, gn, mask, lr, {**stats, **self.data.record()})
         if self.diagnose_mismatch:
             rec.update(mismatch_stats(old, gen.sampler_logp, mask, cfg.async_training.is_threshold))
         if self.async_on:

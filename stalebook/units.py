@@ -32,6 +32,7 @@ from stalebook.core import (
     StalebookError,
     atomic_write,
     atomic_write_json,
+    bind_json,
     config_dict,
     environment,
     fault_point,
@@ -55,8 +56,8 @@ from stalebook.registry import (
 from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 
 # %% auto #0
-__all__ = ['QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST', 'MACHINE_FACTS',
-           'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record', 'bind',
+__all__ = ['ROOT_REMEDY', 'QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST',
+           'MACHINE_FACTS', 'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record',
            'bind_root', 'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_phases', 'run_unit',
            'SyntheticStudy', 'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry',
            'run_local', 'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
@@ -123,33 +124,24 @@ def write_record(udir: Path, unit_id: str, ph: Phase, deps: dict, extra) -> dict
     atomic_write_json(record_path(udir, ph.name), rec)
     return rec
 
-# %% ../nbs/32_units.ipynb #459cbdf3
-def bind(path: Path, content: dict, what: str) -> None:
-    "Write `content` to `path` if absent; refuse if `path` holds different content."
-    if path.is_file():
-        have = json.loads(path.read_text())
-        if have != content:
-            diff = sorted(k for k in set(have) | set(content) if have.get(k) != content.get(k))
-            raise StalebookError(
-                f"{path}: holds {what} of another configuration (fields differ: {', '.join(diff)}); "
-                "use another --root or remove it"
-            )
-    else:
-        atomic_write_json(path, content)
-
 # %% ../nbs/32_units.ipynb #43e95e54
+ROOT_REMEDY = "use another --root or remove it"
+
+
 def bind_root(reg: Registry, root: Path) -> None:
     "root/registry.json: the registry this root belongs to."
-    bind(
+    bind_json(
         Path(root) / "registry.json",
         dict(registry=reg.name, kind=reg.kind, hash=registry_hash(reg)),
         f"registry '{reg.name}'",
+        ROOT_REMEDY,
     )
 
 
 def bind_unit(udir: Path, reg: Registry, unit_id: str, cfg) -> None:
     "units/<id>/unit.json: the unit's kind and config."
-    bind(Path(udir) / "unit.json", dict(unit=unit_id, kind=reg.kind, config=config_dict(cfg)), f"unit '{unit_id}'")
+    content = dict(unit=unit_id, kind=reg.kind, config=config_dict(cfg))
+    bind_json(Path(udir) / "unit.json", content, f"unit '{unit_id}'", ROOT_REMEDY)
 
 
 def attempt(udir: Path, phase: str, event: str, **kw) -> None:
@@ -511,8 +503,8 @@ def train_family(tcfg: TrainConfig, progress: bool) -> None:
 
 def stale_phase(pcfg: PointConfig, udir: Path, progress: bool) -> list[str]:
     "Phase stale: the behaviour checkpoint's stale store; returns its files."
-    st = run_stale(resolve_point(pcfg, udir), progress=progress)
-    return [f"train/rollouts/{st.path.name}/{f}" for f in STORE_FILES]
+    store = run_stale(resolve_point(pcfg, udir), progress=progress)
+    return [f"train/rollouts/{store.path.name}/{f}" for f in STORE_FILES]
 
 # %% ../nbs/32_units.ipynb #5279aa1e
 def point_manifest(udir: Path, unit_id: str, fam: FamilyConfig, c: int) -> dict:
