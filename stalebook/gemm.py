@@ -103,8 +103,12 @@ def _fits(c, out, shape) -> bool:
     return c_ok and (out is None or (out.dtype == F32 and tuple(out.shape) == shape and out.is_contiguous()))
 
 # %% ../nbs/22a_gemm.ipynb #fb9be536
-TORCH_KERNELS: dict = {}  # op name: torch's own CPU kernel
-_LIB: list = []  # the Library that holds the routed kernels while they are installed
+# The routing is the process's state, not this module's: it is kept with torch's dispatcher (`torch.library`), so a
+# second copy of this module -- the package imported afresh (nbcheck does, for every notebook a worker runs), or this
+# notebook's own exported cells -- finds the kernels the first copy installed, and never takes them for torch's own.
+_ROUTING = torch.library.__dict__.setdefault("_stalebook_gemm", {"kernels": {}, "libs": []})
+TORCH_KERNELS: dict = _ROUTING["kernels"]  # op name: torch's own CPU kernel
+_LIB: list = _ROUTING["libs"]  # the Library that holds the routed kernels while they are installed
 
 
 def _kernel(name: str):
@@ -125,7 +129,7 @@ def _kernel(name: str):
 def route_gemms(on: bool = True) -> bool:
     """Route (or, `on=False`, give back to torch) this process's float32 CPU GEMMs (`ROUTED`) through numpy's
     OpenBLAS. Returns whether they are routed now."""
-    if on and not _LIB:
+    if on and not _LIB:  # fetched while nothing is routed: torch's own kernels
         TORCH_KERNELS.update({n: torch.library.get_kernel(f"aten::{n}", "CPU") for n in ROUTED})
         lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # torch warns that an aten kernel is overridden: that is the point

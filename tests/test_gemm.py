@@ -202,6 +202,28 @@ def test_original_kernels_are_torch_own(routed):
     assert bits(TORCH_KERNELS["mm"].call_boxed(keys, a, b)) == bits(own)
 
 
+REIMPORT = (
+    "import stalebook.gemm as first, sys, json, torch;"
+    "[sys.modules.pop(m) for m in list(sys.modules) if m.split('.')[0] == 'stalebook'];"
+    "import stalebook.gemm as second;"
+    "dump = lambda: torch._C._dispatch_dump('aten::mm').splitlines();"
+    "n = lambda: sum(l.startswith('CPU:') and 'gemm.py' in l for l in dump());"
+    "a, b = torch.randn(64, 96), torch.randn(96, 80);"
+    "out = [n(), bool(torch.equal(a @ b, torch.from_numpy(a.numpy() @ b.numpy())))];"
+    "second.route_gemms(False); out += [n(), first.route_gemms(True) and second.route_gemms(True), n()];"
+    "print(json.dumps(out))"
+)
+
+
+def test_a_second_import_shares_the_routing():
+    """The package imported afresh in one process (nbcheck does, for every notebook of a worker) finds the routing the
+    first import installed: one routed kernel at torch's CPU key, and giving it back through either copy leaves none
+    (before, the first copy's kernel stayed active behind the second's: `route_gemms(False)` did not restore MKL)."""
+    r = _child({}, REIMPORT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == [1, True, 0, True, 1]
+
+
 VENDOR = (
     "import json, sys, stalebook; from stalebook.numerics import gemm_hashes, model_hashes;"
     "from stalebook.model import shipped_snapshot, numerics_state;"
