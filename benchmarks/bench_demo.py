@@ -89,7 +89,7 @@ def cells_of(spec: str, root: Path) -> dict:
 
     reg = load_registry(spec)
     cells = registry_cells(reg, root, registry_status(reg, root))
-    rows = study_view(spec, root)["table"]["rows"]
+    rows = study_view(reg, root)["table"]["rows"]
     out = {}
     for (m, d, tag, c), pts in cells.items():
         sums = [r for _, r, _ in pts]

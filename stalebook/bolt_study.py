@@ -52,7 +52,7 @@ from stalebook.core import (
     read_jsonl,
     save_figure,
 )
-from .registry import Registry, UnitKind, load_registry, register_kind, registry_hash, registry_root
+from .registry import Registry, UnitKind, register_kind, registry_hash, registry_root
 from .trainer import TrainConfig, check_lineage, checkpoint_name, lineage_checkpoint
 from .units import Phase, Unit, record_path, run_registry, unit_dir
 
@@ -659,7 +659,7 @@ def study_outputs(reg: Registry) -> tuple[str, str]:
 
 
 def run_bolt_study(
-    registry: str = "bolt-tiny",
+    reg: Registry,
     root=None,
     run: bool = False,
     only: str | None = None,
@@ -670,7 +670,6 @@ def run_bolt_study(
 ) -> int:
     """`stalebook study bolt`: the record, the figures (by default both named after the registry: `study_outputs`)
     and the printed tables and claim rows of a bolt registry's passing units (`run`: first run or resume them)."""
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     if run:
         run_registry(reg, root, only, progress=sys.stderr.isatty())

@@ -25,14 +25,14 @@ from .calibration import calibration_study, calibration_study_2s
 from .contracts import FreezeRefused, format_status, freeze, registry_status
 from .core import CommandParser, StalebookError, atomic_write, load_config
 from .design import design_power, pilot_models, predict_design, smallest_design
-from .executors import CLAIM_MODES, DEFAULT_TTL, EXECUTORS, run_ray, shared_executor
+from .executors import CLAIM_MODES, DEFAULT_TTL, EXECUTORS, WorkOptions, run_ray, shared_executor
 from .model import TinySpec, build_tiny_snapshot, compute_setup, policy_hash
 from .numerics import compare_report, load_trace, numerics_trace
 from .pipeline import run_pipeline
 from .point import PointConfig, execute_point, point_markdown
 from .pretrained import PACKAGED_MODELS, import_snapshot
 from .protocol import DEFAULT_BOUND
-from .registry import load_registry, registry_problems, registry_root
+from .registry import Registry, load_registry, registry_problems, registry_root
 from stalebook.report import (
     cell_name,
     demo_workers,
@@ -62,8 +62,8 @@ from .warmstart import WARMSTART_ANSWER, WarmStartSpec, warmstart_snapshot
 
 # %% auto #0
 __all__ = ['WARMSTART_OPTIONS', 'cmd_snapshot', 'cmd_rollouts', 'cmd_train', 'cmd_pipeline', 'cmd_point', 'work_parser',
-           'cmd_work', 'cmd_run', 'cmd_status', 'cmd_freeze', 'cmd_audit', 'cmd_report', 'cmd_design', 'cmd_demo',
-           'cmd_numerics', 'cmd_study']
+           'cmd_work', 'cmd_run', 'cmd_status', 'show_status', 'cmd_freeze', 'show_freeze', 'cmd_audit', 'cmd_report',
+           'show_report', 'cmd_design', 'cmd_demo', 'cmd_numerics', 'cmd_study']
 
 # %% ../nbs/50_commands.ipynb #927a1ef6
 def _import_parser(sub) -> None:
@@ -301,7 +301,8 @@ def cmd_work(argv) -> int:
     parser.add_argument(
         "--root", required=True, help="the shared results folder, mounted at the same path on every node"
     )
-    return shared_executor(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return shared_executor(load_registry(args.registry), args.root, WorkOptions.of(args))
 
 # %% ../nbs/50_commands.ipynb #5db6dd22
 def _run_parser() -> CommandParser:
@@ -335,12 +336,13 @@ def _run_parser() -> CommandParser:
 def cmd_run(argv) -> int:
     "`stalebook run`: run or resume a registry's units with the chosen executor."
     args = _run_parser().parse_args(argv)
+    reg = load_registry(args.registry)
     if args.executor == "local":
-        return run_local(args.registry, args.root, args.only, args.quiet)
+        return run_local(reg, args.root, args.only, args.quiet)
     if args.executor == "shared":
-        return shared_executor(args)
+        return shared_executor(reg, args.root, WorkOptions.of(args))
     res = run_ray(
-        args.registry,
+        reg,
         args.root,
         args.address,
         gpus_per_unit=args.gpus_per_unit or 0,
@@ -366,14 +368,18 @@ def cmd_status(argv) -> int:
     parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     args = parser.parse_args(argv)
-    reg = load_registry(args.registry)
+    return show_status(load_registry(args.registry), args.root, args.json)
+
+
+def show_status(reg: Registry, root=None, as_json: bool = False) -> int:
+    "`stalebook status` of a resolved registry: print its status; the exit code."
     probs = registry_problems(reg)
     if probs:
         for x in probs:
             print(f"stalebook: error: {x}; nothing was started", file=sys.stderr)
         return 2
-    status = registry_status(reg, args.root)
-    print(json.dumps(status, indent=1) if args.json else format_status(status))
+    status = registry_status(reg, root)
+    print(json.dumps(status, indent=1) if as_json else format_status(status))
     return 1 if status["totals"]["fail"] else 0
 
 # %% ../nbs/50_commands.ipynb #3b644db7
@@ -385,8 +391,13 @@ def cmd_freeze(argv) -> int:
     parser.add_argument("registry", help="a registry name (NAME or NAME:SLICE) or a YAML file")
     parser.add_argument("--root", default=None, help="results folder (default: the registry's `out`)")
     args = parser.parse_args(argv)
+    return show_freeze(load_registry(args.registry), args.root)
+
+
+def show_freeze(reg: Registry, root=None) -> int:
+    "`stalebook freeze` of a resolved registry: freeze and print the table, or the refusal; the exit code."
     try:
-        res = freeze(args.registry, args.root)
+        res = freeze(reg, root)
     except FreezeRefused as e:
         for x in e.lines:
             print(f"  {x}", file=sys.stderr)
@@ -491,19 +502,25 @@ def cmd_report(argv) -> int:
     args = parser.parse_args(argv)
     if args.results and not args.publish:
         raise StalebookError("stalebook report: --results is where --publish writes; give --publish too")
-    if args.publish:
-        frozen_root(args.registry, args.root)
     pilots = {p: _read_pilot(p, "stalebook report") for p in args.pilots or ()}  # unreadable: refused before any work
-    out = run_report(args.registry, args.root)
+    return show_report(load_registry(args.registry), args.root, pilots, args.publish, args.results)
+
+
+def show_report(reg: Registry, root=None, pilots: dict | None = None, publish: bool = False, results=None) -> int:
+    """`stalebook report` of a resolved registry: execute its report notebook and say where it is; with `pilots`
+    ({file: summary}) the gate forecast; with `publish`, then publish it (into `results`, default results/)."""
+    if publish:
+        frozen_root(reg, root)  # refused before anything runs
+    out = run_report(reg, root)
     figs = sorted(x.name for x in out.parent.glob("report-*.png"))
     print(f"[report] {out} ({', '.join(figs)}; tables {out.parent}/table*.md)")
     if pilots:
-        fc = write_forecast(args.registry, pilots, args.root)
+        fc = write_forecast(reg, pilots, root)
         for f in json.loads(fc.read_text())["cells"]:  # the record's numbers, not a second forecast
             print(f"{cell_name((f['model'], f['domain'], f['tag'], f['checkpoint'])):24s} {forecast_line(f)}")
         print(f"[report] {fc}: predicted (from {len(pilots)} pilot points) against observed gate passes")
-    if args.publish:
-        d = publish_report(args.registry, args.root, args.results)
+    if publish:
+        d = publish_report(reg, root, results)
         ch = json.loads((d / "table.json").read_text())["content_hash"]
         print(f"[publish] {d}: {', '.join(sorted(x.name for x in d.iterdir()))} (frozen table {ch[:16]})")
     return 0
@@ -656,26 +673,25 @@ def cmd_demo(argv) -> int:
     args = _demo_parser().parse_args(argv)
     if args.workers is not None and args.workers < 1:
         raise StalebookError(f"stalebook demo: --workers must be >= 1 (got {args.workers})")
-    n = args.workers if args.workers is not None else demo_workers(load_registry(args.registry))
-    extra, t0 = ["--root", args.root] if args.root else [], time.perf_counter()
+    reg, t0 = load_registry(args.registry), time.perf_counter()  # resolved once, for every stage
+    root, n = registry_root(reg, args.root), args.workers if args.workers is not None else demo_workers(reg)
     run = ["--executor", "local"] if n == 1 else ["--executor", "shared", *(["--workers", str(n)] if n else [])]
     for stage, fn, more in (
-        ("status", cmd_status, []),
-        ("run", cmd_run, run),
-        ("freeze", cmd_freeze, []),
-        ("report", cmd_report, []),
+        ("status", lambda: show_status(reg, root), []),
+        ("run", lambda: run_local(reg, root) if n == 1 else shared_executor(reg, root, WorkOptions(workers=n)), run),
+        ("freeze", lambda: show_freeze(reg, root), []),
+        ("report", lambda: show_report(reg, root), []),
     ):
-        print(
+        print(  # what the stage is, as the command that does it alone
             f"\n[demo] stalebook {stage} {args.registry} {' '.join(more)}".rstrip()
             + f" ({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
-        rc = fn([args.registry, *extra, *more])
+        rc = fn()
         if rc != 0 and stage != "status":
             return rc
     print(f"\n[demo] decisions ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print("\n".join(registry_decisions(args.registry, args.root)))
-    root = registry_root(load_registry(args.registry), args.root)
+    print("\n".join(registry_decisions(reg, root)))
     print(
         f"\n[demo] report: {root / 'report'} (figures and tables); "
         f"`stalebook report {args.registry} --publish` (`make publish` for tiny:demo) copies it into results/"
@@ -810,9 +826,11 @@ def cmd_study(argv) -> int:
         add(sub)
     a, say = p.parse_args(argv), functools.partial(print, flush=True)
     if a.what == "staleness":
-        return run_study(a.registry, a.root, a.jobs, a.max_cells, a.only_analyse, a.json, a.figures, log=say)
+        return run_study(
+            load_registry(a.registry), a.root, a.jobs, a.max_cells, a.only_analyse, a.json, a.figures, log=say
+        )
     if a.what == "bolt":
-        return run_bolt_study(a.registry, a.root, a.run, a.only, a.json, a.bench, a.figures, log=say)
+        return run_bolt_study(load_registry(a.registry), a.root, a.run, a.only, a.json, a.bench, a.figures, log=say)
     if a.what == "staleness-sim":
         return run_staleness_sweep(a.reps, a.steps, a.quick, log=say)
     kw = {k: getattr(a, k) for k in ("pools", "seeds", "n_boot", "truth_draws") if getattr(a, k) is not None}

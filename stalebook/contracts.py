@@ -40,7 +40,7 @@ from stalebook.core import (
     read_jsonl,
 )
 from .point import PointConfig, load_point, point_tasks, screen_select
-from .registry import Registry, load_registry, registry_hash, registry_root
+from .registry import Registry, registry_hash, registry_root
 from .rollouts import numerics_tag, rollout_domain
 from .theory.estimators import ESTIMATORS
 from .trainer import TrainConfig, check_lineage, lineage_checkpoint, run_identity
@@ -200,9 +200,8 @@ def unit_progress(reg: Registry, root: Path, rows: list[dict], now: float | None
     )
 
 # %% ../nbs/33_contracts.ipynb #8d6cb850
-def registry_status(registry, root=None) -> dict:
+def registry_status(reg: Registry, root=None) -> dict:
     "Every item of a registry against its contracts: {registry, hash, root, state, totals, rows}."
-    reg = load_registry(registry)
     root, ck, h = registry_root(reg, root), checks_of(reg.kind), registry_hash(reg)
     bound = root / "registry.json"
     if bound.is_file() and json.loads(bound.read_text()).get("hash") != h:
@@ -679,9 +678,8 @@ def frozen_content(reg: Registry, root: Path, status: dict) -> dict:
     )
 
 # %% ../nbs/33_contracts.ipynb #c7a8d90f
-def freeze(registry, root=None) -> dict:
+def freeze(reg: Registry, root=None) -> dict:
     "Freeze the registry's aggregate table under <root>/frozen/ (refused unless every item passes every contract)."
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     status = registry_status(reg, root)
     bad = [r for r in status["rows"] if r["state"] != "pass"]

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -44,8 +44,8 @@ from stalebook.units import (
 # %% auto #0
 __all__ = ['CLAIM_MODES', 'DEFAULT_TTL', 'LOOPBACK_ENV', 'EXECUTORS', 'proc_start', 'pid_alive', 'Owner', 'create_exclusive',
            'Lease', 'is_stale', 'try_claim', 'Heartbeat', 'exit_on_lost', 'check_can_start', 'worker_log', 'run_leased',
-           'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'shared_executor', 'registry_spec', 'ray_unit',
-           'connect_ray', 'ray_tasks', 'run_ray']
+           'work', 'node_gpus', 'worker_devices', 'spawn_workers', 'WorkOptions', 'registry_spec', 'shared_executor',
+           'ray_unit', 'connect_ray', 'ray_tasks', 'run_ray']
 
 # %% ../nbs/35_executors.ipynb #a5efa03b
 def proc_start(pid: int) -> int | None:
@@ -336,7 +336,7 @@ def run_leased(
 
 # %% ../nbs/35_executors.ipynb #31e767c7
 def work(
-    registry,
+    reg: Registry,
     root=None,
     ttl_s: float = DEFAULT_TTL,
     max_units: int | None = None,
@@ -349,7 +349,6 @@ def work(
 ) -> dict:
     """One worker of the shared-volume executor: claim, run and end units until all are done or failed (or
     `max_units` ran)."""
-    reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
     owner = Owner(label=label)
@@ -440,52 +439,72 @@ def spawn_workers(argv: list[str], devices: list[str | None], log=print) -> int:
     return max((rc if rc >= 0 else 128 - rc for rc in rcs), default=0)
 
 # %% ../nbs/35_executors.ipynb #d4817a10
-def _worker_argv(args, root) -> list[str]:
-    "The arguments every worker of this node gets (the node's own choices: workers, GPUs, are not passed on)."
-    out = [str(args.registry), "--root", str(root), "--ttl", str(args.ttl), "--claim", args.claim]
-    for flag, v in (("--only", args.only), ("--max-units", args.max_units)):
+@dataclass
+class WorkOptions:
+    "One node's options of the shared-volume executor: what `stalebook work` and `run --executor shared` parse."
+
+    only: str | None = None  # comma-separated unit ids or shell patterns
+    workers: int | None = None  # workers on this node (None: GPUs / gpus_per_unit, or 1 without GPUs)
+    gpus_per_unit: int | None = None  # None: 1 on a node with GPUs, else 0
+    max_units: int | None = None  # each worker stops after running this many units
+    ttl: float = DEFAULT_TTL  # seconds without a heartbeat before a lease is taken over
+    claim: str = "excl"  # `CLAIM_MODES`
+    label: str = ""  # a worker's label in its log lines (set for the workers a node spawns)
+    quiet: bool = False
+
+    @classmethod
+    def of(cls, args) -> WorkOptions:
+        "The options among parsed command-line arguments."
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def registry_spec(reg: Registry) -> str:
+    "What a worker or task on any node loads: the registry's absolute file path, with `:SLICE` for a slice."
+    sl = reg.name.partition(":")[2]
+    return str(Path(reg.source).resolve()) + (f":{sl}" if sl else "")
+
+
+def _worker_argv(reg: Registry, root, opts: WorkOptions) -> list[str]:
+    """The arguments every worker of this node gets: the registry by its file (`registry_spec`), then the options
+    (the node's own choices: workers, GPUs, are not passed on)."""
+    out = [registry_spec(reg), "--root", str(root), "--ttl", str(opts.ttl), "--claim", opts.claim]
+    for flag, v in (("--only", opts.only), ("--max-units", opts.max_units)):
         if v is not None:
             out += [flag, str(v)]
-    return out + (["--quiet"] if args.quiet else [])
+    return out + (["--quiet"] if opts.quiet else [])
 
 # %% ../nbs/35_executors.ipynb #f2518838
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def shared_executor(args) -> int:
-    "Run the shared-volume executor on this node from parsed `work` arguments; the exit code."
-    reg = load_registry(args.registry)
-    select_units(reg, args.only)
-    root = check_can_start(reg, args.root)  # one line and nothing claimed, before any worker starts
-    gpus = [] if args.gpus_per_unit == 0 else node_gpus()
+def shared_executor(reg: Registry, root=None, opts: WorkOptions | None = None) -> int:
+    "Run the shared-volume executor on this node (its options `opts`); the exit code."
+    opts = opts or WorkOptions()
+    select_units(reg, opts.only)
+    root = check_can_start(reg, root)  # one line and nothing claimed, before any worker starts
+    gpus = [] if opts.gpus_per_unit == 0 else node_gpus()
     devices = worker_devices(
-        gpus, args.gpus_per_unit if args.gpus_per_unit is not None else (1 if gpus else 0), args.workers
+        gpus, opts.gpus_per_unit if opts.gpus_per_unit is not None else (1 if gpus else 0), opts.workers
     )
     if len(devices) > 1 or devices[0] is not None:
-        return spawn_workers(_worker_argv(args, root), devices)
+        return spawn_workers(_worker_argv(reg, root, opts), devices)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a stopped worker hands its unit back
-    log = (lambda *x: None) if args.quiet else (lambda m: print(f"[{args.label}] {m}" if args.label else m, flush=True))
+    log = (lambda *x: None) if opts.quiet else (lambda m: print(f"[{opts.label}] {m}" if opts.label else m, flush=True))
     work(
         reg,
         root,
-        ttl_s=args.ttl,
-        max_units=args.max_units,
-        only=args.only,
-        label=args.label,
-        mode=args.claim,
+        ttl_s=opts.ttl,
+        max_units=opts.max_units,
+        only=opts.only,
+        label=opts.label,
+        mode=opts.claim,
         progress=False,
         log=log,
     )
-    return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, args.only)) else 0
+    return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, opts.only)) else 0
 
 # %% ../nbs/35_executors.ipynb #ff11e16d
-def registry_spec(reg: Registry) -> str:
-    "What a task on any node loads: the registry's absolute file path, with `:SLICE` for a slice."
-    sl = reg.name.partition(":")[2]
-    return str(Path(reg.source).resolve()) + (f":{sl}" if sl else "")
-
-
 def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl") -> dict:
     """The body of one Ray task: take the unit's lease (a retry of this task takes its own over at once), run it,
     end the lease."""
@@ -581,7 +600,7 @@ def ray_tasks(
 
 # %% ../nbs/35_executors.ipynb #1b54a4d1
 def run_ray(
-    registry,
+    reg: Registry,
     root=None,
     address: str | None = None,
     gpus_per_unit: float = 0,
@@ -595,7 +614,6 @@ def run_ray(
 ) -> dict:
     """The Ray executor: check, connect (or start a private head), run every unit as a task, disconnect; {unit:
     queue state}."""
-    reg = load_registry(registry)
     ids = select_units(reg, only)
     root = check_can_start(reg, root)
     try:

@@ -47,7 +47,7 @@ from stalebook.core import (
 )
 from .design import pilot_model, pilot_models, predict_design
 from .executors import node_gpus
-from .registry import Registry, load_registry, registry_root
+from .registry import Registry, registry_path, registry_root
 from .theory.estimators import ESTIMATORS
 from .units import point_name, select_units, unit_dir
 from .verdict import pool_cell
@@ -88,9 +88,8 @@ def point_rows(reg: Registry, root: Path, status: dict) -> list[dict]:
     return rows
 
 
-def study_view(registry, root=None) -> dict:
+def study_view(reg: Registry, root=None) -> dict:
     "{registry, root, partial, table, content_hash, points, watermark} of a registry under its root."
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     status = registry_status(reg, root)
     frozen = root / "frozen" / "table.json"
@@ -218,9 +217,8 @@ def write_tables(view: dict, out_dir) -> list[Path]:
     ]
 
 
-def run_report(registry, root=None) -> Path:
+def run_report(reg: Registry, root=None) -> Path:
     "Execute the report notebook of a registry in its root; returns the executed notebook's path."
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     partial = registry_status(reg, root)["state"] != "frozen"
     out = root / "report" / ("report-PARTIAL.ipynb" if partial else "report.ipynb")
@@ -231,7 +229,7 @@ def run_report(registry, root=None) -> Path:
 def _spec(reg: Registry) -> str:
     "How the report notebook names the registry: its name when it is one of the project's registries, else its file."
     try:
-        if load_registry(reg.name).source == reg.source:
+        if str(registry_path(reg.name.partition(":")[0])) == reg.source:  # what `load_registry(reg.name)` reads
             return reg.name
     except StalebookError:
         pass
@@ -241,9 +239,8 @@ def _spec(reg: Registry) -> str:
 PUBLISHED_FIGURES = ("rel", "gain-ratio", "verdicts")
 
 
-def frozen_root(registry, root=None) -> Path:
+def frozen_root(reg: Registry, root=None) -> Path:
     "The results folder of a frozen registry; a registry that is not frozen is refused with its watermark."
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     status = registry_status(reg, root)
     if status["state"] != "frozen":
@@ -251,11 +248,11 @@ def frozen_root(registry, root=None) -> Path:
     return root
 
 
-def publish_sources(registry, root=None) -> dict[str, Path]:
+def publish_sources(reg: Registry, root=None) -> dict[str, Path]:
     """{published name: file}: a frozen registry's table (JSON, Markdown), its report's three figures and its gate
     forecast when there is one of this table; refused unless the frozen table hashes to its content hash and the
     report was drawn from it."""
-    reg, root = load_registry(registry), frozen_root(registry, root)
+    root = frozen_root(reg, root)
     t = json.loads((root / "frozen" / "table.json").read_text())
     ch = t.pop("content_hash", None)
     if ch != hash_json(t):
@@ -279,11 +276,11 @@ def publish_sources(registry, root=None) -> dict[str, Path]:
     return src
 
 
-def publish_report(registry, root=None, dest=None) -> Path:
+def publish_report(reg: Registry, root=None, dest=None) -> Path:
     """Copy `publish_sources` into `<dest>/<registry>/` (default `results/`; ':' of a slice becomes '-'), replacing
     the folder as a whole; returns it."""
-    src = publish_sources(registry, root)
-    out = Path(dest or results_dir()) / load_registry(registry).name.replace(":", "-")
+    src = publish_sources(reg, root)
+    out = Path(dest or results_dir()) / reg.name.replace(":", "-")
     with atomic_dir(out, overwrite=True) as d:
         for name, p in src.items():
             shutil.copyfile(p, d / name)
@@ -461,10 +458,9 @@ def decision_lines(view: dict, by_cell: dict, behaviour: dict, **kw) -> list[str
     return out
 
 # %% ../nbs/34_report.ipynb #6ab02a4d
-def _decision_inputs(registry, root=None) -> tuple[dict, dict, dict]:
+def _decision_inputs(reg: Registry, root=None) -> tuple[dict, dict, dict]:
     "(study view, {cell: [(PointResult, summary)]}, {family: behaviour checkpoint}) of a registry under its root."
-    view = study_view(registry, root)
-    reg = load_registry(registry)
+    view = study_view(reg, root)
     cells = {
         k: [(p, r) for p, r, _ in v]
         for k, v in registry_cells(reg, view["root"], registry_status(reg, view["root"])).items()
@@ -472,9 +468,9 @@ def _decision_inputs(registry, root=None) -> tuple[dict, dict, dict]:
     return view, cells, {(f.model, f.domain, f.tag): f.behaviour for f in reg.units().values()}
 
 
-def registry_decisions(registry, root=None, **kw) -> list[str]:
+def registry_decisions(reg: Registry, root=None, **kw) -> list[str]:
     "`decision_lines` of a registry under its root (what `stalebook demo` prints last)."
-    return decision_lines(*_decision_inputs(registry, root), **kw)
+    return decision_lines(*_decision_inputs(reg, root), **kw)
 
 
 def cell_forecasts(by_cell: dict, pilots: list[dict], **kw) -> list[dict]:
@@ -487,10 +483,10 @@ def cell_forecasts(by_cell: dict, pilots: list[dict], **kw) -> list[dict]:
     return out
 
 
-def write_forecast(registry, pilots: dict, root=None, **kw) -> Path:
+def write_forecast(reg: Registry, pilots: dict, root=None, **kw) -> Path:
     """`report/forecast.json`: `cell_forecasts` from the pilot points `pilots` ({file: summary}, each file named with
     its content hash), bound to the table the report draws (its content hash): what `--publish` then copies."""
-    view, cells, _ = _decision_inputs(registry, root)
+    view, cells, _ = _decision_inputs(reg, root)
     rec = dict(
         kind="stalebook.gate-forecast",
         content_hash=view["content_hash"],

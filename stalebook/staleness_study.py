@@ -76,7 +76,6 @@ from stalebook.registry import (
     Registry,
     UnitKind,
     deep_merge,
-    load_registry,
     partial_config,
     partial_dict,
     register_kind,
@@ -504,18 +503,18 @@ def check_rule_against_boundary() -> list[Check]:
 # %% ../nbs/36_staleness_study.ipynb #c39ea465
 def _run_cell_unit(args) -> tuple:
     "One unit, in this or a worker process: (id, how its phase ended, t_collapse, steps done, seconds)."
-    spec, uid, root = args
+    reg, uid, root = args
     t0 = time.time()
-    got = run_unit(spec, uid, root, progress=False, log=lambda *a: None)
+    got = run_unit(reg, uid, root, progress=False, log=lambda *a: None)
     r = json.loads((Path(root) / "units" / uid / "cell" / "results.json").read_text())
     return uid, got["cell"], r["t_collapse"], r["steps_done"], time.time() - t0
 
 
-def run_cells(spec: str, root: Path, jobs: int = 1, max_cells: int | None = None, log=print) -> list[str]:
-    "Run (or resume) the registry's units that have no phase record yet, `jobs` processes at a time; their ids."
-    reg = load_registry(spec)
+def run_cells(reg: Registry, root: Path, jobs: int = 1, max_cells: int | None = None, log=print) -> list[str]:
+    """Run (or resume) the registry's units that have no phase record yet, `jobs` processes at a time (each gets the
+    resolved registry, pickled); their ids."""
     allu = select_units(reg)
-    todo = [(str(spec), u, str(root)) for u in allu if not record_path(unit_dir(root, u), "cell").is_file()]
+    todo = [(reg, u, str(root)) for u in allu if not record_path(unit_dir(root, u), "cell").is_file()]
     log(
         f"registry {reg.name}: {len(allu)} cells, {len(allu) - len(todo)} done, {len(todo)} to run"
         f"{f' (this call: {max_cells})' if max_cells is not None else ''}, {jobs} job(s), root {root}"
@@ -596,7 +595,7 @@ def study_figures(reg: Registry, root: Path, prefix: str = "study_staleness") ->
 
 # %% ../nbs/36_staleness_study.ipynb #4286ca91
 def run_study(
-    registry: str = "staleness-tiny",
+    reg: Registry,
     root=None,
     jobs: int = 1,
     max_cells: int | None = None,
@@ -607,18 +606,17 @@ def run_study(
 ) -> int:
     """`stalebook study staleness`: run the missing cells, then, once every cell passes, freeze the table and write the
     record (default results/records/study_staleness.json) and figures. Exit status 1 if a cell fails a contract."""
-    root, t0 = registry_root(load_registry(registry), root), time.time()
+    root, t0 = registry_root(reg, root), time.time()
     if not only_analyse:
-        run_cells(registry, root, jobs, max_cells, log)
-    status = registry_status(registry, root)
+        run_cells(reg, root, jobs, max_cells, log)
+    status = registry_status(reg, root)
     log(format_status(status).splitlines()[0])
     if status["state"] != "partial":
-        fr = freeze(registry, root)
+        fr = freeze(reg, root)
         log(
             f"[freeze] {'frozen' if fr['written'] else 'already frozen, identical'}: {fr['dir']} "
             f"(content hash {fr['content_hash'][:16]})"
         )
-        reg = load_registry(registry)
         rec = study_record(reg, root, fr)
         for opt, o in rec["optimizers"].items():
             log(summary_line(opt, o))

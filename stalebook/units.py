@@ -1,7 +1,7 @@
 """A *unit of work* is a named, idempotent sequence of phases with declared outputs. Each phase leaves a
 record of the content hashes of its outputs; a phase whose record still verifies is skipped, one
 without a record is run — and resumes from whatever partial state it finds — and one whose outputs
-changed runs again. `run_unit(registry, unit_id, root)` runs one unit; all its state lives under the
+changed runs again. `run_unit(reg, unit_id, root)` runs one unit of a resolved registry; all its state lives under the
 registry's root, so the same call can be made from any process on any node that shares the root, and
 it is what every executor calls. The ranking study's unit is a *family* (model, domain, seed): train
 the lineage, generate the stale rollouts, then one phase per checkpoint that runs its point.
@@ -47,7 +47,6 @@ from stalebook.registry import (
     Registry,
     UnitKind,
     deep_merge,
-    load_registry,
     register_kind,
     registry_hash,
     registry_problems,
@@ -193,10 +192,9 @@ def run_phases(u: Unit) -> dict:
     return done
 
 # %% ../nbs/32_units.ipynb #e4793f5c
-def run_unit(registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
+def run_unit(reg: Registry, unit_id: str, root=None, progress: bool = True, log=print) -> dict:
     """Run (or resume) one unit of a registry under `root`: {phase: 'ran' | 'skipped'}. Safe to call from any
     process sharing the root."""
-    reg = load_registry(registry)
     root = registry_root(reg, root)
     probs = registry_problems(reg)
     if probs:
@@ -278,9 +276,8 @@ def select_units(reg: Registry, only: str | None = None) -> list[str]:
     return got
 
 # %% ../nbs/32_units.ipynb #eed5b9bb
-def run_registry(registry, root=None, only: str | None = None, progress: bool = True, log=print) -> dict:
+def run_registry(reg: Registry, root=None, only: str | None = None, progress: bool = True, log=print) -> dict:
     "Run (or resume) the units of a registry one after another on this machine: {unit id: phase states}."
-    reg = load_registry(registry)
     probs = registry_problems(reg)
     if probs:
         raise StalebookError(f"{probs[0]}; nothing was started")
@@ -292,10 +289,10 @@ def run_registry(registry, root=None, only: str | None = None, progress: bool = 
     return out
 
 # %% ../nbs/32_units.ipynb #cf2166ba
-def run_local(registry, root=None, only: str | None = None, quiet: bool = False) -> int:
+def run_local(reg: Registry, root=None, only: str | None = None, quiet: bool = False) -> int:
     "The local executor of `stalebook run`: `run_registry` in this process, then one summary line; the exit code."
     t0 = time.perf_counter()
-    res = run_registry(registry, root, only, progress=not quiet)
+    res = run_registry(reg, root, only, progress=not quiet)
     ran = sum(s == "ran" for r in res.values() for s in r.values())
     print(
         f"[run] {len(res)} units: {ran} phases ran, {sum(len(r) for r in res.values()) - ran} were already done "

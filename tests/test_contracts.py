@@ -26,7 +26,7 @@ def finished(tmp_path_factory, tiny_snapshot):
     from beta's by construction (the reduced snapshot may earn no reward variance in two steps)."""
     tmp = tmp_path_factory.mktemp("contracts")
     reg = ranking_registry(tmp, tiny_snapshot, name="c", checkpoints=(2,), train_extra=", weight_decay: 0.1")
-    run_registry(reg, tmp / "root", progress=False, log=lambda *a: None)
+    run_registry(load_registry(reg), tmp / "root", progress=False, log=lambda *a: None)
     return reg, tmp / "root"
 
 
@@ -37,13 +37,13 @@ def copy(finished, tmp_path) -> Path:
 
 def refused(reg, root, contract) -> list[str]:
     "Assert status fails exactly at `contract` of the point (others may fail too), freeze refuses, nothing is frozen."
-    st = registry_status(reg, root)
+    st = registry_status(load_registry(reg), root)
     row = st["rows"][0]
     assert row["state"] == "fail" and row["contracts"][contract], row
     lines = [l for l in problem_lines(st) if l.startswith(f"{U}/c2 {contract}: ")]
     assert lines
     with pytest.raises(FreezeRefused) as e:
-        freeze(reg, root)
+        freeze(load_registry(reg), root)
     assert "nothing was written" in str(e.value) and any(l.startswith(f"{U}/c2 {contract}: ") for l in e.value.lines)
     assert not (root / "frozen").exists()
     return lines
@@ -59,10 +59,10 @@ def reseal(root: Path) -> None:
 
 def test_finished_registry_passes_and_freezes(finished, tmp_path):
     reg, root = finished[0], copy(finished, tmp_path)
-    st = registry_status(reg, root)
+    st = registry_status(load_registry(reg), root)
     assert st["state"] == "complete" and st["rows"][0]["contracts"] == {k: [] for k in st["contracts"]}
     assert st["contracts"] == ["objective", "lineage", "generation", "analysis", "manifest"]
-    a = freeze(reg, root)
+    a = freeze(load_registry(reg), root)
     assert a["written"] and sorted(p.name for p in (root / "frozen").iterdir()) == [
         "table.csv",
         "table.json",
@@ -71,13 +71,13 @@ def test_finished_registry_passes_and_freezes(finished, tmp_path):
     t = json.loads((root / "frozen/table.json").read_text())
     assert t["content_hash"] == a["content_hash"] and "not a result about 7B models" in t["title"] and t["rlvr"] is True
     assert a["content_hash"] in (root / "frozen/table.md").read_text()
-    assert freeze(reg, root)["written"] is False  # identical: nothing to do
+    assert freeze(load_registry(reg), root)["written"] is False  # identical: nothing to do
     t["rows"][0]["verdict"] = "Effective"
     t["content_hash"] = "0" * 64
     (root / "frozen/table.json").write_text(json.dumps(t))
     with pytest.raises(Exception, match="a different table is frozen there"):
-        freeze(reg, root)
-    assert registry_status(reg, root)["state"] == "frozen"
+        freeze(load_registry(reg), root)
+    assert registry_status(load_registry(reg), root)["state"] == "frozen"
 
 
 def test_status_partial_watermark_and_json(finished, tmp_path, capsys):
@@ -106,7 +106,7 @@ def test_fault_sft_checkpoint_spliced_into_grpo_lineage(finished, tmp_path, tiny
     shutil.copytree(sft.dir / "lineage/step-000002", dst)
     obj = refused(reg, root, "objective")
     assert any("checkpoint step 2 (meta.json) is 'sft'; the demo table takes GRPO runs only" in l for l in obj)
-    lin = [l for l in problem_lines(registry_status(reg, root)) if " lineage: " in l]
+    lin = [l for l in problem_lines(registry_status(load_registry(reg), root)) if " lineage: " in l]
     assert any("content hash does not match the chain" in l for l in lin) and any(
         "a foreign checkpoint" in l for l in lin
     )
@@ -128,7 +128,7 @@ def test_fault_store_copied_from_another_policy(finished, tmp_path):
         l.startswith(f"{U}/c2 generation: store candidates/R is bound to policy ") and "the point's π is" in l
         for l in lines
     ), lines
-    assert registry_status(reg, root)["rows"][0]["contracts"]["manifest"] == []
+    assert registry_status(load_registry(reg), root)["rows"][0]["contracts"]["manifest"] == []
 
 
 def test_fault_one_missing_prompt_group(finished, tmp_path):
@@ -157,7 +157,9 @@ def test_fault_result_with_9999_replicates(finished, tmp_path):
     reseal(root)
     lines = refused(reg, root, "analysis")
     assert f"{U}/c2 analysis: the result has 9,999 bootstrap replicates; the contract needs exactly 10,000" in lines
-    assert [k for k, v in registry_status(reg, root)["rows"][0]["contracts"].items() if v] == ["analysis"]
+    assert [k for k, v in registry_status(load_registry(reg), root)["rows"][0]["contracts"].items() if v] == [
+        "analysis"
+    ]
 
 
 def test_content_hash_names_the_results_not_the_machine(finished, tmp_path):
@@ -171,7 +173,7 @@ def test_content_hash_names_the_results_not_the_machine(finished, tmp_path):
         nb = root / "units" / U / "points" / C / "point.ipynb"
         edit(json.loads(nb.read_text()), nb, json.loads(nb.with_name("manifest.json").read_text()))
         reseal(root)
-        return freeze(reg, root)["content_hash"]
+        return freeze(load_registry(reg), root)["content_hash"]
 
     def machine(nbj, nb, m):
         nbj["metadata"]["language_info"]["version"] = "3.11.99"
@@ -218,8 +220,8 @@ def test_sft_ablation_fills_only_its_appendix_never_labelled_rlvr(tmp_path, tiny
     """An SFT registry runs, passes and freezes into the appendix table (labelled: not RLVR); it can never fill a main
     table."""
     reg = ranking_registry(tmp_path, tiny_snapshot, name="sft", checkpoints=(2,), objective="sft", table="appendix")
-    run_registry(reg, tmp_path / "root", progress=False, log=lambda *a: None)
-    t = freeze(reg, tmp_path / "root")["table"]
+    run_registry(load_registry(reg), tmp_path / "root", progress=False, log=lambda *a: None)
+    t = freeze(load_registry(reg), tmp_path / "root")["table"]
     assert t["table"] == "appendix" and t["objective"] == "sft" and t["rlvr"] is False
     md = (tmp_path / "root/frozen/table.md").read_text()
     assert "supervised policy-shift ablation" in md and md.count("RLVR") == md.count("not RLVR") == 1

@@ -173,9 +173,10 @@ def test_status_shows_owner_heartbeat_and_stale_lease(tmp_path):
     """While a worker runs, status names its owner and heartbeat age; after a SIGKILL the lease turns stale once its TTL
     passed."""
     from stalebook.contracts import format_status, registry_status
+    from stalebook.registry import load_registry
 
-    reg = race_registry(tmp_path, units=2, phases=2, work_s=6.0)
-    p = work(reg, tmp_path / "r", "--ttl", 2)
+    reg = load_registry(race_registry(tmp_path, units=2, phases=2, work_s=6.0))
+    p = work(reg.source, tmp_path / "r", "--ttl", 2)
     _wait(lambda: list((tmp_path / "r").glob("queue/u000/lease-*.json")), what="a lease")
     time.sleep(1.0)
     st = registry_status(reg, tmp_path / "r")

@@ -13,6 +13,7 @@ import pytest
 from stalebook.contracts import freeze
 from stalebook.core import StalebookError, hash_json
 from stalebook.protocol import DEFAULT_BOUND
+from stalebook.registry import load_registry
 from stalebook.report import PUBLISHED_FIGURES, publish_report, registry_decisions, run_report
 from stalebook.theory.estimators import ESTIMATORS
 from stalebook.units import run_registry
@@ -50,9 +51,9 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
     assert not leaked("rep")
     reg = ranking_registry(tmp_path, tiny_snapshot, name="rep", checkpoints=(0, 2), seeds=(0, 1))
     root, res = tmp_path / "root", tmp_path / "results"
-    run_registry(reg, root, only="tiny-math-s0", progress=False, log=lambda *a: None)
+    run_registry(load_registry(reg), root, only="tiny-math-s0", progress=False, log=lambda *a: None)
     before = set(listing(root))
-    nb = run_report(reg, root)
+    nb = run_report(load_registry(reg), root)
     assert nb.name == "report-PARTIAL.ipynb"
     assert all(f.startswith("report/") for f in set(listing(root)) - before)  # only the report folder is new
     figs = sorted(p.name for p in (root / "report").glob("*.png"))
@@ -68,14 +69,14 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
         "contract (0 failing, 2 missing); not paper numbers\n"
     )
     assert not res.exists() and not (root / "report/report.ipynb").exists()
-    run_registry(reg, root, progress=False, log=lambda *a: None)
+    run_registry(load_registry(reg), root, progress=False, log=lambda *a: None)
     with pytest.raises(StalebookError, match="publish refused: COMPLETE - registry rep"):  # complete, not frozen
-        publish_report(reg, root, res)
-    freeze(reg, root)
+        publish_report(load_registry(reg), root, res)
+    freeze(load_registry(reg), root)
     with pytest.raises(StalebookError, match="holds no report of the frozen table"):  # frozen, report still partial
-        publish_report(reg, root, res)
+        publish_report(load_registry(reg), root, res)
     assert not res.exists()
-    nb = run_report(reg, root)
+    nb = run_report(load_registry(reg), root)
     assert nb.name == "report.ipynb"
     assert sorted(p.name for p in (root / "report").glob("report-*[!L].png")) == [
         f"report-rep-{w}.png" for w in ("gain-ratio", "rel", "verdicts")
@@ -83,7 +84,7 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
     assert (root / "report/table.md").read_bytes() == (root / "frozen/table.md").read_bytes()
     assert json.loads((root / "report/table.json").read_text())["partial"] is False
     # published: the frozen table byte for byte and the report's figures, in results/<registry>/
-    out = publish_report(reg, root, res)
+    out = publish_report(load_registry(reg), root, res)
     assert out == res / "rep"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["table.json", "table.md"] + [f"{w}.png" for w in PUBLISHED_FIGURES]
@@ -96,7 +97,7 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
     assert not leaked("rep")  # ... nor into the repository's figures/ or results/
     # what `stalebook demo` prints last: per cell and estimator gate and verdict (the frozen rows), both controls, the
     # forecast
-    lines = registry_decisions(reg, root, pools=6, draws=10, boot_reps=20, cells=200)
+    lines = registry_decisions(load_registry(reg), root, pools=6, draws=10, boot_reps=20, cells=200)
     assert lines[0].startswith(f"decisions (frozen; bounds: {DEFAULT_BOUND}")
     rows = {(r["checkpoint"], r["estimator"]): r for r in json.loads((root / "frozen/table.json").read_text())["rows"]}
     for c in (0, 2):
@@ -149,7 +150,7 @@ def test_partial_then_frozen_report(tmp_path, tiny_snapshot, monkeypatch, cli):
     t["rows"][0]["verdict"] = "Effective" if t["rows"][0]["verdict"] != "Effective" else "Ineffective"
     f.write_text(json.dumps(t, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     with pytest.raises(StalebookError, match="does not hash to its content hash"):
-        publish_report(reg, root, tmp_path / "again")
+        publish_report(load_registry(reg), root, tmp_path / "again")
     assert not (tmp_path / "again").exists()
 
 
@@ -183,8 +184,8 @@ def test_frozen_table_does_not_depend_on_the_folders(tmp_path, tiny_snapshot, mo
         root = roots[side] = d / "runs/where"
         before = set(listing(d))
         if side == "a":
-            run_registry(reg, root, progress=False, log=lambda *a: None)
-            freeze(reg, root)
+            run_registry(load_registry(reg), root, progress=False, log=lambda *a: None)
+            freeze(load_registry(reg), root)
         else:
             r = cli("demo", reg, "--workers", 1)  # the registry's `out`, under this project
             assert r.returncode == 0, r.stderr

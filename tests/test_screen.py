@@ -37,13 +37,13 @@ def screened(tmp_path_factory):
     "(registry file, root) of the screened one-point registry, run once for this module's tests."
     tmp = tmp_path_factory.mktemp("screened")
     reg = registry(tmp, "scr", ", screen_rollouts: 4, screen_pool: 64")
-    run_registry(reg, tmp / "root", progress=False, log=lambda *a: None)
+    run_registry(load_registry(reg), tmp / "root", progress=False, log=lambda *a: None)
     return reg, tmp / "root"
 
 
 def test_screened_point_runs_through_the_registry(screened):
     reg, root = screened
-    st = registry_status(reg, root)
+    st = registry_status(load_registry(reg), root)
     assert st["state"] == "complete", problem_lines(st)
     res = json.loads(next(root.rglob("result.json")).read_text())
     scr, man = res["result"]["screen"], res["manifest"]
@@ -62,7 +62,7 @@ def test_screened_point_runs_through_the_registry(screened):
 def test_screened_pool_has_fewer_homogeneous_groups(tmp_path, screened):
     """What the screen is for: on the point's own fresh R rollouts (an independent draw), the share of candidate
     groups whose rewards are all equal is lower with the screen than without (same model, same seed)."""
-    run_registry(registry(tmp_path, "plain"), tmp_path / "plain", progress=False, log=lambda *a: None)
+    run_registry(load_registry(registry(tmp_path, "plain")), tmp_path / "plain", progress=False, log=lambda *a: None)
     share = {}
     for name, root in (("plain", tmp_path / "plain"), ("screened", screened[1])):
         man = json.loads(next(root.rglob("result.json")).read_text())["manifest"]
@@ -95,6 +95,6 @@ def test_an_edited_screen_is_refused_by_the_generation_contract(tmp_path, screen
     first = next(r for r in recs if min(r["rewards"]) < max(r["rewards"]))  # a kept prompt, now homogeneous
     first["rewards"] = [0.0] * len(first["rewards"])
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    probs = problem_lines(registry_status(reg, root))
+    probs = problem_lines(registry_status(load_registry(reg), root))
     assert any("store screen" in p for p in probs), probs
     assert any("another prompt list than the registered pool" in p for p in probs), probs

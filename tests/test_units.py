@@ -44,6 +44,7 @@ def test_synthetic_kills_resume_to_identical_outputs(tmp_path, full):
 def test_a_unit_runs_in_one_process_at_a_time(tmp_path):
     "A second process on a unit whose lock is held is refused with one line; the first finishes undisturbed."
     from stalebook.core import StalebookError
+    from stalebook.registry import load_registry
     from stalebook.units import run_unit
 
     reg = synthetic_registry(tmp_path, units=1, phases=2, work_s=4.0)
@@ -55,7 +56,7 @@ def test_a_unit_runs_in_one_process_at_a_time(tmp_path):
             break
         time.sleep(0.05)
     with pytest.raises(StalebookError, match="another process is running it"):
-        run_unit(str(reg), "u000", tmp_path / "r")
+        run_unit(load_registry(reg), "u000", tmp_path / "r")
     assert first.wait(timeout=120) == 0
     ev = [json.loads(l)["event"] for l in (tmp_path / "r/units/u000/attempts.jsonl").read_text().splitlines()]
     assert ev == ["start", "done", "start", "done"]  # the refused call started nothing
