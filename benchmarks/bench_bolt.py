@@ -33,6 +33,7 @@ ROOT = HERE.parent
 CHILD = r"""
 import json, sys, dataclasses
 from stalebook.bolt import Meter, train_arm
+import stalebook.bolt_study  # noqa: F401  (registers the bolt kind of the registry this loads)
 from stalebook.registry import load_registry
 reg, arm, steps, out, domain = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 r = load_registry(reg)

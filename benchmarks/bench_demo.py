@@ -83,7 +83,8 @@ def cells_of(spec: str, root: Path) -> dict:
     """{checkpoint: dict(gate=[bool per seed], seeds, verdicts={estimator: verdict}, summaries=[...])} of the
     registry's (single-cell-per-checkpoint) study under `root`."""
     from stalebook.calibration import bound_calibrated, regime_of
-    from stalebook.contracts import registry_cells, registry_status
+    from stalebook.contracts import registry_status
+    from stalebook.ranking_study import registry_cells
     from stalebook.registry import load_registry
     from stalebook.report import study_view
 

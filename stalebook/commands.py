@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bolt_study, ranking_study, staleness_study
 from .audit import LEVELS, AlarmConfig, audit, audit_text, write_audit
 from .audit_formats import FORMATS
 from .bolt_study import run_bolt_study
@@ -32,7 +33,7 @@ from .pipeline import run_pipeline
 from .point import PointConfig, execute_point, point_markdown
 from .pretrained import PACKAGED_MODELS, import_snapshot
 from .protocol import DEFAULT_BOUND
-from .registry import Registry, load_registry, registry_problems, registry_root
+from .registry import KINDS, Registry, load_registry, registry_problems, registry_root
 from stalebook.report import (
     cell_name,
     demo_workers,
@@ -61,9 +62,12 @@ from .units import run_local
 from .warmstart import WARMSTART_ANSWER, WarmStartSpec, warmstart_snapshot
 
 # %% auto #0
-__all__ = ['WARMSTART_OPTIONS', 'cmd_snapshot', 'cmd_rollouts', 'cmd_train', 'cmd_pipeline', 'cmd_point', 'work_parser',
-           'cmd_work', 'cmd_run', 'cmd_status', 'show_status', 'cmd_freeze', 'show_freeze', 'cmd_audit', 'cmd_report',
-           'show_report', 'cmd_design', 'cmd_demo', 'cmd_numerics', 'cmd_study']
+__all__ = ['STUDIES', 'WARMSTART_OPTIONS', 'cmd_snapshot', 'cmd_rollouts', 'cmd_train', 'cmd_pipeline', 'cmd_point',
+           'work_parser', 'cmd_work', 'cmd_run', 'cmd_status', 'show_status', 'cmd_freeze', 'show_freeze', 'cmd_audit',
+           'cmd_report', 'show_report', 'cmd_design', 'cmd_demo', 'cmd_numerics', 'cmd_study']
+
+# %% ../nbs/50_commands.ipynb #faa2881a
+STUDIES = (ranking_study, staleness_study, bolt_study)  # the wings whose kinds and contracts register as they load
 
 # %% ../nbs/50_commands.ipynb #927a1ef6
 def _import_parser(sub) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from .core import JsonlLog, StalebookError, atomic_write_json, numerics_env
-from .registry import Registry, load_registry, registry_problems, registry_root
+from .registry import Registry, UnitKind, register_kind, registry_problems, registry_root
 from stalebook.units import (
     UnitBusy,
     lease_gens,
@@ -505,13 +505,14 @@ def shared_executor(reg: Registry, root=None, opts: WorkOptions | None = None) -
     return 1 if any(queue_state(root, u)["state"] == "failed" for u in select_units(reg, opts.only)) else 0
 
 # %% ../nbs/35_executors.ipynb #ff11e16d
-def ray_unit(spec: str, unit_id: str, root: str, ttl_s: float, mode: str = "excl") -> dict:
+def ray_unit(reg: Registry, kind: UnitKind, unit_id: str, root: str, ttl_s: float, mode: str = "excl") -> dict:
     """The body of one Ray task: take the unit's lease (a retry of this task takes its own over at once), run it,
-    end the lease."""
+    end the lease. The registry arrives resolved, with its kind: the kind's functions travel by reference, so their
+    module loads in the worker, and the kind is registered there."""
     import ray  # optional dependency (the `ray` extra): this runs inside a Ray worker
 
+    register_kind(kind)
     owner = Owner(label=f"ray-task-{ray.get_runtime_context().get_task_id()}")
-    reg = load_registry(spec)
     while (lease := try_claim(root, unit_id, owner, ttl_s, mode, same_label=True)) is None:
         st = queue_state(root, unit_id)["state"]
         if st in ("done", "failed"):
@@ -580,7 +581,7 @@ def ray_tasks(
     task = ray.remote(num_cpus=cpus_per_unit, num_gpus=gpus_per_unit, max_retries=max_retries, retry_exceptions=False)(
         ray_unit
     )
-    refs = {task.remote(registry_spec(reg), u, str(root), ttl_s): u for u in ids}
+    refs = {task.remote(reg, reg.unit_kind, u, str(root), ttl_s): u for u in ids}
     log(
         f"[ray] registry {reg.name}: {len(ids)} tasks "
         f"({cpus_per_unit:g} CPU, {gpus_per_unit:g} GPU each, {max_retries} retries); "

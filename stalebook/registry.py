@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
 import os
 import re
 import typing
@@ -35,9 +33,9 @@ from stalebook.core import (
 from .snapshot import LOCKFILE, read_lock
 
 # %% auto #0
-__all__ = ['KINDS', 'KIND_MODULES', 'UNSET', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 'UnitKind', 'register_kind', 'kind_of',
-           'deep_merge', 'Registry', 'partial_dict', 'partial_config', 'registries_dir', 'registry_path',
-           'load_registry', 'registry_hash', 'registry_root', 'registry_problems']
+__all__ = ['KINDS', 'UNSET', 'UNIT_ID', 'ModelSpec', 'snapshot_problem', 'UnitKind', 'register_kind', 'kind_of', 'deep_merge',
+           'Registry', 'partial_dict', 'partial_config', 'registries_dir', 'registry_path', 'load_registry',
+           'registry_hash', 'registry_root', 'registry_problems']
 
 # %% ../nbs/31_registry.ipynb #b9d1bb19
 @dataclass
@@ -117,13 +115,7 @@ class UnitKind:
     doc: str = ""
 
 
-KINDS: dict[str, UnitKind] = {}
-KIND_MODULES = [
-    "stalebook.units",
-    "stalebook.contracts",
-    "stalebook.staleness_study",
-    "stalebook.bolt_study",
-]  # modules that register kinds (and their contracts)
+KINDS: dict[str, UnitKind] = {}  # name: kind, filled by the modules that define kinds as they load
 
 
 def register_kind(kind: UnitKind) -> UnitKind:
@@ -133,12 +125,12 @@ def register_kind(kind: UnitKind) -> UnitKind:
 
 
 def kind_of(name: str, src: str = "<registry>") -> UnitKind:
-    "The registered kind `name` (importing `KIND_MODULES` first)."
-    for m in KIND_MODULES:  # not an import statement: kinds register themselves
-        if importlib.util.find_spec(m) is not None:
-            importlib.import_module(m)
+    "The registered kind `name`."
     if name not in KINDS:
-        raise ConfigError(f"{src}: field 'kind': unknown kind '{name}' (registered: {', '.join(sorted(KINDS))})")
+        raise ConfigError(
+            f"{src}: field 'kind': unknown kind '{name}' (registered: {', '.join(sorted(KINDS)) or 'none'}; "
+            "a study's kind registers when its module loads: `import stalebook.commands` loads them all)"
+        )
     return KINDS[name]
 
 # %% ../nbs/31_registry.ipynb #f1fe52f7

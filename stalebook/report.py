@@ -27,14 +27,7 @@ import numpy as np
 from . import sandbox
 from .analysis import dilute_control
 from .claims import Claim, results_dir
-from stalebook.contracts import (
-    frozen_content,
-    registry_cells,
-    registry_status,
-    table_csv,
-    table_markdown,
-    watermark,
-)
+from .contracts import frozen_content, registry_status, table_csv, table_markdown, watermark
 from stalebook.core import (
     StalebookError,
     atomic_dir,
@@ -47,9 +40,10 @@ from stalebook.core import (
 )
 from .design import pilot_model, pilot_models, predict_design
 from .executors import node_gpus
+from .ranking_study import point_name, registry_cells
 from .registry import Registry, registry_path, registry_root
 from .theory.estimators import ESTIMATORS
-from .units import point_name, select_units, unit_dir
+from .units import select_units, unit_dir
 from .verdict import pool_cell
 
 # %% auto #0

@@ -3,8 +3,9 @@ record of the content hashes of its outputs; a phase whose record still verifies
 without a record is run — and resumes from whatever partial state it finds — and one whose outputs
 changed runs again. `run_unit(reg, unit_id, root)` runs one unit of a resolved registry; all its state lives under the
 registry's root, so the same call can be made from any process on any node that shares the root, and
-it is what every executor calls. The ranking study's unit is a *family* (model, domain, seed): train
-the lineage, generate the stale rollouts, then one phase per checkpoint that runs its point.
+it is what every executor calls. The kinds of unit are the studies' (`33a_ranking_study`,
+`36_staleness_study`, `37_bolt_study`); this module knows none of them and defines only a synthetic kind, the
+example below.
 
 Docs: https://stalebook.github.io/stalebook/units.html.md"""
 
@@ -13,21 +14,19 @@ Docs: https://stalebook.github.io/stalebook/units.html.md"""
 # %% ../nbs/32_units.ipynb #846133c9
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import functools
 import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable
 
 from filelock import FileLock, Timeout
 
 from stalebook.core import (
-    ConfigError,
     JsonlLog,
     StalebookError,
     atomic_write,
@@ -36,32 +35,25 @@ from stalebook.core import (
     config_dict,
     environment,
     fault_point,
-    from_dict,
     hash_dir,
     hash_file,
     hash_json,
     pin_numerics,
 )
-from .point import PointConfig, execute_point, resolve_point, run_stale
 from stalebook.registry import (
     Registry,
     UnitKind,
-    deep_merge,
     register_kind,
     registry_hash,
     registry_problems,
     registry_root,
 )
-from .trainer import TrainConfig, Trainer, check_lineage, checkpoint_name
 
 # %% auto #0
-__all__ = ['ROOT_REMEDY', 'QUEUE', 'TABLES', 'SET_BY_STUDY', 'REPLICATES', 'POINT_FILES', 'STORE_FILES', 'POINT_MANIFEST',
-           'MACHINE_FACTS', 'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record',
+__all__ = ['ROOT_REMEDY', 'QUEUE', 'Phase', 'output_hash', 'record_path', 'record_digest', 'phase_problems', 'write_record',
            'bind_root', 'bind_unit', 'attempt', 'Unit', 'unit_dir', 'UnitBusy', 'run_phases', 'run_unit',
            'SyntheticStudy', 'SyntheticUnit', 'synthetic_units', 'synthetic_phases', 'select_units', 'run_registry',
-           'run_local', 'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state', 'Block', 'RankingStudy',
-           'FamilyConfig', 'family_config', 'ranking_units', 'point_name', 'point_phase', 'train_family', 'stale_phase',
-           'point_manifest', 'point_run', 'point_source_hash', 'family_phases', 'family_points']
+           'run_local', 'queue_dir', 'lease_path', 'lease_gens', 'read_lease', 'queue_state']
 
 # %% ../nbs/32_units.ipynb #66f436f0
 @dataclass(frozen=True)
@@ -349,251 +341,3 @@ def queue_state(root, unit_id: str, now: float | None = None) -> dict:
         return dict(state="queued", owner=None, gen=None, age_s=None)
     stale = ls["age_s"] > ls.get("ttl_s", float("inf"))
     return dict(state="stale" if stale else "running", owner=ls.get("owner"), gen=ls["gen"], age_s=ls["age_s"])
-
-# %% ../nbs/32_units.ipynb #2e9b75cf
-@dataclass
-class Block:
-    "One product of a ranking registry: every model × domain × seed, with its overrides."
-
-    models: list[str]
-    domains: list[Literal["math", "math_nl", "code", "code_nl"]]  # *_nl: the natural-language families of chat models
-    seeds: list[int]
-    tag: str = ""  # appended to the unit ids (an arm of a sweep)
-    train: dict = field(default_factory=dict)  # overrides of the study's `train` section
-    point: dict = field(default_factory=dict)  # overrides of the study's `point` section
-    note: str = ""
-
-
-TABLES = ("main", "extension", "demo", "appendix")
-SET_BY_STUDY = dict(
-    train=("out", "snapshot", "domain", "seed", "objective", "steps", "lineage_steps"),
-    point=("run", "out", "checkpoint", "behaviour", "seed", "task_level"),
-)
-REPLICATES = 10_000
-
-# %% ../nbs/32_units.ipynb #181ec699
-@dataclass
-class RankingStudy:
-    """The `study:` section of a ranking registry: the table it fills, the objective, the lineage checkpoints, the
-    blocks."""
-
-    table: Literal["main", "extension", "demo", "appendix"]
-    blocks: list[Block]
-    objective: Literal["grpo", "sft"] = "grpo"
-    checkpoints: tuple[int, ...] = (0, 25, 100, 400)
-    behaviour: int = 0  # lineage step of beta
-    train: dict = field(default_factory=dict)  # a TrainConfig section (nested fields override its defaults)
-    point: dict = field(default_factory=dict)  # a PointConfig section
-    note: str = ""
-
-    def __post_init__(self):
-        if self.objective == "sft" and self.table != "appendix":
-            raise ValueError(
-                f"objective 'sft' cannot fill the {self.table} table: positive-only SFT is a supervised "
-                "policy-shift ablation, not RLVR, and goes to table: appendix"
-            )
-        if self.table == "appendix" and self.objective != "sft":
-            raise ValueError("table 'appendix' holds only the positive-only SFT ablation (objective: sft)")
-        c = list(self.checkpoints)
-        if not c or c != sorted(set(c)) or c[0] < 0:
-            raise ValueError(f"checkpoints must be increasing and >= 0, got {c}")
-        if not 0 <= self.behaviour <= c[-1]:
-            raise ValueError(f"behaviour {self.behaviour} must lie in 0..{c[-1]}")
-
-# %% ../nbs/32_units.ipynb #c54a434b
-@dataclass
-class FamilyConfig:
-    "One family (model, domain, seed) of a ranking registry: its training run and the template of its points."
-
-    model: str
-    domain: str
-    seed: int
-    table: str
-    objective: str
-    checkpoints: tuple[int, ...]
-    behaviour: int
-    train: TrainConfig  # `out` and `snapshot` are filled in where the unit runs
-    point: PointConfig  # `out` and `checkpoint` are filled in per point
-    tag: str = ""
-
-
-def _section(cls, base: dict, over: dict, set_by: dict, src: str, where: str):
-    "`cls` from the study's section `base` with a block's `over` laid on it and the study's own fields `set_by`."
-    for k in set(base) | set(over):
-        if k in set_by:
-            raise ConfigError(f"{src}: field '{where}.{k}': set by the study ({set_by[k]!r}), not in a section")
-    return from_dict(cls, deep_merge(deep_merge(base, over), set_by), src=src, prefix=f"{where}.")
-
-# %% ../nbs/32_units.ipynb #f7af4dff
-def family_config(reg: Registry, b: Block, i: int, model: str, domain: str, seed: int) -> FamilyConfig:
-    "The config of one family of block `i` of a ranking registry."
-    s, src = reg.spec, reg.source
-    if model not in reg.models:
-        raise ConfigError(
-            f"{src}: field 'study.blocks[{i}].models': unknown model '{model}' (models: {', '.join(reg.models)})"
-        )
-    steps = sorted({0, s.behaviour, *s.checkpoints})
-    tc = _section(
-        TrainConfig,
-        s.train,
-        b.train,
-        dict(
-            out="", snapshot="", domain=domain, seed=seed, objective=s.objective, steps=steps[-1], lineage_steps=steps
-        ),
-        src,
-        f"study.blocks[{i}].train",
-    )
-    pc = _section(
-        PointConfig,
-        s.point,
-        b.point,
-        dict(run="train", out="", checkpoint=s.behaviour, behaviour=s.behaviour, seed=seed, task_level=tc.task_level),
-        src,
-        f"study.blocks[{i}].point",
-    )
-    if pc.n_boot != REPLICATES:
-        raise ConfigError(
-            f"{src}: field 'study.blocks[{i}].point.n_boot': {pc.n_boot:,} bootstrap replicates; "
-            f"the analysis contract needs exactly {REPLICATES:,}"
-        )
-    return FamilyConfig(model, domain, seed, s.table, s.objective, tuple(s.checkpoints), s.behaviour, tc, pc, b.tag)
-
-# %% ../nbs/32_units.ipynb #49c426e7
-def ranking_units(reg: Registry) -> dict:
-    "{`<model>-<domain>-s<seed>[-<tag>]`: FamilyConfig} of every block, in registry order."
-    out = {}
-    for i, b in enumerate(reg.spec.blocks):
-        for m in b.models:
-            for d in b.domains:
-                for sd in b.seeds:
-                    uid = f"{m}-{d}-s{sd}" + (f"-{b.tag}" if b.tag else "")
-                    if uid in out:
-                        raise ConfigError(f"{reg.source}: unit '{uid}' is registered twice (block {i})")
-                    out[uid] = family_config(reg, b, i, m, d, sd)
-    return out
-
-# %% ../nbs/32_units.ipynb #75070f36
-POINT_FILES = ("result.json", "result.md", "boot.npz", "point.ipynb")
-STORE_FILES = ("manifest.json", "groups.jsonl", "complete.json")
-POINT_MANIFEST = "stalebook.point-manifest"
-
-
-def point_name(c: int) -> str:
-    return f"c-{c:06d}"
-
-
-def point_phase(c: int) -> str:
-    return f"point-{point_name(c)}"
-
-# %% ../nbs/32_units.ipynb #ef588f2d
-def train_family(tcfg: TrainConfig, progress: bool) -> None:
-    "Phase train: run (or resume) the family's lineage; a lineage of the other objective is refused."
-    lf = Path(tcfg.out) / "lineage.json"
-    have = json.loads(lf.read_text()).get("objective") if lf.is_file() else None
-    if have not in (None, tcfg.objective):
-        raise StalebookError(
-            f"{tcfg.out}: holds a '{have}' lineage and this family trains '{tcfg.objective}': "
-            "an SFT run never resumes from a GRPO checkpoint (nor the reverse)"
-        )
-    Trainer(tcfg).run(progress=progress)
-
-
-def stale_phase(pcfg: PointConfig, udir: Path, progress: bool) -> list[str]:
-    "Phase stale: the behaviour checkpoint's stale store; returns its files."
-    store = run_stale(resolve_point(pcfg, udir), progress=progress)
-    return [f"train/rollouts/{store.path.name}/{f}" for f in STORE_FILES]
-
-# %% ../nbs/32_units.ipynb #5279aa1e
-def point_manifest(udir: Path, unit_id: str, fam: FamilyConfig, c: int) -> dict:
-    "The manifest of point c of a family: what it is and the content hash of every file its numbers come from."
-    pd = f"points/{point_name(c)}"
-    res = json.loads((Path(udir) / pd / "result.json").read_text())
-    files = [f"{pd}/{f}" for f in POINT_FILES] + [
-        f"train/lineage/{checkpoint_name(s)}" for s in sorted({c, fam.behaviour})
-    ]
-    files += [
-        f"train/rollouts/{n}/{f}" for n in sorted(set(res["manifest"]["rollout_stores"].values())) for f in STORE_FILES
-    ]
-    return dict(
-        kind=POINT_MANIFEST,
-        version=1,
-        unit=unit_id,
-        model=fam.model,
-        domain=fam.domain,
-        seed=fam.seed,
-        tag=fam.tag,
-        checkpoint=c,
-        behaviour=fam.behaviour,
-        objective=fam.objective,
-        table=fam.table,
-        environment=environment(),
-        files={f: output_hash(Path(udir) / f) for f in files},
-    )
-
-# %% ../nbs/32_units.ipynb #c48e647c
-def point_run(unit_id: str, fam: FamilyConfig, c: int, udir: Path, log) -> None:
-    "Phase point-c: the point notebook in the unit's folder, then the point's manifest."
-    pcfg = dataclasses.replace(fam.point, out=f"points/{point_name(c)}", checkpoint=c)
-    r = execute_point(pcfg, cwd=udir)["result"]
-    atomic_write_json(Path(udir) / pcfg.out / "manifest.json", point_manifest(udir, unit_id, fam, c))
-    log(
-        f"[{unit_id}] point c={c}: Rel_k {r['rel']:.3f} (LB95 {r['rel_bounds'][0]:.3f}), "
-        f"fresh gain {r['gain_fresh']:+.4f}, "
-        f"admissible {'yes' if r['admissible'] else 'no'}"
-    )
-
-# %% ../nbs/32_units.ipynb #e6b1440e
-MACHINE_FACTS = ("torch_sqrt_ieee",)  # measured facts about the CPU a point ran on, not inputs of its numbers
-
-
-def point_source_hash(manifest: dict) -> str:
-    """What a frozen table names a point by: its manifest's hash without what describes the machine rather than the
-    numbers: the measured `environment` facts in `MACHINE_FACTS` (no stalebook computation calls torch's CPU sqrt) and
-    the executed notebook, whose kernel metadata names the Python patch release. The result files, the lineage and
-    store files, the package versions and the numerics mode all stay in it."""
-    env = {k: v for k, v in manifest["environment"].items() if k not in MACHINE_FACTS}
-    files = {f: h for f, h in manifest["files"].items() if not f.endswith(".ipynb")}
-    return hash_json(manifest | dict(environment=env, files=files))
-
-# %% ../nbs/32_units.ipynb #dab91720
-def family_phases(u: Unit) -> list[Phase]:
-    "train -> stale -> one point phase per checkpoint (each after train and stale only)."
-    reg, unit_id, fam, udir, progress, log = u.registry, u.id, u.config, Path(u.dir), u.progress, u.log
-    tcfg = dataclasses.replace(fam.train, out=str(udir / "train"), snapshot=reg.models[fam.model].folder())
-    steps = tcfg.lineage_steps
-    ph = [
-        Phase(
-            "train",
-            functools.partial(train_family, tcfg, progress),
-            ("train/lineage.json", *(f"train/lineage/{checkpoint_name(s)}" for s in steps)),
-            check=functools.partial(check_lineage, Path(udir) / "train"),
-        ),
-        Phase("stale", functools.partial(stale_phase, fam.point, Path(udir), progress)),
-    ]
-    for c in fam.checkpoints:
-        ph.append(
-            Phase(
-                point_phase(c),
-                functools.partial(point_run, unit_id, fam, c, Path(udir), log),
-                tuple(f"points/{point_name(c)}/{f}" for f in (*POINT_FILES, "manifest.json")),
-                after=("train", "stale"),
-            )
-        )
-    return ph
-
-# %% ../nbs/32_units.ipynb #45775b54
-def family_points(reg: Registry, unit_id: str, fam: FamilyConfig) -> list[str]:
-    "The items a family contributes to its registry's status: one per checkpoint, `<unit>/c<checkpoint>`."
-    return [f"{unit_id}/c{c}" for c in fam.checkpoints]
-
-
-register_kind(
-    UnitKind(
-        "ranking",
-        RankingStudy,
-        ranking_units,
-        family_phases,
-        family_points,
-        doc="the ranking study: one family (model, domain, seed) per unit, one point per checkpoint",
-    )
-)

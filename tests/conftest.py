@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import stalebook  # noqa: F401  (first: pins the CPU numerics before any test loads torch)
+import stalebook.commands  # noqa: F401  (the composition root: every study kind registered, as in a command)
 
 REDUCED = dict(max_steps=30, first_eval=10**9, require_band=False)
 

@@ -36,6 +36,10 @@ LAYERS = [
     ["verdict", "design"],
     ["tasks"],
     ["snapshot"],
+    ["registry"],  # the machinery of studies, below the engine: it imports no study, no trainer, no point
+    ["units"],
+    ["contracts"],
+    ["executors"],
     ["gemm"],
     ["model"],
     ["pretrained"],
@@ -45,8 +49,7 @@ LAYERS = [
     ["objectives"],
     ["trainer", "scoring", "pipeline"],
     ["point", "bolt"],
-    ["registry", "units", "contracts", "staleness_study", "bolt_study", "numerics", "audit"],
-    ["executors"],
+    ["ranking_study", "staleness_study", "bolt_study", "numerics", "audit"],  # the three study wings on one floor
     ["report"],
     ["commands"],
     ["cli"],
@@ -181,6 +184,37 @@ def test_function_local_imports_are_only_lazy_heavy_dependencies():
                     f"stalebook/{m.replace('.', '/')}.py:{lineno}: lazy import without a comment saying why: {line}"
                 )
     assert bad == []
+
+
+MACHINERY = ("registry", "units", "contracts", "executors")  # what runs, checks and freezes any study
+ENGINE_AND_STUDIES = {"model", "rollouts", "trainer", "scoring", "pipeline", "point", "bolt", "objectives"}
+
+
+def machinery_violations(g: dict) -> list[str]:
+    "Every import of a generic module that reaches a study wing or the engine, directly or through another module."
+    studies = {m for m in g if m.endswith("_study")} | ENGINE_AND_STUDIES
+    bad = []
+    for m in MACHINERY:
+        seen, todo = set(), list(g[m])
+        while todo:
+            d = todo.pop()
+            if d not in seen:
+                seen.add(d)
+                todo += g.get(d, ())
+        bad += [f"{m} reaches {d}" for d in sorted(seen & studies)]
+    return bad
+
+
+def test_study_machinery_imports_no_study_and_no_engine():
+    """The generic machinery (registry, units, contracts, executors) imports no study wing and nothing of the
+    engine, not even through another module; a study registers its kind and contracts itself, and the commands
+    layer imports the wings. The check is not vacuous: a units -> trainer edge added to the graph is reported."""
+    g = graph()
+    assert {"ranking_study", "staleness_study", "bolt_study"} <= set(g)
+    assert machinery_violations(g) == []
+    assert {"ranking_study", "staleness_study", "bolt_study"} <= g["commands"]
+    g["units"] = set(g["units"]) | {"trainer"}
+    assert "units reaches trainer" in machinery_violations(g)
 
 
 def test_checks_catch_a_back_edge_and_a_cycle():

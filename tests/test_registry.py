@@ -85,12 +85,26 @@ def test_hash_is_the_study_not_the_prose(tmp_path):
     assert registry_hash(load_registry(tmp_path / "tiny.yaml")) != registry_hash(load_registry("tiny"))
     assert registry_hash(load_registry("tiny:demo")) != registry_hash(load_registry("tiny"))
     r = subprocess.run(
-        [sys.executable, "-c", "from stalebook.registry import *; print(registry_hash(load_registry('tiny')))"],
+        [
+            sys.executable,
+            "-c",
+            "import stalebook.ranking_study; from stalebook.registry import *;"
+            "print(registry_hash(load_registry('tiny')))",
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
     )
     assert r.stdout.strip() == registry_hash(load_registry("tiny"))  # the same in another process
+    bare = subprocess.run(  # a process that loaded no study wing knows no study kind, and says how to load them
+        [sys.executable, "-c", "from stalebook.registry import load_registry; load_registry('tiny')"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert (
+        bare.returncode != 0 and "unknown kind 'ranking'" in bare.stderr and "import stalebook.commands" in bare.stderr
+    )
     assert registry_root(load_registry("tiny:demo")).name == "tiny-demo"
 
 

@@ -218,8 +218,9 @@ print(st.path.name)
 
 def test_sft_family_never_resumes_a_grpo_lineage(tmp_path, tiny_snapshot):
     "A GRPO family's training folder copied into an SFT family's unit: the SFT unit refuses it (and the reverse)."
+    from stalebook.ranking_study import family_phases
     from stalebook.registry import load_registry
-    from stalebook.units import Unit, family_phases, run_unit, unit_dir
+    from stalebook.units import Unit, run_unit, unit_dir
 
     g = load_registry(ranking_registry(tmp_path, tiny_snapshot, name="g", checkpoints=(2,)))
     sft = ranking_registry(tmp_path, tiny_snapshot, name="s", checkpoints=(2,), objective="sft", table="appendix")
