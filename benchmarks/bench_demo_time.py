@@ -2,7 +2,7 @@
 
 Reads a finished point of a demo run (default: the demo's root, unit tiny-math-s0, checkpoint 25): its
 `timings.json` (wall seconds per stage as the demo ran it: rollouts, scoring, analysis). Then, `--reps` times from
-the point's cached features, it re-runs the point's whole analysis (`PointRun.analysis`: 10,000 replicates, every
+the point's cached features, it re-runs the point's whole analysis (`point.analysis`: 10,000 replicates, every
 bound method's inputs) and its replicate stage on its own (the two reference halves and `bootstrap_gram`, called as
 `analyse_point` calls them; the package's arm checked against the analysis's own replicates), alternating the code
 before this change (kept here: the cross-Gram form, `CrossGramHalf` — C^T = W V^T [M, nK] and G_W = W W^T [M, M]
@@ -28,7 +28,7 @@ import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics bef
 import numpy as np  # isort: skip
 
 from stalebook.core import Domain
-from stalebook.point import PointConfig, PointRun
+from stalebook.point import PointConfig, PointFeatures, PointRun, analysis, features, fresh_rollouts, stale_rollouts
 from stalebook.protocol import SPLITS, GramHalf, Rollouts, blas_matmul, bootstrap_gram, cosine_of_parts, det_matmul
 
 
@@ -83,16 +83,17 @@ def timed(fn):
     return out, time.process_time() - c0, time.perf_counter() - w0
 
 
-def gram_stage_inputs(p: PointRun) -> tuple:
-    """(cand, val, the rest of `bootstrap_gram`'s arguments) of the point's analysis, as `PointRun.analysis` and
-    `analyse_point` make them (its observed sets and tie keys read from the analysis's result `p.res`)."""
-    cfg, ro = p.cfg, lambda role, h: Rollouts(p.fresh[role, h]["rewards"], p.fresh[role, h]["vectors"])
+def gram_stage_inputs(p: PointRun, ft: PointFeatures, res) -> tuple:
+    """(cand, val, the rest of `bootstrap_gram`'s arguments) of the point's analysis, as `point.analysis` and
+    `analyse_point` make them from the features `ft` (its observed sets and tie keys read from the analysis's result
+    `res`)."""
+    cfg, ro = p.cfg, lambda role, h: Rollouts(ft.fresh[role, h]["rewards"], ft.fresh[role, h]["vectors"])
     dom = Domain(cfg.seed, ("point", "analysis", cfg.checkpoint))
-    fixed = {nm: m for nm, m in p.res.selected.items() if nm not in ("control", "dilute")}
+    fixed = {nm: m for nm, m in res.selected.items() if nm not in ("control", "dilute")}
     kw = dict(
         chunk=None, std=cfg.std_normalize, eps=cfg.adv_eps, keep_scores=True, control=dom.child("control", "boot")
     )
-    args = (fixed, p.res.keys["A"], p.res.keys["B"], cfg.k, dom, cfg.n_boot)
+    args = (fixed, res.keys["A"], res.keys["B"], cfg.k, dom, cfg.n_boot)
     return {h: ro("candidates", h) for h in SPLITS}, {h: ro("validation", h) for h in SPLITS}, args, kw
 
 
@@ -125,20 +126,22 @@ def main(argv=None):
     conf = {k: v for k, v in res["manifest"]["config"].items() if k in fields}
     cfg = PointConfig(**conf, run=str(unit / "train"), out=str(pdir))
     p = PointRun(cfg, progress=False)  # stores and features are found complete: nothing is recomputed
-    p.stale_rollouts(), p.fresh_rollouts(), p.features()
+    stale_store = stale_rollouts(p)
+    pi_hash, stores = fresh_rollouts(p)
+    ft = features(p, pi_hash, stale_store, stores)
     print(f"{pdir}: the demo's own stage wall times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in demo.items()))
     runs = {"before": [], "after": []}
     digests, outs = {}, {}
     inputs = None
     for r in range(a.reps):
-        _, a_cpu, a_wall = timed(p.analysis)  # the whole analysis, the package's code
-        inputs = inputs or gram_stage_inputs(p)
+        (res, _), a_cpu, a_wall = timed(lambda: analysis(p, pi_hash, ft))  # the whole analysis, the package's code
+        inputs = inputs or gram_stage_inputs(p, ft, res)
         stage = {}
         for v in ("before", "after") if r % 2 == 0 else ("after", "before"):
             stage[v], d, outs[v] = run_gram_stage(p, inputs, v)
             digests.setdefault(v, d)
             assert digests[v] == d, f"{v}: replicate stage not reproducible"
-        assert np.array_equal(outs["after"]["rel"], p.res.boot["rel"]), "after: not the analysis's own replicates"
+        assert np.array_equal(outs["after"]["rel"], res.boot["rel"]), "after: not the analysis's own replicates"
         for v in ("before", "after"):  # the rest of the analysis is the same code in both arms
             t = dict(stage[v])
             t["rest_cpu"] = a_cpu - stage["after"]["gram_cpu"] - stage["after"]["bootstrap_cpu"]

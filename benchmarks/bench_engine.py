@@ -96,11 +96,12 @@ class TimedData(OnlineData):
     "The trainer's data (online RL), its hooks timed in `T`: sampling, rewards and the behaviour pass."
 
     def __init__(self, T: Timers):
+        super().__init__()
         self.T = T
 
-    def generate(self, tr, batch, ph):
+    def generate(self, tr, prompts, ph):
         with self.T("sampling"):
-            return super().generate(tr, batch, ph)
+            return super().generate(tr, prompts, ph)
 
     def score(self, *a, **kw):  # the verifier, on the trainer's verifier thread (mostly hidden behind the passes)
         with self.T("rewards"):

@@ -42,7 +42,7 @@ def best(fn, reps):
 
 def main(argv=None) -> int:
     from stalebook.core import Domain
-    from stalebook.point import PointConfig, PointRun
+    from stalebook.point import PointConfig, PointRun, fresh_rollouts, stale_rollouts
     from stalebook.scoring import (
         ESTIMATORS,
         CountSketch,
@@ -72,12 +72,12 @@ def main(argv=None) -> int:
         **{k: v for k, v in res["manifest"]["config"].items() if k in PointConfig.__dataclass_fields__},
     )
     pr = PointRun(cfg, progress=False)
-    pr.stale_rollouts()
-    pr.fresh_rollouts()
+    stale_store = stale_rollouts(pr)
+    _, stores = fresh_rollouts(pr)
     D = lora_dim(pr.model)
     sk = CountSketch(D, cfg.k_sketch, Domain(cfg.seed, ("sketch", D, cfg.k_sketch)))
     pad, rows = pr.tok.pad_token_id, pr.rows
-    st = pr.stores["candidates", "R"]
+    st = stores["candidates", "R"]
 
     def fresh_all():
         pids, comps, _, r = store_rows(st.records)
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         return v.double().numpy().reshape(*r.shape, -1)
 
     def stale_all():
-        pids, comps, logb, r = store_rows(pr.stale_store.records)
+        pids, comps, logb, r = store_rows(stale_store.records)
         n, K = r.shape
         adv = torch.from_numpy(np.asarray(advantages(r, None, "group"), dtype=np.float64)).reshape(-1)
         lb_all = padded(logb, max(len(c) for c in comps))
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
 
     t_new_f, (_, vf) = best(lambda: fresh_features(pr.model, st.records, sk, pad, rows), a.reps)
     t_old_f, vo = best(fresh_all, a.reps)
-    t_new_s, (gs, _, _) = best(lambda: stale_features(pr.model, pr.stale_store.records, sk, pad, rows), a.reps)
+    t_new_s, (gs, _, _) = best(lambda: stale_features(pr.model, stale_store.records, sk, pad, rows), a.reps)
     t_old_s, go = best(stale_all, a.reps)
     R = np.array([r["rewards"] for r in st.records])
     live = ~(R == R[:, :1]).all(1)

@@ -145,8 +145,7 @@ def scoring_overhead(a, snap, system, lora) -> dict:
     import numpy as np
 
     from stalebook.core import Domain
-    from stalebook.model import policy_hash
-    from stalebook.objectives import resolved
+    from stalebook.objectives import backprop, objective_of, resolved
     from stalebook.rollouts import SamplingConfig, load_run_policy
     from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
     from stalebook.theory.estimators import ESTIMATORS
@@ -170,11 +169,10 @@ def scoring_overhead(a, snap, system, lora) -> dict:
             micro_batch=B,  # one micro-batch, as the scoring pass (rows_per_batch = B)
         )
         tr = Trainer(cfg, model, tok, tasks=tasks, reward_fn=_digit_match)
-        batch, ph0 = tr.make_batch(), policy_hash(model)
-        gen = tr.generate(batch, ph0)
-        R = resolved(tr.rewards(batch, gen))
-        old, mask = tr.behaviour_logprobs(gen)
-        tr.learn(gen, R, old, mask, ph0, tr.step)  # one step: the policy that scores is not the one that sampled
+        b = tr.data.batch(tr, tr.step)
+        b.R = resolved(b.R)
+        gen, R, old, mask = b.gen, b.R, b.old, b.mask
+        tr.learn(b)  # one step: the policy that scores is not the one that sampled
         records = [  # the store records of these groups (`scoring.store_rows` reads them)
             {
                 "prompt_ids": gen.prompt_ids[g * K],
@@ -189,7 +187,8 @@ def scoring_overhead(a, snap, system, lora) -> dict:
 
         def train_fwd_bwd():
             tr.opt.zero_grad(set_to_none=True)
-            loss, _ = tr.objective(gen, R, old, mask, lag=1)  # GRPO loss and its backward (lag 1: no ratio check)
+            grpo = objective_of("grpo")(model, tok.pad_token_id, b, tr.cfg, 1, tr.step)  # lag 1: no ratio check
+            loss, _, _ = backprop(grpo)  # GRPO's losses and their backward
             assert all(p.grad is not None for p in tr.params)
             tr.opt.zero_grad(set_to_none=True)
             return float(loss)

@@ -215,7 +215,8 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
         }
         for name, _, v, _ in arms:
             if v == "thread":
-                trs[name].verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+                pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stalebook-verifier")
+                trs[name].data.verifier = pool
         rows = {name: [] for name, *_ in arms}
         for i in range(steps + 1):  # step 0 = warm-up (processes and templates start there)
             for v in verdicts.values():
@@ -245,8 +246,8 @@ def run_arms(arms, steps: int, snapshot: str) -> tuple[dict, dict]:
                     f"step {i}/{steps}: " + "  ".join(f"{n} {rows[n][-1]['t_step']:.2f}s" for n, *_ in arms), flush=True
                 )
         for tr in trs.values():
-            if tr.verifier_proc is not None:
-                tr.verifier_proc.close()
+            if tr.data.verifier_proc is not None:
+                tr.data.verifier_proc.close()
     prompt = {n: round(statistics.mean(len(t.prompt) for t in tr.tasks), 1) for n, tr in trs.items()}
     return rows, prompt
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
-from fastcore.basics import patch
 
 from .core import Check, Domain, topk_mask, verify_check
 from stalebook.protocol import (
@@ -87,101 +86,92 @@ class PointResult:
             return float(getattr(self, stat))
         return float(self.gain_stale[stat.split("/", 1)[1]])
 
-# %% ../nbs/18a_analysis.ipynb #d2e3f4a5
-@patch
-def bounds(self: PointResult, stat: str, method: str | None = None) -> tuple[float, float]:
-    """(LB, UB) of `stat` ('rel', 'gain_fresh', 'gain_stale/<name>', 'gain_control') by `method` (default: the point's
-    own)."""
-    b, sd = self.boot, self.boot.get(f"gauss/{stat}")
-    return stat_bounds(
-        method or self.bound,
-        self.estimate(stat),
-        b[stat],
-        self.level,
-        b.get(f"model/{stat}"),
-        b.get(f"jack/{stat}"),
-        None if sd is None else float(np.ravel(sd)[0]),
-        (self.n, self.k) if stat == "rel" else None,
-        stat in RANDOM_SETS,
-    )
+    def bounds(self, stat: str, method: str | None = None) -> tuple[float, float]:
+        """(LB, UB) of `stat` ('rel', 'gain_fresh', 'gain_stale/<name>', 'gain_control') by `method` (default: the
+        point's own)."""
+        b, sd = self.boot, self.boot.get(f"gauss/{stat}")
+        return stat_bounds(
+            method or self.bound,
+            self.estimate(stat),
+            b[stat],
+            self.level,
+            b.get(f"model/{stat}"),
+            b.get(f"jack/{stat}"),
+            None if sd is None else float(np.ravel(sd)[0]),
+            (self.n, self.k) if stat == "rel" else None,
+            stat in RANDOM_SETS,
+        )
 
-# %% ../nbs/18a_analysis.ipynb #18380690
-@patch(as_prop=True)
-def rel_lb(self: PointResult) -> float:
-    return self.bounds("rel")[0]
+    @property
+    def rel_lb(self) -> float:
+        return self.bounds("rel")[0]
 
+    @property
+    def gain_fresh_lb(self) -> float:
+        return self.bounds("gain_fresh")[0]
 
-@patch(as_prop=True)
-def gain_fresh_lb(self: PointResult) -> float:
-    return self.bounds("gain_fresh")[0]
+    def summary(self) -> dict:
+        """JSON-able summary (no replicates): estimates, the point's bounds ('<stat>_bounds'), every method's bounds,
+        the bound method."""
+        out = dict(
+            n=self.n,
+            k=self.k,
+            K=self.K,
+            n_boot=self.n_boot,
+            level=self.level,
+            bound=self.bound,
+            rel=self.rel,
+            gain_fresh=self.gain_fresh,
+            gain_control=self.gain_control,
+            gain_dilute=self.gain_dilute,
+            zero_grad=self.zero_grad,
+            model_world=self.model_params,
+            selected={s: np.flatnonzero(m).tolist() for s, m in self.selected.items()},
+        )
+        for st in self.stats:
+            out[st.replace("/", "_") + "_bounds"] = list(self.bounds(st))
+        out["bounds_by_method"] = {m: {st: list(self.bounds(st, m)) for st in self.stats} for m in BOUNDS}
+        out["gain_stale"] = dict(self.gain_stale)
+        return out
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Every array the bound methods and the controls read: `boot` (see text), the reference u, the scores
+        ('scores/<h>') and tie keys ('keys/<h>')."""
+        out = dict(self.boot)
+        if self.u is not None:
+            out["u"] = np.asarray(self.u)
+        out.update({f"scores/{h}": np.asarray(s) for h, s in self.scores.items()})
+        out.update({f"keys/{h}": np.asarray(x) for h, x in self.keys.items()})
+        return out
 
-@patch
-def summary(self: PointResult) -> dict:
-    """JSON-able summary (no replicates): estimates, the point's bounds ('<stat>_bounds'), every method's bounds, the
-    bound method."""
-    out = dict(
-        n=self.n,
-        k=self.k,
-        K=self.K,
-        n_boot=self.n_boot,
-        level=self.level,
-        bound=self.bound,
-        rel=self.rel,
-        gain_fresh=self.gain_fresh,
-        gain_control=self.gain_control,
-        gain_dilute=self.gain_dilute,
-        zero_grad=self.zero_grad,
-        model_world=self.model_params,
-        selected={s: np.flatnonzero(m).tolist() for s, m in self.selected.items()},
-    )
-    for st in self.stats:
-        out[st.replace("/", "_") + "_bounds"] = list(self.bounds(st))
-    out["bounds_by_method"] = {m: {st: list(self.bounds(st, m)) for st in self.stats} for m in BOUNDS}
-    out["gain_stale"] = dict(self.gain_stale)
-    return out
-
-# %% ../nbs/18a_analysis.ipynb #b66b9348
-@patch
-def to_arrays(self: PointResult) -> dict[str, np.ndarray]:
-    """Every array the bound methods and the controls read: `boot` (see text), the reference u, the scores
-    ('scores/<h>') and tie keys ('keys/<h>')."""
-    out = dict(self.boot)
-    if self.u is not None:
-        out["u"] = np.asarray(self.u)
-    out.update({f"scores/{h}": np.asarray(s) for h, s in self.scores.items()})
-    out.update({f"keys/{h}": np.asarray(x) for h, x in self.keys.items()})
-    return out
-
-# %% ../nbs/18a_analysis.ipynb #f7411f98
-@patch(cls_method=True)
-def from_saved(cls: PointResult, summary: dict, arrays: Mapping[str, np.ndarray]) -> PointResult:
-    """Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an
-    .npz)."""
-    a = {nm.replace("__", "/"): np.asarray(v) for nm, v in arrays.items()}
-    pick = lambda pre: {nm[len(pre) :]: v for nm, v in a.items() if nm.startswith(pre)}
-    boot = {nm: v for nm, v in a.items() if nm != "u" and not nm.startswith(("scores/", "keys/"))}
-    n = summary["n"]
-    return cls(
-        n=n,
-        k=summary["k"],
-        n_boot=summary["n_boot"],
-        level=summary["level"],
-        rel=summary["rel"],
-        gain_fresh=summary["gain_fresh"],
-        gain_stale=dict(summary["gain_stale"]),
-        u=a.get("u"),
-        scores=pick("scores/"),
-        selected={s: np.isin(np.arange(n), ix) for s, ix in summary["selected"].items()},
-        zero_grad=summary["zero_grad"],
-        boot=boot,
-        gain_control=summary.get("gain_control", float("nan")),
-        K=summary.get("K", 0),
-        bound=summary.get("bound", LEGACY_BOUND),  # a result keeps the method it was computed with
-        keys=pick("keys/"),
-        model_params=summary.get("model_world", {}),
-        gain_dilute=summary.get("gain_dilute", float("nan")),
-    )
+    @classmethod
+    def from_saved(cls, summary: dict, arrays: Mapping[str, np.ndarray]) -> PointResult:
+        """Rebuild a point from its `summary()` and `to_arrays()` (array names may use '__' for '/', as written into an
+        .npz)."""
+        a = {nm.replace("__", "/"): np.asarray(v) for nm, v in arrays.items()}
+        pick = lambda pre: {nm[len(pre) :]: v for nm, v in a.items() if nm.startswith(pre)}
+        boot = {nm: v for nm, v in a.items() if nm != "u" and not nm.startswith(("scores/", "keys/"))}
+        n = summary["n"]
+        return cls(
+            n=n,
+            k=summary["k"],
+            n_boot=summary["n_boot"],
+            level=summary["level"],
+            rel=summary["rel"],
+            gain_fresh=summary["gain_fresh"],
+            gain_stale=dict(summary["gain_stale"]),
+            u=a.get("u"),
+            scores=pick("scores/"),
+            selected={s: np.isin(np.arange(n), ix) for s, ix in summary["selected"].items()},
+            zero_grad=summary["zero_grad"],
+            boot=boot,
+            gain_control=summary.get("gain_control", float("nan")),
+            K=summary.get("K", 0),
+            bound=summary.get("bound", LEGACY_BOUND),  # a result keeps the method it was computed with
+            keys=pick("keys/"),
+            model_params=summary.get("model_world", {}),
+            gain_dilute=summary.get("gain_dilute", float("nan")),
+        )
 
 # %% ../nbs/18a_analysis.ipynb #e3f4a5b6
 def _stale_scores(stale, g_val_R, std=True, eps=1e-6):

@@ -74,7 +74,7 @@ from stalebook.rollouts import (
     task_pool,
 )
 from .tasks import ALPHABET, load_tasks_jsonl, synthetic_tasks
-from .trainer import TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks
+from .trainer import OnlineData, TrainConfig, Trainer, check_lineage, lineage_checkpoint, next_tasks
 
 # %% ../nbs/30_bolt.ipynb #ddef1605
 # the theory layer: the tabular Boltzmann / BOLT formulas (17_boltzmann)
@@ -276,16 +276,17 @@ def _init_reference_data(d, cfg: TrainConfig, weighting, beta: float, rounds: in
     bind_json(Path(cfg.out) / "weighting.json", rec, "a weighted-SFT run's weighting", "use a new folder")
 
 # %% ../nbs/30_bolt.ipynb #8e8ee569
-class ReferenceData:
+class ReferenceData(OnlineData):
     """The data of weighted SFT on a stored reference set, for the one `Trainer`: the step's prompts in the trainer's
-    data order, their stored groups in the round's reference set instead of samples (with their stored rewards and
-    weights), no behaviour pass. Round k of `rounds` trains on the reference sampled by lineage checkpoint
-    k*steps/rounds (1 round: BOLT/Refit; more: iterative BOLT). A config it cannot serve is refused before any work;
-    the weighting, beta and rounds are bound to the run folder."""
+    data order (`OnlineData`'s, whose `batch` it keeps), their stored groups in the round's reference set instead of
+    samples (with their stored rewards and weights), no behaviour pass. Round k of `rounds` trains on the reference
+    sampled by lineage checkpoint k*steps/rounds (1 round: BOLT/Refit; more: iterative BOLT). A config it cannot
+    serve is refused before any work; the weighting, beta and rounds are bound to the run folder."""
 
     def __init__(
         self, cfg: TrainConfig, weighting="bolt", beta: float = 0.5, rounds: int = 1, stores=None, reference=""
     ):
+        super().__init__()  # the data cursor, as online
         _init_reference_data(self, cfg, weighting, beta, rounds, stores, reference)
 
     def reference(self, tr: Trainer, k: int) -> dict:
@@ -295,17 +296,12 @@ class ReferenceData:
             self.refs[k] = round_reference(tr, k, k * self.round_len, *args)
         return self.refs[k]
 
-    def make_batch(self, tr: Trainer) -> list:
-        "The step's prompts: the trainer's data order (`next_tasks` at its cursor, which it advances), as online."
-        out, tr.cursor = next_tasks(tr.tasks, tr.cursor, tr.cfg.prompts_per_step, tr.cfg.seed, tr.cfg.domain)
-        return out
-
-    def generate(self, tr: Trainer, batch, ph: str) -> Generation:
+    def generate(self, tr: Trainer, prompts, ph: str) -> Generation:
         """The step's prompts' stored completions in the round's reference (nothing is sampled), carrying their stored
         rewards [P, N] and weights [P*N]."""
         self.round = min(tr.step // self.round_len, self.rounds - 1)
         ref = self.reference(tr, self.round)
-        rows = [ref["index"][t.id] for t in batch]
+        rows = [ref["index"][t.id] for t in prompts]
         recs = [ref["store"].records[i] for i in rows]
         return Generation(
             [r["prompt_ids"] for r in recs for _ in r["tokens"]],
@@ -316,7 +312,7 @@ class ReferenceData:
             weights=torch.from_numpy(np.exp(ref["logw"][rows]).reshape(-1)),
         )
 
-    def rewards(self, tr: Trainer, batch, gen: Generation) -> torch.Tensor:
+    def rewards(self, tr: Trainer, prompts, gen: Generation) -> torch.Tensor:
         "The stored verifier rewards [P, N] the batch carries (no verifier call)."
         return gen.rewards
 

@@ -11,21 +11,22 @@ Docs: https://stalebook.github.io/stalebook/objectives.html.md"""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .core import StalebookError, group_advantages
-from .rollouts import completion_logprobs, micro_batches
+from .rollouts import Generation, completion_logprobs, micro_batches
 from .theory.boltzmann import mc_bolt_log_weights, refit_log_weights
 
 # %% auto #0
 __all__ = ['IS_WEIGHTS', 'CORRECTIONS', 'OBJECTIVES', 'WEIGHTINGS', 'aggregate', 'batch_norm', 'level_log_ratio',
            'clipped_objective', 'kl_k3', 'grpo_loss', 'sft_loss', 'weighted_sft_loss', 'truncated_weights',
            'masked_weights', 'is_weights', 'register_correction', 'ppo_clip_loss', 'truncated_is_loss',
-           'masked_is_loss', 'offpolicy_grpo_loss', 'finite_or_none', 'offpolicy_stats', 'mismatch_stats',
-           'register_objective', 'objective_of', 'groups_of', 'partial_rewards', 'resolved', 'advantages',
-           'grpo_settings', 'reference_logprobs', 'check_ratio', 'grpo_backward', 'grpo_objective',
+           'masked_is_loss', 'offpolicy_grpo_loss', 'finite_or_none', 'offpolicy_stats', 'mismatch_stats', 'Batch',
+           'register_objective', 'objective_of', 'backprop', 'groups_of', 'partial_rewards', 'resolved', 'advantages',
+           'grpo_settings', 'teacher_forced', 'reference_logprobs', 'check_ratio', 'grpo_losses', 'grpo_objective',
            'positive_sft_objective', 'weighted_sft_objective', 'register_weighting', 'bolt_weighting',
            'refit_weighting', 'sample_log_weights']
 
@@ -285,12 +286,32 @@ def mismatch_stats(trainer_logp, sampler_logp, mask, threshold: float = 2.0) -> 
     }
 
 # %% ../nbs/25b_objectives.ipynb #d10721b9
+@dataclass
+class Batch:
+    """One step's data, as its source made it: the prompts (P tasks); their groups `gen` (B rows, K per prompt, or a
+    stored reference set's N); rewards `R` [P, K] (a tensor, or a `GroupRewards` still being verified); behaviour
+    log-probs `old` [B, L] (None when the data has none) and the completion mask [B, L]; the hash `ph` of the weights
+    that sampled, the learner step `src` they are and their flat tensors `phi` (asynchronous runs); what the data adds
+    to the step's record (`info`) and the seconds it took to sample (`t_gen`)."""
+
+    prompts: list
+    gen: Generation
+    R: object
+    old: torch.Tensor | None
+    mask: torch.Tensor
+    ph: str = ""
+    src: int = 0
+    phi: torch.Tensor | None = None
+    info: dict = field(default_factory=dict)
+    t_gen: float = 0.0
+
+
 OBJECTIVES: dict = {}
 
 
 def register_objective(name: str):
-    """Decorator: an objective the trainer runs by name, f(tr, gen, R, old, mask, lag) -> (loss, stats); it zeroes and
-    then accumulates the gradient of its loss into the LoRA tensors of `tr.model`."""
+    """Decorator: an objective the learner runs by name, f(model, pad, batch, cfg, lag, step): a generator that yields
+    the loss of each piece of the batch it runs forward with gradients and returns (loss, stats, extras)."""
 
     def deco(f):
         OBJECTIVES[name] = f
@@ -304,6 +325,17 @@ def objective_of(name: str):
     if name not in OBJECTIVES:
         raise StalebookError(f"unknown objective {name!r} (one of {', '.join(OBJECTIVES)})")
     return OBJECTIVES[name]
+
+
+def backprop(losses) -> tuple:
+    """Run an objective (`losses`, its generator): back-propagate each loss it yields as it comes, so one piece's graph
+    is alive at a time; what it returns, (loss, stats, extras)."""
+    while True:
+        try:
+            part = next(losses)
+        except StopIteration as done:
+            return done.value
+        part.backward()
 
 # %% ../nbs/25b_objectives.ipynb #a0f0f8a5
 def groups_of(rows: slice, K: int) -> range:
@@ -336,19 +368,23 @@ def grpo_settings(cfg) -> dict:
     )
 
 # %% ../nbs/25b_objectives.ipynb #cbdee190
-def reference_logprobs(tr, gen) -> torch.Tensor:
+def teacher_forced(model, pad: int, gen, cfg):
+    """Log-probs [B, L] and mask [B, L] of the batch's completions under the weights on `model` (the run's micro-batch
+    and shared-prefix settings; gradients unless the caller turns them off): the one pass behind the behaviour
+    log-probs, the reference's and the SFT objectives' forward."""
+    return completion_logprobs(model, gen.prompt_ids, gen.completions, cfg.micro_batch, pad, cfg.shared_prefix)
+
+
+def reference_logprobs(model, pad: int, gen, cfg) -> torch.Tensor:
     "Log-probs [B, L] of the batch's completions under the frozen base (the adapter off), without gradients."
-    cfg = tr.cfg
-    with torch.no_grad(), tr.model.disable_adapter():
-        ref, _ = completion_logprobs(
-            tr.model, gen.prompt_ids, gen.completions, cfg.micro_batch, tr.tok.pad_token_id, cfg.shared_prefix
-        )
+    with torch.no_grad(), model.disable_adapter():
+        ref, _ = teacher_forced(model, pad, gen, cfg)
     return ref
 
 
-def check_ratio(st: dict, asynchronous: bool, lag: int, tol: float, step: int) -> None:
+def check_ratio(stats: dict, asynchronous: bool, lag: int, tol: float, step: int) -> None:
     "At lag 0 the ratio pi_theta/pi_old must be 1 to `tol` (|log r| max when asynchronous, else |r - 1| max)."
-    dev = st["logr_max_abs"] if asynchronous else st["ratio_max_dev"]
+    dev = stats["logr_max_abs"] if asynchronous else stats["ratio_max_dev"]
     dev = float("inf") if dev is None else dev
     if lag == 0 and not dev < tol:
         raise StalebookError(
@@ -357,17 +393,17 @@ def check_ratio(st: dict, asynchronous: bool, lag: int, tol: float, step: int) -
         )
 
 # %% ../nbs/25b_objectives.ipynb #e6831eb5
-def grpo_backward(tr, gen, R, old, mask, ref) -> torch.Tensor:
-    """Forward and backward of GRPO's loss one micro-batch of rows at a time, the last first, each waiting for its own
-    groups' rewards alone (R [P, K], a tensor or a `GroupRewards`); old, mask, ref (or None) [B, L]. The learner's
-    log-probs [B, L], detached."""
-    cfg, a = tr.cfg, tr.cfg.async_training
-    pad, pids, comps = tr.tok.pad_token_id, gen.prompt_ids, gen.completions
+def grpo_losses(model, pad: int, b: Batch, cfg, ref):
+    """GRPO's loss one micro-batch of rows at a time, the last first, each yielded for its backward and each waiting
+    for its own groups' rewards alone (b.R [P, K], a tensor or a `GroupRewards`); b.old, b.mask, ref (or None) [B, L].
+    Returns the learner's log-probs [B, L], detached."""
+    a, gen, old, mask = cfg.async_training, b.gen, b.old, b.mask
     norm, parts = batch_norm(mask, cfg.loss_agg, old.dtype), {}
-    for rows in micro_batches(len(comps), cfg.micro_batch)[::-1]:
-        lp, _ = completion_logprobs(tr.model, pids[rows], comps[rows], cfg.micro_batch, pad, cfg.shared_prefix)
+    for rows in micro_batches(len(gen.completions), cfg.micro_batch)[::-1]:
+        pids, comps = gen.prompt_ids[rows], gen.completions[rows]
+        lp, _ = completion_logprobs(model, pids, comps, cfg.micro_batch, pad, cfg.shared_prefix)
         lp = torch.nn.functional.pad(lp, (0, old.shape[1] - lp.shape[1]))  # the batch's width
-        adv = advantages(partial_rewards(R, groups_of(rows, cfg.sampling.group_size)), cfg, old.device)[rows]
+        adv = advantages(partial_rewards(b.R, groups_of(rows, cfg.sampling.group_size)), cfg, old.device)[rows]
         part, _ = offpolicy_grpo_loss(
             lp,
             old[rows],
@@ -380,61 +416,53 @@ def grpo_backward(tr, gen, R, old, mask, ref) -> torch.Tensor:
             norm=norm,
             **grpo_settings(cfg),
         )
-        part.backward()
+        yield part
         parts[rows.start] = lp.detach()
     return torch.cat([parts[s] for s in sorted(parts)])
 
 # %% ../nbs/25b_objectives.ipynb #62f881b6
 @register_objective("grpo")
-def grpo_objective(tr, gen, R, old, mask, lag: int = 0):
-    """GRPO against behaviour log-probs `old` [B, L] (mask [B, L]) with rewards R [P, K] (B = P K), the correction
-    `async_training.correction`, and the k3 term against the frozen base when `kl_beta` > 0; the learner's
-    log-probs and advantages are kept as `tr.export_tensors` when the run exports its tokens."""
-    cfg, a = tr.cfg, tr.cfg.async_training
-    ref = reference_logprobs(tr, gen) if cfg.kl_beta > 0 else None
-    tr.model.train()
-    tr.opt.zero_grad(set_to_none=True)
-    logp = grpo_backward(tr, gen, R, old, mask, ref)
-    adv = advantages(resolved(R), cfg, old.device)
-    tr.export_tensors = (logp, adv) if cfg.token_export else None
+def grpo_objective(model, pad: int, b: Batch, cfg, lag: int = 0, step: int = 0):
+    """GRPO against the batch's behaviour log-probs (b.old, b.mask [B, L]) with rewards b.R [P, K] (B = P K), the
+    correction `async_training.correction`, and the k3 term against the frozen base when `kl_beta` > 0. Yields each
+    micro-batch's loss; returns (loss, stats, extras) with the learner's log-probs [B, L] and advantages [B] as
+    extras `logp` and `adv`."""
+    a = cfg.async_training
+    ref = reference_logprobs(model, pad, b.gen, cfg) if cfg.kl_beta > 0 else None
+    logp = yield from grpo_losses(model, pad, b, cfg, ref)
+    adv = advantages(resolved(b.R), cfg, b.old.device)
     loss, stats = offpolicy_grpo_loss(
-        logp, old, adv, mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **grpo_settings(cfg)
+        logp, b.old, adv, b.mask, a.correction, a.level, a.is_threshold, ref_logp=ref, **grpo_settings(cfg)
     )
     if a.traced:
         stats.update(
             offpolicy_stats(
-                logp, old, adv, mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high
+                logp, b.old, adv, b.mask, a.correction, a.level, a.is_threshold, cfg.clip_epsilon, a.clip_epsilon_high
             )
         )
-    check_ratio(stats, a.enabled, lag, cfg.ratio_tol, tr.step)
-    return loss, stats
+    check_ratio(stats, a.enabled, lag, cfg.ratio_tol, step)
+    return loss, stats, dict(logp=logp, adv=adv)
 
 # %% ../nbs/25b_objectives.ipynb #8132f3a5
 @register_objective("sft")
-def positive_sft_objective(tr, gen, R, old, mask, lag: int = 0):
-    """Positive-only SFT (RAFT): `sft_loss` of the batch's completions (logp, mask [B, L]) whose reward (R [P, K],
-    B = P K) is 1, after one forward with gradients; `old` and `lag` unused."""
-    cfg = tr.cfg
-    tr.model.train()
-    tr.opt.zero_grad(set_to_none=True)
-    logp, _ = completion_logprobs(
-        tr.model, gen.prompt_ids, gen.completions, cfg.micro_batch, tr.tok.pad_token_id, cfg.shared_prefix
-    )
-    loss, stats = sft_loss(logp, resolved(R).view(-1).to(logp.device), mask, cfg.loss_agg)
-    loss.backward()
-    return loss.detach(), stats
+def positive_sft_objective(model, pad: int, b: Batch, cfg, lag: int = 0, step: int = 0):
+    """Positive-only SFT (RAFT): `sft_loss` of the batch's completions (log-probs [B, L], b.mask [B, L]) whose reward
+    (b.R [P, K], B = P K) is 1, from one forward with gradients; yields it, returns (loss, stats, {})."""
+    logp, _ = teacher_forced(model, pad, b.gen, cfg)
+    loss, stats = sft_loss(logp, resolved(b.R).view(-1).to(logp.device), b.mask, cfg.loss_agg)
+    yield loss
+    return loss.detach(), stats, {}
 
 
 @register_objective("weighted-sft")
-def weighted_sft_objective(tr, gen, R, old, mask, lag: int = 0):
-    """BOLT / Refit: `weighted_sft_loss` of the batch's completions with the weights [B] they carry (`gen.weights`),
-    after one teacher-forced forward with gradients (its log-probs and mask [B, L]); R, old, mask and lag unused."""
-    tr.model.train()
-    tr.opt.zero_grad(set_to_none=True)
-    logp, mask = tr.teacher_forced(gen)
-    loss, stats = weighted_sft_loss(logp, gen.weights, mask, tr.cfg.loss_agg)
-    loss.backward()
-    return loss.detach(), stats
+def weighted_sft_objective(model, pad: int, b: Batch, cfg, lag: int = 0, step: int = 0):
+    """BOLT / Refit: `weighted_sft_loss` of the batch's completions with the weights [B] they carry (`b.gen.weights`),
+    from one teacher-forced forward with gradients (its log-probs and mask [B, L]); yields it, returns
+    (loss, stats, {})."""
+    logp, mask = teacher_forced(model, pad, b.gen, cfg)
+    loss, stats = weighted_sft_loss(logp, b.gen.weights, mask, cfg.loss_agg)
+    yield loss
+    return loss.detach(), stats, {}
 
 # %% ../nbs/25b_objectives.ipynb #0f02c5af
 WEIGHTINGS: dict = {}

@@ -40,6 +40,7 @@ from stalebook.core import (
     hash_json,
 )
 from .model import compute_setup, policy_hash
+from .objectives import Batch
 from stalebook.rollouts import (
     Generation,
     SamplingConfig,
@@ -217,13 +218,16 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
                 dropped += 1
                 continue
             rec = tr.learn(
-                Generation(it["pids"], it["comps"], it["texts"], it["sampler_logp"]),
-                torch.from_numpy(it["R"]),
-                torch.from_numpy(it["old"]),
-                torch.from_numpy(it["mask"]),
-                it["policy_hash"],
-                it["version"],
-                recent.get(it["version"]),
+                Batch(
+                    None,  # the prompts stay with the generator: the learner needs their groups, rewards and log-probs
+                    Generation(it["pids"], it["comps"], it["texts"], it["sampler_logp"]),
+                    torch.from_numpy(it["R"]),
+                    torch.from_numpy(it["old"]),
+                    torch.from_numpy(it["mask"]),
+                    it["policy_hash"],
+                    it["version"],
+                    recent.get(it["version"]),
+                )
             )
             rec.update(
                 gen_batch=it["n"],
@@ -232,7 +236,7 @@ def run_pipeline(cfg: TrainConfig, progress: bool = True) -> dict:
                 t_reward=it["t_reward"],
                 t_done=round(time.perf_counter() - t0, 4),
             )
-            tr.cursor = it["cursor"]
+            tr.data.cursor = it["cursor"]
             tr.log.append(rec)
             _publish_step(tr, wdir, named, version, recent, async_cfg)
             if tr.should_checkpoint():

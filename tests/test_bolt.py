@@ -100,11 +100,11 @@ def test_bolt_weights_on_a_real_dataset_are_theory_boltzmanns(tmp_path, tiny_sna
     assert s["policy_hash"] == policy_hash(tr.model) and s["groups_sha256"] == hash_file(
         ref["store"].path / "groups.jsonl"
     )
-    batch = tr.make_batch()
-    gen = tr.generate(batch, "")
-    rows = [s["per_prompt"]["task_id"].index(t.id) for t in batch]
-    np.testing.assert_array_equal(gen.weights.numpy(), w[rows].reshape(-1))
-    np.testing.assert_array_equal(tr.rewards(batch, gen).numpy(), R[rows])
+    b = tr.data.batch(tr, tr.step)  # the step's Batch: the stored groups of its prompts, with rewards and weights
+    rows = [s["per_prompt"]["task_id"].index(t.id) for t in b.prompts]
+    np.testing.assert_array_equal(b.gen.weights.numpy(), w[rows].reshape(-1))
+    np.testing.assert_array_equal(b.R.numpy(), R[rows])
+    assert b.old is None and b.info == {"bolt/round": 0}
     np.testing.assert_array_equal(np.exp(sample_log_weights(R, "refit", beta)), R)
 
 

@@ -303,16 +303,15 @@ def test_grpo_step_store_and_scoring(smol, tmp_path):
     assert run_identity(cfg) != run_identity(replace(cfg, sampling=replace(sc, system_prompt="Be brief.")))
     tr = Trainer(cfg, model, tok, tasks=tasks, reward_fn=_digit_match)
     assert "system_prompt: You are a helpful assistant." in (tmp_path / "run" / "config.yaml").read_text()
-    batch = tr.make_batch()
-    gen = tr.generate(batch, ph0)
-    R = tr.rewards(batch, gen)
-    old, mask = tr.behaviour_logprobs(gen)
+    b = tr.data.batch(tr, tr.step)
+    gen, old, mask = b.gen, b.old, b.mask
+    assert b.ph == ph0
     assert len({len(p) for p in gen.prompt_ids}) > 1  # rows of different prompt lengths were left-padded together
     assert any(split_at_stop(c, stops)[1] for c in gen.completions)  # the end-of-turn token ended some answers
     _assert_rows(model, tok, gen.prompt_ids, gen.completions, [old[i, mask[i]] for i in range(len(old))], stops, 16)
     for i, s in enumerate(gen.sampler_logp):
         assert torch.allclose(torch.tensor(s), old[i, mask[i]].float(), atol=2e-4)
-    step = tr.learn(gen, R, old, mask, ph0, tr.step)
+    step = tr.learn(b)
     assert math.isfinite(step["loss"]) and step["grad_norm"] > 0 and step["zero_adv_groups"] < 4, step
     assert policy_hash(model) != ph0  # the adapter moved
 
@@ -331,7 +330,7 @@ def test_grpo_step_store_and_scoring(smol, tmp_path):
 def test_a_point_renders_its_prompts_like_its_lineage(smol, tmp_path):
     """A point on a chat snapshot samples with the system prompt its lineage chose (the point's own section has no
     prompt format): the stale store of a lineage at step 0 holds chat-template prompts with that system turn."""
-    from stalebook.point import PointConfig, PointRun
+    from stalebook.point import PointConfig, PointRun, stale_rollouts
 
     sc = SamplingConfig(group_size=2, max_new_tokens=4, groups_per_batch=2, system_prompt=SYSTEM)
     run = tmp_path / "run"
@@ -342,7 +341,7 @@ def test_a_point_renders_its_prompts_like_its_lineage(smol, tmp_path):
     pc = PointConfig(run=str(run), n_candidates=2, n_validation=1, k=1, group_size=2, max_new_tokens=4)
     pr = PointRun(pc, progress=False)
     assert pr.sampling.system_prompt == SYSTEM and pc.sampling.system_prompt is None
-    store = pr.stale_rollouts()
+    store = stale_rollouts(pr)
     assert store.complete and store.manifest["sampling"]["system_prompt"] == SYSTEM
     for rec, task in zip(store.records, pr.cand):
         assert rec["prompt_ids"] == render_prompt(pr.tok, task.prompt, system=SYSTEM)

@@ -644,7 +644,7 @@ def test_code_steps_verify_in_a_verifier_process_and_its_death_is_an_error(tmp_p
     )
     Trainer(TrainConfig(out=str(tmp_path / "straight"), **kw)).run(progress=False)
     tr = Trainer(TrainConfig(out=str(tmp_path / "killed"), **kw)).run(steps=2, progress=False)
-    vp = tr.verifier_proc
+    vp = tr.data.verifier_proc
     assert vp is not None and vp.p.pid != os.getpid() and vp.p.poll() is None
     assert vp.workers == verifier_workers(1) == max(1, sandbox.cores() - 1)
     os.kill(vp.p.pid, signal.SIGKILL)
