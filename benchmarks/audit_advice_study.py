@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics)
+from benchargs import add_record
+
 import yaml  # isort: skip
 
 from stalebook.audit import audit
@@ -31,7 +33,7 @@ CELLS = [(1, 0.00125), (4, 0.00125), (16, 0.00125), (4, 0.0025)]  # (S, lr): Ada
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=str(ROOT / "results" / "records" / "audit_advice_study.json"))
+    add_record(ap, "audit_advice_study")
     a = ap.parse_args(argv)
     reg = yaml.safe_load((ROOT / "configs" / "registries" / "staleness-tiny.yaml").read_text())
     study = json.loads((ROOT / "results" / "records" / "study_staleness.json").read_text())["optimizers"]["adamw"]

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+from benchargs import add_record
+
 import numpy as np  # isort: skip
 
 HERE = Path(__file__).resolve().parent
@@ -188,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--root", default="/tmp/bench-audit")
     ap.add_argument("--keep", action="store_true", help="keep the generated logs")
-    ap.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_audit.json"))
+    add_record(ap, "bench_audit")
     ap.add_argument("--martingale-mb", type=float, default=None, help="the side-by-side with martingale doctor instead")
     a = ap.parse_args(argv)
     root = Path(a.root)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+from benchargs import add_record
+
 import numpy as np  # isort: skip
 
 HERE = Path(__file__).resolve().parent
@@ -81,7 +83,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "runs/bench_bolt"))
-    ap.add_argument("--json", default=str(HERE.parent / "results/records/bench_bolt.json"))
+    add_record(ap, "bench_bolt")
     a = ap.parse_args()
     runs = []
     for rep in range(a.repeats):

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchargs import add_record
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,7 +160,7 @@ def main(argv=None) -> int:
         help="more pilot points (result.json of other seeds at the same design; their checkpoint picks the cell)",
     )
     ap.add_argument("--keep", help="keep the results roots under this folder (default: a temporary folder, removed)")
-    ap.add_argument("--json", help="write the measurements to this file")
+    add_record(ap)
     args = ap.parse_args(argv)
     if args.skip_wall and not args.pilot_root:
         ap.error("--skip-wall needs --pilot-root (the points the prediction is made from)")

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+from benchargs import add_reps
+
 import numpy as np  # isort: skip
 
 from stalebook.core import Domain
@@ -113,7 +115,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--unit", default="runs/tiny-demo/units/tiny-math-s0")
     ap.add_argument("--checkpoint", type=int, default=25)
-    ap.add_argument("--reps", type=int, default=3)
+    add_reps(ap, 3)
     ap.add_argument(
         "--out", default=str(Path(__file__).resolve().parents[1] / "results" / "records" / "bench_demo_time.json")
     )

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchargs import add_record, add_threads
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
 # isort: split
@@ -213,14 +215,8 @@ def main(argv=None):
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--code", action="store_true", help="also time a code-domain train step (sandboxed rewards)")
-    p.add_argument("--json", default=None)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
-        "machine oversubscribed OpenMP threads made steps 10-100x slower)",
-    )
+    add_record(p)
+    add_threads(p)
     a = p.parse_args(argv)
     import torch
 

@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchargs import add_record, add_reps, add_threads
+
 import stalebook  # noqa: F401  (first: pins the numerics, or not, before bench_engine loads torch)
 
 HERE = Path(__file__).resolve().parent
@@ -230,12 +232,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="timed tiny GRPO steps per process")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of the sampling stages (median)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of every stage")
+    add_reps(ap, 3, "timed repetitions of the sampling stages (median)")
+    add_threads(ap)
     ap.add_argument("--smol", action="store_true", help="also SmolLM2-135M-Instruct's stages (needs `make smol`)")
     ap.add_argument("--demo", action="store_true", help="also the main job once per mode")
     ap.add_argument("--workers", type=int, default=2, help="with --demo: the demo's run-stage workers")
-    ap.add_argument("--json", default="")
+    add_record(ap)
     ap.add_argument("--from-log", default="", help="the record of the rounds a stopped run printed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+from benchargs import add_record
+
 import numpy as np  # isort: skip
 
 HERE = Path(__file__).resolve().parent
@@ -141,7 +143,7 @@ def main(argv=None):
     ap.add_argument("--snapshot", default="", help="a snapshot folder (default: the embedded tiny model)")
     ap.add_argument("--system-prompt", default="", help="the system turn of a chat snapshot's prompts")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_pipeline.json"))
+    add_record(ap, "bench_pipeline")
     args = ap.parse_args(argv)
     import torch
 

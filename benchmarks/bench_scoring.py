@@ -66,12 +66,11 @@ def bench_scoring(snapshot, rows=64, threads=2):
     "Scoring's costs on `rows` stored rollouts of the tiny model at `threads` torch threads (seconds, best of 5)."
     from stalebook.model import LoraSpec, load_policy, policy_hash
     from stalebook.rollouts import (
-        RolloutStore,
         SamplingConfig,
         completion_logprobs,
         generate_store,
         numerics_of,
-        rollout_domain,
+        policy_store,
     )
     from stalebook.scoring import CountSketch, fresh_features, lora_dim, stale_features
     from stalebook.tasks import synthetic_tasks
@@ -93,7 +92,7 @@ def bench_scoring(snapshot, rows=64, threads=2):
         model,
         tok,
         tasks,
-        RolloutStore(tmp, ph, rollout_domain(0, ph, "bench"), cfg, [t.id for t in tasks], numerics=numerics_of(model)),
+        policy_store(tmp, ph, 0, "bench", cfg, tasks, numerics_of(model)),
         progress=False,
     )
     t_gen = time.perf_counter() - t0

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 import time
 
+from benchargs import add_reps
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
 import numpy as np  # isort: skip
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", help="a family's training run folder (train/) whose point stores exist")
     ap.add_argument("--checkpoint", type=int, default=25)
-    ap.add_argument("--reps", type=int, default=2)
+    add_reps(ap, 2)
     a = ap.parse_args(argv)
     import json
     from pathlib import Path

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchargs import add_record, add_reps, add_threads
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "records" / "bench_shared_prefix.json"
@@ -48,9 +50,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--snapshot", default=SNAPSHOT, help="a chat snapshot (default: the warm-started SmolLM2)")
     ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=str(RESULTS), help="results file ('' : none)")
+    add_reps(ap, 2)
+    add_threads(ap)
+    add_record(ap, "bench_shared_prefix")
     a = ap.parse_args(argv)
     if not Path(a.snapshot).is_dir():
         raise SystemExit(f"{a.snapshot}: no snapshot there; build it with `make smol-warm`")

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchargs import add_record, add_reps, add_threads
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 from stalebook.core import atomic_write
 
@@ -267,14 +269,14 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=2)
+    add_threads(ap, 2)
+    add_reps(ap, 2)
     ap.add_argument("--groups", type=int, default=8, help="scoring overhead: groups G")
     ap.add_argument("--score-k", type=int, default=4, help="scoring overhead: rollouts per group K")
     ap.add_argument("--score-tokens", type=int, default=32, help="scoring overhead: max new tokens per rollout")
     ap.add_argument("--sketch", type=int, default=1024, help="scoring overhead: CountSketch dimension k")
     ap.add_argument("--score-reps", type=int, default=3, help="scoring overhead: timed repeats (median)")
-    ap.add_argument("--json", default=str(RESULTS), help="results file ('' : none)")
+    add_record(ap, "bench_smol")
     a = ap.parse_args(argv)
     for name in ("prompts", "k", "tokens", "threads", "reps", "groups", "score_k", "score_tokens", "sketch"):
         if getattr(a, name) < 1:

@@ -48,6 +48,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchargs import add_record  # noqa: E402 (after the sys.path insert above)
+
 from stalebook import sandbox  # noqa: E402 (after the sys.path insert above)
 from stalebook import tasks as T  # noqa: E402 (after the sys.path insert above)
 from stalebook import trainer as TR  # noqa: E402 (after the sys.path insert above)
@@ -333,7 +335,7 @@ def main(argv=None):
         "--snapshot", default=os.environ.get("STALEBOOK_TINY", ""), help="tiny snapshot (default $STALEBOOK_TINY)"
     )
     p.add_argument("--no-step", action="store_true", help="skip the GRPO-step part")
-    p.add_argument("--json", default=str(HERE.parent / "results" / "records" / "bench_verifier.json"))
+    add_record(p, "bench_verifier")
     p.add_argument(
         "--append", action="store_true", help="add this invocation to the file's list instead of replacing it"
     )

@@ -160,12 +160,11 @@ def scoring(model, tok, a, out):
     from stalebook.core import Domain
     from stalebook.model import policy_hash
     from stalebook.rollouts import (
-        RolloutStore,
         SamplingConfig,
         completion_logprobs,
         generate_store,
         numerics_of,
-        rollout_domain,
+        policy_store,
     )
     from stalebook.scoring import CountSketch, lora_dim, stale_features
     from stalebook.tasks import synthetic_tasks
@@ -174,9 +173,7 @@ def scoring(model, tok, a, out):
     tasks = synthetic_tasks("math", a.P, Domain(0, ("gpu_check", "score")))
     sc = SamplingConfig(group_size=a.K, max_new_tokens=a.L, groups_per_batch=a.P)
     ph = policy_hash(model)
-    st = RolloutStore(
-        out / "stores", ph, rollout_domain(0, ph, "score"), sc, [t.id for t in tasks], numerics=numerics_of(model)
-    )
+    st = policy_store(out / "stores", ph, 0, "score", sc, tasks, numerics_of(model))
     t0 = time.time()
     generate_store(model, tok, tasks, st, digits, progress=False)
     sync(dev)

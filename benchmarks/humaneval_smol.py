@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchargs import add_threads
+
 import stalebook  # noqa: F401  (pins the CPU numerics before torch loads)
 from stalebook.core import StalebookError, atomic_write, environment
 
@@ -105,7 +107,7 @@ def grade(tasks, completions) -> list[tuple[float, dict]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1)
+    add_threads(ap)
     ap.add_argument("--batch", type=int, default=41, help="prompts decoded together (left-padded)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--limit", type=int, default=0, help="the first N problems only (a quick check; 0: all 164)")

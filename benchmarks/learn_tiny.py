@@ -8,7 +8,7 @@
    (seed, "eval", domain, level), an RNG stream disjoint from the training pool's) and the first eval_n tasks
    of the training pool itself (memorisation vs generalisation): pass rate of lineage
    checkpoint 0 vs checkpoint `steps`, K samples per prompt through the rollouts machinery
-   (`RolloutStore` + `generate_store`, hash-bound, resumable), SE over prompts, and the paired
+   (`policy_store` + `generate_store`, hash-bound, resumable), SE over prompts, and the paired
    difference (same prompts) with its SE.
 
     PYTHONPATH=. python benchmarks/learn_tiny.py [--domain math code] [--steps 100] [--out runs/learn]
@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 import stalebook  # noqa: F401  # isort: skip  (first: pins the CPU numerics before numpy and torch load)
+from benchargs import add_record, add_threads
+
 import numpy as np  # isort: skip
 
 HERE = Path(__file__).resolve().parent
@@ -79,12 +81,11 @@ def eval_checkpoint(cfg, ckpt: Path, tasks, k: int, out: Path, batch: int = 8) -
     "Per-prompt pass rates [n] of the policy in checkpoint `ckpt` on `tasks`, K samples per prompt."
     from stalebook.model import policy_hash
     from stalebook.rollouts import (
-        RolloutStore,
         SamplingConfig,
         generate_store,
         load_run_policy,
         numerics_of,
-        rollout_domain,
+        policy_store,
     )
 
     model, tok = load_run_policy(cfg.snapshot, str(ckpt), cfg.device, cfg.dtype)
@@ -96,9 +97,7 @@ def eval_checkpoint(cfg, ckpt: Path, tasks, k: int, out: Path, batch: int = 8) -
         top_p=cfg.sampling.top_p,
         groups_per_batch=batch,
     )
-    store = RolloutStore(
-        out, ph, rollout_domain(cfg.seed, ph, "learn-eval"), sc, [t.id for t in tasks], numerics=numerics_of(model)
-    )
+    store = policy_store(out, ph, cfg.seed, "learn-eval", sc, tasks, numerics_of(model))
     generate_store(model, tok, tasks, store, progress=sys.stderr.isatty())
     return np.array([np.mean(r["rewards"]) for r in store.records])
 
@@ -215,14 +214,8 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=10, help="steps at each end of the training log")
     p.add_argument("--eval-n", type=int, default=128, help="held-out prompts")
     p.add_argument("--eval-k", type=int, default=8, help="samples per held-out prompt")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: the tiny model gains nothing from more, and on a shared 2-core "
-        "machine oversubscribed OpenMP threads made steps 10-100x slower)",
-    )
+    add_record(p)
+    add_threads(p)
     a = p.parse_args(argv)
     import torch
 

@@ -18,6 +18,8 @@ import time
 
 
 def _parser():
+    from benchargs import add_threads
+
     from stalebook.core import CommandParser
 
     ap = CommandParser(prog="smol_pass_rate.py", description=__doc__.splitlines()[0])
@@ -25,7 +27,7 @@ def _parser():
     ap.add_argument("--n", type=int, default=32, help="prompts")
     ap.add_argument("--k", type=int, default=2, help="samples per prompt")
     ap.add_argument("--tokens", type=int, default=24, help="max new tokens (<= 24)")
-    ap.add_argument("--threads", type=int, default=2)
+    add_threads(ap, 2)
     ap.add_argument("--level", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--examples", type=int, default=4)

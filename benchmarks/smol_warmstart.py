@@ -26,13 +26,15 @@ from pathlib import Path
 
 
 def _parser():
+    from benchargs import add_record
+
     from stalebook.core import CommandParser
     from stalebook.warmstart import WarmStartSpec
 
     ap = CommandParser(prog="smol_warmstart.py", description=__doc__.splitlines()[0])
     ap.add_argument("--snapshot", default="", help="the imported snapshot (default: the `make smol` one)")
     ap.add_argument("--out", default="runs/snapshots/smollm2-135m-instruct-math", help="warm-started snapshot folder")
-    ap.add_argument("--json", default="results/records/smol_warmstart.json", help="record to write")
+    add_record(ap, "smol_warmstart")
     ap.add_argument("--no-before", action="store_true", help="skip the as-imported measurement")
     ap.add_argument("--rl-check", action="store_true", help="also measure with the RL sampler on a run's task pool")
     for f in fields(WarmStartSpec):

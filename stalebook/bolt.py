@@ -70,7 +70,7 @@ from stalebook.rollouts import (
     generate_store,
     load_run_policy,
     numerics_of,
-    rollout_domain,
+    policy_store,
     task_pool,
 )
 from .tasks import ALPHABET, load_tasks_jsonl, synthetic_tasks
@@ -119,9 +119,7 @@ def reference_store(
     backend), resumed, or reused when complete."""
     ph = policy_hash(model)
     with _store_lock(root):
-        store = RolloutStore(
-            root, ph, rollout_domain(seed, ph, purpose), sampling, [t.id for t in tasks], numerics=numerics_of(model)
-        )
+        store = policy_store(root, ph, seed, purpose, sampling, tasks, numerics_of(model))
         return generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress, sampler=sampler)
 
 
@@ -221,13 +219,8 @@ def round_store(tr: Trainer, k: int, step: int, ref_path: str, stores: Path) -> 
         return reference_store(
             tr.model, tr.tok, tr.tasks, stores, tr.cfg.seed, tr.cfg.sampling, reward_fn=tr.reward_fn, sampler=tr.sampler
         )
-    store = RolloutStore(
-        stores,
-        ref_hash,
-        rollout_domain(tr.cfg.seed, ref_hash, "bolt/reference"),
-        tr.cfg.sampling,
-        [t.id for t in tr.tasks],
-        numerics=numerics_of(tr.model),
+    store = policy_store(
+        stores, ref_hash, tr.cfg.seed, "bolt/reference", tr.cfg.sampling, tr.tasks, numerics_of(tr.model)
     )
     if not store.complete:
         raise StalebookError(f"{store.path}: round {k}'s reference is incomplete and its policy (step {step}) is gone")
@@ -658,14 +651,7 @@ def measure_policy(
     ph, sc, out = policy_hash(model), eval_sampling(cfg), {}
     for name, tasks in pools.items():
         with _store_lock(stores):
-            store = RolloutStore(
-                stores,
-                ph,
-                rollout_domain(cfg.train.seed, ph, f"bolt/eval/{name}"),
-                sc,
-                [t.id for t in tasks],
-                numerics=numerics_of(model),
-            )
+            store = policy_store(stores, ph, cfg.train.seed, f"bolt/eval/{name}", sc, tasks, numerics_of(model))
             generate_store(model, tok, tasks, store, reward_fn=reward_fn, progress=progress, sampler=sampler)
         lp, lp_ref = sequence_logprobs(model, tok, store.records, cfg.train.micro_batch)
         out[name] = pool_metrics(np.array([r["rewards"] for r in store.records], np.float64), lp, lp_ref, cfg.beta)

@@ -46,9 +46,10 @@ from .theory.reliability import rho_from_rel
 # %% auto #0
 __all__ = ['REGIMES', 'REGIMES_2S', 'CAL_STATS', 'COVERED', 'PILOT_POWER', 'TWO_SIDED_STATS', 'COVERED_2S', 'CALIBRATION_RUNS',
            'DECISION_BOUNDS', 'CalibrationCell', 'calibration_grid', 'cell_pool', 'calibration_point', 'calibrate_cell',
-           'summarise_cell', 'coverage_table', 'choose_bound', 'cell_label', 'pilot_gate', 'calibration_study',
-           'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s', 'coverage_table_2s', 'choose_bound_2s',
-           'calibration_study_2s', 'calibration_cells', 'calibration_record', 'regime_of', 'bound_calibrated']
+           'summarise_cell', 'coverage_table', 'choose_bound', 'cell_label', 'pilot_gate', 'run_calibration',
+           'calibration_study', 'shrinkage_diagnostics', 'calibration_point_2s', 'summarise_cell_2s',
+           'coverage_table_2s', 'choose_bound_2s', 'calibration_study_2s', 'calibration_cells', 'calibration_record',
+           'regime_of', 'bound_calibrated']
 
 # %% ../nbs/18b_calibration.ipynb #f7a8b9c0
 @dataclass(frozen=True)
@@ -145,15 +146,17 @@ def calibrate_cell(
     n_boot: int = 1000,
     T: int = 2000,
     on_point=None,
+    point=None,
     **kw,
 ) -> list[dict]:
-    "All points of one cell: `pools` pools (truth by `truth_mc`), `seeds` independent points each."
-    rows = []
+    """All points of one cell: `pools` pools (truth by `truth_mc`), `seeds` independent points each, each made by
+    `point(pool, truth, cell, domain, n_boot, **kw)` (default `calibration_point`)."""
+    point, rows = point or calibration_point, []
     for p in range(pools):
         pool = cell_pool(cell, domain.child("pool", p))
         tr = truth_mc(pool, domain.child("truth", p), cell.k, cell.K, cell.K, T)
         for s in range(seeds):
-            rows.append(calibration_point(pool, tr, cell, domain.child("point", p, s), n_boot, **kw))
+            rows.append(point(pool, tr, cell, domain.child("point", p, s), n_boot, **kw))
             if on_point:
                 on_point()
     return rows
@@ -242,32 +245,61 @@ def _write_timings(out: Path, t0: float, per_cell: dict, **extra) -> None:
     atomic_write_json(Path(out).with_name(Path(out).stem + "_timings.json"), timings | extra)
 
 # %% ../nbs/18b_calibration.ipynb #a51e8623
+def run_calibration(grid, D: Domain, summarise, describe, out: Path, cfg: dict, log=print, timing=None, **cell_kw):
+    """The loop of both calibration studies: each cell of `grid` calibrated in its domain under `D` (`calibrate_cell`
+    with `cell_kw`), summarised by `summarise(cell, rows, domain)`, logged as `describe(summary)` with its wall time;
+    the record (`cfg`, the points, the cells) written to `out` and the wall times beside it (with `timing`'s
+    entries). The cells' summaries and the study's wall seconds."""
+    t0, cells, per_cell = time.perf_counter(), [], {}
+    for j, cell in enumerate(grid):
+        t1, dom = time.perf_counter(), D.child(cell.regime, cell.n, cell.K)
+        cells.append(summarise(cell, calibrate_cell(cell, dom, **cell_kw), dom))
+        per_cell[cell_label(cell)] = round(time.perf_counter() - t1, 1)
+        log(
+            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: {describe(cells[-1])} "
+            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)"
+        )
+    atomic_write_json(out, dict(config=cfg | dict(points=sum(c["points"] for c in cells)), cells=cells))
+    wall = time.perf_counter() - t0
+    _write_timings(out, t0, per_cell, **(timing or {}))
+    return cells, wall
+
+
 def calibration_study(
     design_power, pools=5, seeds=15, n_boot=1000, truth_draws=2000, root=0, out=None, only=None, log=print
 ) -> int:
     """`stalebook study calibration`: every cell of the grid (or those whose label contains `only`), its summary and
     pilot prediction, written to `out` (default results/records/calibrate_bounds.json) with the wall times beside it."""
-    D, t0, cells, per_cell = Domain(root, ("calibration", "bounds")), time.perf_counter(), [], {}
-    grid = [c for c in calibration_grid() if only is None or only in cell_label(c)]
-    for j, cell in enumerate(grid):
-        t1, dom = time.perf_counter(), D.child(cell.regime, cell.n, cell.K)
-        rows = calibrate_cell(cell, dom, pools, seeds, n_boot, truth_draws)
-        s = summarise_cell(cell, rows)
-        s["pilot"] = dict(p_gate=pilot_gate(rows, cell, dom, design_power))
-        cells.append(s)
-        per_cell[cell_label(cell)] = round(time.perf_counter() - t1, 1)
+
+    def summarise(cell, rows, dom):
+        return summarise_cell(cell, rows) | dict(pilot=dict(p_gate=pilot_gate(rows, cell, dom, design_power)))
+
+    def describe(s):
         m, n = s["methods"][DEFAULT_BOUND], s["points"]
-        log(
-            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f}, "
+        return (
+            f"true Rel {s['truth']['rel']:.3f}, "
             f"{DEFAULT_BOUND} cover Rel {m['lb_cover']['rel'] / n:.2f} fresh {m['lb_cover']['gain_fresh'] / n:.2f}, "
-            f"gate {m['gate'] / n:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f}) "
-            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)"
+            f"gate {m['gate'] / n:.2f} (pilot-predicted {s['pilot']['p_gate']:.2f})"
         )
+
+    grid = [c for c in calibration_grid() if only is None or only in cell_label(c)]
     cfg = dict(pools=pools, seeds=seeds, n_boot=n_boot, truth_draws=truth_draws, root=root)
     out = Path(out or (project_root() or Path.cwd()) / "results" / "records" / "calibrate_bounds.json")
-    atomic_write_json(out, dict(config=cfg | dict(points=sum(c["points"] for c in cells)), cells=cells))
-    wall = time.perf_counter() - t0
-    _write_timings(out, t0, per_cell, openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS"))
+    timing = dict(openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS"))
+    cells, wall = run_calibration(
+        grid,
+        Domain(root, ("calibration", "bounds")),
+        summarise,
+        describe,
+        out,
+        cfg,
+        log,
+        timing,
+        pools=pools,
+        seeds=seeds,
+        n_boot=n_boot,
+        T=truth_draws,
+    )
     if not only:
         log("\n".join(_coverage_lines(coverage_table(cells), wall)))
     return 0
@@ -449,28 +481,32 @@ def calibration_study_2s(
 ) -> int:
     """`stalebook study calibration --two-sided`: every method's LB and UB on the same points, both controls, the
     shrinkage diagnostics; written to `out` (default results/records/calibrate_bounds_two_sided.json)."""
-    D, t0, cells, per_cell = Domain(root, ("calibration", "two-sided")), time.perf_counter(), [], {}
-    grid = [c for c in calibration_grid(regimes=REGIMES_2S) if only is None or only in cell_label(c)]
-    for j, cell in enumerate(grid):
-        t1, dom, rows = time.perf_counter(), D.child(cell.regime, cell.n, cell.K), []
-        for p in range(pools):
-            pool = cell_pool(cell, dom.child("pool", p))
-            tr = truth_mc(pool, dom.child("truth", p), cell.k, cell.K, cell.K, truth_draws)
-            rows += [calibration_point_2s(pool, tr, cell, dom.child("point", p, s), n_boot) for s in range(seeds)]
-        s = summarise_cell_2s(cell, rows)
-        cells.append(s)
-        per_cell[cell_label(cell)] = round(time.perf_counter() - t1, 1)
+
+    def describe(s):
         m, sh = s["methods"][DEFAULT_BOUND], s["shift"]
-        log(
-            f"[{j + 1}/{len(grid)}] {cell.regime:20s} n={cell.n:3d} K={cell.K:2d}: true Rel {s['truth']['rel']:.3f} "
+        return (
+            f"true Rel {s['truth']['rel']:.3f} "
             f"shift of replicates (SDs) Rel {sh['rel']:+.2f} fresh {sh['gain_fresh']:+.2f}; "
-            f"{DEFAULT_BOUND} UB cover fresh {m['ub_cover']['gain_fresh'] / s['points']:.2f} "
-            f"({time.perf_counter() - t1:.0f} s, total {time.perf_counter() - t0:.0f} s)"
+            f"{DEFAULT_BOUND} UB cover fresh {m['ub_cover']['gain_fresh'] / s['points']:.2f}"
         )
+
+    grid = [c for c in calibration_grid(regimes=REGIMES_2S) if only is None or only in cell_label(c)]
     cfg = dict(pools=pools, seeds=seeds, n_boot=n_boot, truth_draws=truth_draws, root=root)
     out = Path(out or (project_root() or Path.cwd()) / "results" / "records" / "calibrate_bounds_two_sided.json")
-    atomic_write_json(out, dict(config=cfg | dict(points=sum(c["points"] for c in cells)), cells=cells))
-    _write_timings(out, t0, per_cell)
+    cells, _ = run_calibration(
+        grid,
+        Domain(root, ("calibration", "two-sided")),
+        lambda cell, rows, dom: summarise_cell_2s(cell, rows),
+        describe,
+        out,
+        cfg,
+        log,
+        pools=pools,
+        seeds=seeds,
+        n_boot=n_boot,
+        T=truth_draws,
+        point=calibration_point_2s,
+    )
     if not only:
         ch = choose_bound_2s(coverage_table_2s(cells))
         log(f"rule: qualified {ch['qualified'] or 'none'}; chosen {ch['bound']}; failures {ch['fails']}")

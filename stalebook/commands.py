@@ -46,12 +46,11 @@ from stalebook.report import (
 )
 from stalebook.rollouts import (
     RolloutsConfig,
-    RolloutStore,
     check_prompt_format,
     generate_store,
     load_run_policy,
     numerics_of,
-    rollout_domain,
+    policy_store,
     task_pool,
 )
 from .snapshot import write_lock
@@ -184,14 +183,7 @@ def cmd_rollouts(argv) -> int:
     model, tok = load_run_policy(cfg.snapshot, cfg.adapter, cfg.device, cfg.dtype, seed=cfg.seed)
     check_prompt_format(tok, cfg.sampling)  # before any sampling: the config chose the prompts' format
     ph = policy_hash(model)
-    store = RolloutStore(
-        cfg.out,
-        ph,
-        rollout_domain(cfg.seed, ph, cfg.purpose),
-        cfg.sampling,
-        [t.id for t in tasks],
-        numerics=numerics_of(model),
-    )
+    store = policy_store(cfg.out, ph, cfg.seed, cfg.purpose, cfg.sampling, tasks, numerics_of(model))
     generate_store(model, tok, tasks, store, progress=not args.quiet)
     r = np.array([x["rewards"] for x in store.records])
     print(

@@ -26,13 +26,12 @@ from .gemm import GEMM
 from .model import load_policy, numerics_state, policy_hash, shipped_snapshot
 from .protocol import synthetic_point, synthetic_pool
 from stalebook.rollouts import (
-    RolloutStore,
     SamplingConfig,
     generate_store,
     group_uniforms,
     hf_sample,
     numerics_of,
-    rollout_domain,
+    policy_store,
 )
 from .scoring import CountSketch, fresh_features, lora_dim, stale_features
 from .snapshot import read_lock
@@ -304,8 +303,7 @@ def scoring_hashes(sync: Trainer, lag: Trainer, threads: int, tmp) -> dict:
     "`store/t<threads>/groups`: 3 groups sampled by `sync`'s policy; `scoring/...`: their features (see text)."
     t, ph = threads, policy_hash(sync.model)
     tasks, sc = sync.tasks[:3], SamplingConfig(group_size=4, max_new_tokens=6, groups_per_batch=3)
-    ids, num = [x.id for x in tasks], numerics_of(sync.model)
-    store = RolloutStore(Path(tmp) / "stores", ph, rollout_domain(0, ph, "numerics"), sc, ids, numerics=num)
+    store = policy_store(Path(tmp) / "stores", ph, 0, "numerics", sc, tasks, numerics_of(sync.model))
     generate_store(sync.model, sync.tok, tasks, store, digit_mean, progress=False)
     out = {f"store/t{t}/groups": hash_file(store.path / "groups.jsonl")[:16]}
     sketch, pad = CountSketch(lora_dim(lag.model), 16, Domain(0, ("numerics", "sketch"))), sync.tok.pad_token_id

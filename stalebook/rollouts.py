@@ -67,7 +67,7 @@ __all__ = ['SAMPLERS', 'RUN_DETAILS', 'Generation', 'register_sampler', 'Sampler
            'check_prompt_format', 'prompt_token_ids', 'completion_stops', 'hf_sample', 'pad_rows', 'micro_batches',
            'completion_logprobs', 'distinct_rows', 'prefix_forward', 'shared_prompt_cache', 'numerics_tag',
            'numerics_of', 'split_run_details', 'RolloutStore', 'batch_rewards', 'rollout_domain', 'task_pool',
-           'sample_groups', 'generate_store', 'RolloutsConfig', 'load_run_policy']
+           'policy_store', 'sample_groups', 'generate_store', 'RolloutsConfig', 'load_run_policy']
 
 # %% ../nbs/25_rollouts.ipynb #74a17aea
 @dataclass
@@ -774,6 +774,16 @@ def task_pool(domain: str, n: int, seed: int, level: int = 0, jsonl: str = "", f
     if jsonl:
         return load_tasks_jsonl(jsonl, fmt)
     return synthetic_tasks(domain, n, Domain(seed, ("tasks", domain, level)), level=level)
+
+# %% ../nbs/25_rollouts.ipynb #7a0c51e2
+def policy_store(
+    root, ph: str, seed: int, purpose: str, sampling: SamplingConfig, tasks, numerics=None, shared_prefix=False
+) -> RolloutStore:
+    """The rollout store of policy `ph` (its hash) on `tasks` for `purpose` under `root`: groups drawn from the RNG
+    domain `rollout_domain(seed, ph, purpose)` with `sampling`; `numerics` and `shared_prefix` as `RolloutStore`'s."""
+    ids = [t.id for t in tasks]
+    dom = rollout_domain(seed, ph, purpose)
+    return RolloutStore(root, ph, dom, sampling, ids, numerics=numerics, shared_prefix=shared_prefix)
 
 # %% ../nbs/25_rollouts.ipynb #8f1112af
 def _group_record(g: int, task, prompt_ids, comps, logp, sampler_logp, rw, texts) -> dict:

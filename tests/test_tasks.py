@@ -507,10 +507,11 @@ def test_math_nl_math_verify_path():
     assert "math_verify" not in math_reward("12", "Answer: 13", use_math_verify=True, extract=extract_final_answer)[1]
 
 
-def test_smol_pass_rate_rejects_bad_arguments_before_loading_a_model():
+def test_smol_pass_rate_rejects_bad_arguments_before_loading_a_model(monkeypatch):
     import importlib.util
 
     path = Path(__file__).parent.parent / "benchmarks" / "smol_pass_rate.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # its shared arguments (benchargs.py), as when it is run
     spec = importlib.util.spec_from_file_location("smol_pass_rate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

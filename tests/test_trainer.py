@@ -181,6 +181,8 @@ def test_adapter_loads_with_plain_peft_in_fresh_process(tmp_path, tiny_snapshot)
 
 
 def _learn_tiny():
+    if str(ROOT / "benchmarks") not in sys.path:  # its shared arguments (benchmarks/benchargs.py), as when run
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("learn_tiny", ROOT / "benchmarks" / "learn_tiny.py")
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
